@@ -1,0 +1,53 @@
+"""clnn: OpenCL neural-network kernels and a small network API.
+
+Arrays are ``pyopencl.array.Array`` allocated from the device's bounded pool:
+
+    >>> import clnn, numpy as np
+    >>> x = clnn.asarray(np.random.rand(4, 3).astype(np.float32))
+    >>> clnn.sigmoid(x).get()
+"""
+
+import numpy as np
+import pyopencl.array as cla
+
+from .device import Device, DeviceFacts, device, device_of
+from .errors import (ArgumentError, ClnnError, DeviceError, DTypeError, KernelBuildError,
+                     OutOfDeviceMemory, ShapeError, TemplateError)
+from .programs import clear_caches, render
+from .ops import *  # noqa: F401,F403 - the public ops
+from .ops import __all__ as _ops_all
+
+__version__ = "0.1.0"
+
+
+def asarray(a, device=None, dtype=None):
+    """Copy a numpy array (or anything numpy takes) to the device, as C-contiguous."""
+    from .device import device as _device
+    dev = _device(device)
+    host = np.ascontiguousarray(a, dtype=dtype)
+    if host.dtype.kind == "f":
+        dev.check_dtype(host.dtype)
+    out = cla.empty(dev.queue, host.shape, host.dtype, allocator=dev.pool)
+    if host.size:
+        out.set(host)
+    return out
+
+
+def empty(shape, dtype=np.float32, device=None):
+    """An uninitialised array from the device's pool."""
+    from .device import device as _device
+    dev = _device(device)
+    dev.check_dtype(dtype)
+    return cla.empty(dev.queue, shape, dtype, allocator=dev.pool)
+
+
+def zeros(shape, dtype=np.float32, device=None):
+    """A zero-filled array from the device's pool."""
+    out = empty(shape, dtype, device)
+    return fill(out, 0.0) if out.size else out  # noqa: F405
+
+
+__all__ = ["Device", "DeviceFacts", "device", "device_of", "asarray", "empty", "zeros",
+           "render", "clear_caches", "ClnnError", "ShapeError", "ArgumentError",
+           "DTypeError", "DeviceError", "OutOfDeviceMemory", "KernelBuildError",
+           "TemplateError"] + list(_ops_all)

@@ -1,0 +1,89 @@
+"""The ``clnn`` command: devices, render, selfcheck (and, as they land, bench, tune, train)."""
+
+import argparse
+import sys
+
+
+def _devices(args):
+    from .device import DeviceFacts, all_devices, select_cl_device
+    found = all_devices()
+    if not found:
+        print("no OpenCL devices found; pip install 'clnn[pocl]' for a CPU device")
+        return 1
+    try:
+        default = select_cl_device(None)
+    except Exception:  # noqa: BLE001 - listing must work even if selection fails
+        default = None
+    for pi, di, d in found:
+        f = DeviceFacts.of(d)
+        mark = "*" if default is not None and d.int_ptr == default.int_ptr else " "
+        print(f"{mark} {pi}:{di}  {f.name}  [{f.platform}]")
+        print(f"      type {f.type}, vendor {f.vendor}, driver {f.driver_version}, "
+              f"{f.opencl_version}")
+        print(f"      {f.compute_units} compute units, max work-group {f.max_work_group_size}, "
+              f"local memory {f.local_mem_size // 1024} KiB")
+        print(f"      global memory {f.global_mem_size / 2**30:.1f} GiB, max allocation "
+              f"{f.max_alloc_size / 2**30:.1f} GiB, fp64 {'yes' if f.fp64 else 'no'}, "
+              f"fp16 {'yes' if f.fp16 else 'no'}")
+    print("(* = the default device; choose another with CLNN_DEVICE=gpu|cpu|pocl|NAME|P:D)")
+    return 0
+
+
+def _parse_value(text):
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    return text
+
+
+def _render(args):
+    from . import programs
+    templates = programs.registered()
+    if args.template not in templates:
+        print(f"unknown template {args.template!r}; templates: {', '.join(sorted(templates))}",
+              file=sys.stderr)
+        return 2
+    params = dict(templates[args.template][0])
+    for item in args.param:
+        name, _, value = item.partition("=")
+        if not value:
+            print(f"--param takes NAME=VALUE, got {item!r}", file=sys.stderr)
+            return 2
+        params[name] = _parse_value(value)
+    params["dtype"] = args.dtype
+    sys.stdout.write(programs.render(args.template, params))
+    return 0
+
+
+def _selfcheck(args):
+    from .selfcheck import main
+    return main(quick=args.quick)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="clnn", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("devices", help="list every OpenCL platform and device with its facts")
+    p = sub.add_parser("render", help="print the OpenCL source a template renders to")
+    p.add_argument("template", help="template stem, e.g. elementwise, reduce, gemm")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16"])
+    p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
+                   help="override a template parameter (repeatable)")
+    p = sub.add_parser("selfcheck", help="check every op against numpy, with timings")
+    p.add_argument("--quick", action="store_true", help="small sizes only")
+    args = parser.parse_args(argv)
+    handler = {"devices": _devices, "render": _render, "selfcheck": _selfcheck}[args.command]
+    from .errors import ClnnError
+    try:
+        return handler(args)
+    except ClnnError as exc:
+        print(f"clnn: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,235 @@
+"""Device selection and device facts.
+
+A ``Device`` owns one context, one in-order queue (with profiling, so benchmarks and
+the tuner can time kernels from events), the buffer pool and the kernel cache. There
+is one ``Device`` per OpenCL device per process, so every array clnn makes for a device
+lives in the same context and can be mixed freely.
+"""
+
+import os
+import threading
+from dataclasses import dataclass, asdict
+
+import numpy as np
+import pyopencl as cl
+
+from .errors import DeviceError, DTypeError
+
+_POCL_PLATFORM = "portable computing language"
+
+SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What routines and the tuning tables need to know about a device."""
+
+    platform: str
+    name: str
+    vendor: str
+    type: str
+    driver_version: str
+    opencl_version: str
+    compute_units: int
+    max_work_group_size: int
+    max_work_item_sizes: tuple
+    local_mem_size: int
+    max_alloc_size: int
+    global_mem_size: int
+    fp64: bool
+    fp16: bool
+
+    @property
+    def is_pocl(self):
+        return _POCL_PLATFORM in self.platform.lower()
+
+    @property
+    def is_cpu(self):
+        return self.type == "CPU"
+
+    def as_dict(self):
+        return asdict(self)
+
+    @classmethod
+    def of(cls, dev):
+        exts = dev.extensions.split()
+        types = [n for n in ("GPU", "CPU", "ACCELERATOR") if dev.type & getattr(cl.device_type, n)]
+        return cls(
+            platform=dev.platform.name.strip(),
+            name=dev.name.strip(),
+            vendor=dev.vendor.strip(),
+            type=types[0] if types else "OTHER",
+            driver_version=dev.driver_version.strip(),
+            opencl_version=dev.version.strip(),
+            compute_units=int(dev.max_compute_units),
+            max_work_group_size=int(dev.max_work_group_size),
+            max_work_item_sizes=tuple(int(s) for s in dev.max_work_item_sizes),
+            local_mem_size=int(dev.local_mem_size),
+            max_alloc_size=int(dev.max_mem_alloc_size),
+            global_mem_size=int(dev.global_mem_size),
+            fp64="cl_khr_fp64" in exts,
+            fp16="cl_khr_fp16" in exts,
+        )
+
+
+class Device:
+    """One OpenCL device with its context, queue, pool and kernel cache."""
+
+    def __init__(self, cl_device):
+        from .memory import Pool
+        from .programs import KernelCache
+
+        self.cl_device = cl_device
+        self.facts = DeviceFacts.of(cl_device)
+        self.context = cl.Context([cl_device])
+        self.queue = cl.CommandQueue(
+            self.context, properties=cl.command_queue_properties.PROFILING_ENABLE)
+        self.pool = Pool(self.context, self.queue, max_alloc=self.facts.max_alloc_size,
+                         budget=_default_budget(self.facts))
+        self.kernels = KernelCache()
+
+    def __repr__(self):
+        f = self.facts
+        return f"<clnn.Device {f.name!r} on {f.platform!r}>"
+
+    @property
+    def name(self):
+        return self.facts.name
+
+    def supports(self, dtype):
+        dtype = np.dtype(dtype)
+        if dtype == np.float32:
+            return True
+        if dtype == np.float64:
+            return self.facts.fp64
+        if dtype == np.float16:
+            return self.facts.fp16
+        return False
+
+    def check_dtype(self, dtype, what="array"):
+        """Raise DTypeError unless clnn computes in ``dtype`` on this device."""
+        dtype = np.dtype(dtype)
+        if dtype not in SUPPORTED_DTYPES:
+            raise DTypeError(f"{what} has dtype {dtype}; clnn computes in float32, "
+                             "float64 (cl_khr_fp64) or float16 (cl_khr_fp16)")
+        if not self.supports(dtype):
+            ext = "cl_khr_fp64" if dtype == np.float64 else "cl_khr_fp16"
+            raise DTypeError(f"{what} has dtype {dtype}, but {self.facts.name} lacks {ext}")
+        return dtype
+
+    def finish(self):
+        self.queue.finish()
+
+
+def _default_budget(facts):
+    env = os.environ.get("CLNN_POOL_BYTES")
+    if env:
+        try:
+            return int(float(env))
+        except ValueError:
+            raise DeviceError(f"CLNN_POOL_BYTES={env!r} is not a number of bytes") from None
+    # Leave room for the driver, other processes and the user's own buffers.
+    return int(facts.global_mem_size * 0.75)
+
+
+# ---------------------------------------------------------------- selection
+
+_lock = threading.Lock()
+_devices = {}          # cl.Device.int_ptr -> Device
+_by_context = {}       # cl.Context.int_ptr -> Device
+
+
+def _platforms():
+    try:
+        return cl.get_platforms()
+    except cl.Error as exc:  # no ICD loader or no platform at all
+        raise DeviceError(f"no OpenCL platform found ({exc}); install pocl-binary-distribution "
+                          "(pip install 'clnn[pocl]') for a driver-free CPU device") from None
+
+
+def all_devices():
+    """[(platform_index, device_index, cl.Device)] for every device on every platform."""
+    found = []
+    for pi, plat in enumerate(_platforms()):
+        try:
+            devs = plat.get_devices()
+        except cl.Error:
+            continue
+        found.extend((pi, di, d) for di, d in enumerate(devs))
+    return found
+
+
+def _match(spec, found):
+    s = spec.strip().lower()
+    if s in ("gpu", "cpu", "accelerator"):
+        want = getattr(cl.device_type, s.upper())
+        hits = [d for _, _, d in found if d.type & want]
+    elif s == "pocl":
+        hits = [d for _, _, d in found if _POCL_PLATFORM in d.platform.name.lower()]
+    elif ":" in s or s.isdigit():
+        p, _, d = s.partition(":")
+        d = d or "0"
+
+        def ok(part, index, name):
+            return int(part) == index if part.isdigit() else part in name.lower()
+        hits = [dev for pi, di, dev in found
+                if ok(p, pi, dev.platform.name) and ok(d, di, dev.name)]
+    else:
+        hits = [d for _, _, d in found if s in f"{d.platform.name} {d.name}".lower()]
+    if not hits:
+        listing = "; ".join(f"{pi}:{di} {d.platform.name.strip()} / {d.name.strip()}"
+                            for pi, di, d in found) or "none"
+        raise DeviceError(f"no OpenCL device matches {spec!r}; devices: {listing}")
+    return hits[0]
+
+
+def select_cl_device(spec=None):
+    """Resolve a device spec to a ``cl.Device`` without prompting.
+
+    Order: the argument, ``CLNN_DEVICE``, ``PYOPENCL_CTX``, the first GPU, the PoCL
+    CPU device, any device.
+    """
+    found = all_devices()
+    if not found:
+        raise DeviceError("no OpenCL device found; install pocl-binary-distribution "
+                          "(pip install 'clnn[pocl]') for a driver-free CPU device")
+    for candidate in (spec, os.environ.get("CLNN_DEVICE"), os.environ.get("PYOPENCL_CTX")):
+        if candidate:
+            return _match(candidate, found)
+    for default in ("gpu", "pocl"):
+        try:
+            return _match(default, found)
+        except DeviceError:
+            pass
+    return found[0][2]
+
+
+def device(spec=None):
+    """The ``Device`` for ``spec`` (see ``select_cl_device``); one per OpenCL device.
+
+    ``spec`` may also be a ``Device`` (returned as is) or a ``pyopencl.Device``.
+    """
+    if isinstance(spec, Device):
+        return spec
+    cl_dev = spec if isinstance(spec, cl.Device) else select_cl_device(spec)
+    with _lock:
+        dev = _devices.get(cl_dev.int_ptr)
+        if dev is None:
+            dev = Device(cl_dev)
+            _devices[cl_dev.int_ptr] = dev
+            _by_context[dev.context.int_ptr] = dev
+        return dev
+
+
+def device_of(array):
+    """The clnn ``Device`` whose context ``array`` lives in."""
+    dev = _by_context.get(array.context.int_ptr)
+    if dev is None:
+        raise DeviceError("array was not made by clnn: create it with clnn.asarray/empty/zeros "
+                          "so it lives in a clnn device's context")
+    return dev
+
+
+def open_devices():
+    """The ``Device`` objects made so far."""
+    return list(_devices.values())

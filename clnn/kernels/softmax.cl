@@ -1,0 +1,78 @@
+## softmax.cl: row-wise softmax, log-softmax and softmax cross-entropy with its gradient.
+## Parameters:  dtype  float32 | float64 | float16
+## Used by clnn/ops/softmax.py.
+<%include file="_common.cl"/>
+//
+// Rows of a (rows, cols) matrix, one work-item per row: three passes over the row
+// (max, sum of exponentials, write), so exp never sees a positive argument and rows
+// of 1e4 do not overflow. A row is summed in one fixed order: results are bitwise
+// reproducible.
+//
+#define CLNN_FOR_EACH_ROW(r, rows) for (int r = (int)get_global_id(0); r < (rows); r += (int)get_global_size(0))
+
+// max and log(sum(exp(x - max))) of one row
+inline void clnn_row_stats(__global const real_t *x, const int base, const int cols,
+                           acc_t *m_out, acc_t *lse_out)
+{
+    acc_t m = (acc_t)(-INFINITY);
+    for (int j = 0; j < cols; ++j)
+        m = fmax(m, CLNN_LOAD(x, base + j));
+    acc_t s = (acc_t)0;
+    for (int j = 0; j < cols; ++j)
+        s += exp(CLNN_LOAD(x, base + j) - m);
+    *m_out = m;
+    *lse_out = log(s);
+}
+
+// out = exp(x - max) / sum(exp(x - max)) along each row
+__kernel void clnn_softmax(const int rows, const int cols,
+                           __global const real_t *x, const int x_off,
+                           __global real_t *out, const int out_off)
+{
+    CLNN_FOR_EACH_ROW(r, rows) {
+        acc_t m, lse;
+        clnn_row_stats(x, x_off + r * cols, cols, &m, &lse);
+        for (int j = 0; j < cols; ++j)
+            CLNN_STORE(exp(CLNN_LOAD(x, x_off + r * cols + j) - m - lse), out,
+                       out_off + r * cols + j);
+    }
+}
+
+// out = x - max - log(sum(exp(x - max))) along each row
+__kernel void clnn_log_softmax(const int rows, const int cols,
+                               __global const real_t *x, const int x_off,
+                               __global real_t *out, const int out_off)
+{
+    CLNN_FOR_EACH_ROW(r, rows) {
+        acc_t m, lse;
+        clnn_row_stats(x, x_off + r * cols, cols, &m, &lse);
+        for (int j = 0; j < cols; ++j)
+            CLNN_STORE(CLNN_LOAD(x, x_off + r * cols + j) - m - lse, out,
+                       out_off + r * cols + j);
+    }
+}
+
+// Softmax cross-entropy of logits z against target distributions y, fused with its
+// gradient:  loss_row[r] = sum_j y[r,j] * (logsumexp(z[r]) - z[r,j])
+//            dz[r,j]     = (softmax(z[r])_j - y[r,j]) * grad_scale   (1/batch for a mean)
+// The routine sums loss_row (kept in acc_t) into the mean loss.
+__kernel void clnn_softmax_xent(const int rows, const int cols, const acc_t grad_scale,
+                                __global const real_t *z, const int z_off,
+                                __global const real_t *y, const int y_off,
+                                __global real_t *dz, const int dz_off,
+                                __global acc_t *loss_row)
+{
+    CLNN_FOR_EACH_ROW(r, rows) {
+        acc_t m, lse;
+        clnn_row_stats(z, z_off + r * cols, cols, &m, &lse);
+        acc_t loss = (acc_t)0;
+        for (int j = 0; j < cols; ++j) {
+            const acc_t zj = CLNN_LOAD(z, z_off + r * cols + j) - m - lse;
+            const acc_t yj = CLNN_LOAD(y, y_off + r * cols + j);
+            // 0 * log(0) is 0 for a target that puts no mass on j
+            loss -= yj != (acc_t)0 ? yj * zj : (acc_t)0;
+            CLNN_STORE((exp(zj) - yj) * grad_scale, dz, dz_off + r * cols + j);
+        }
+        loss_row[r] = loss;
+    }
+}

@@ -1,0 +1,204 @@
+"""A bounded buffer pool: every device allocation clnn makes goes through it.
+
+The tutorial this project grew from died with CL_MEM_OBJECT_ALLOCATION_FAILURE: an
+asynchronous queue let temporaries pile up faster than the driver freed them. The pool
+answers that with a byte budget and a fixed escalation when a request does not fit:
+
+1. reuse a free block of the request's size bin;
+2. release held (free) blocks, wait for the queue, collect garbage, and look again;
+3. only then raise ``OutOfDeviceMemory``, naming request, budget, active and held bytes.
+
+An OpenCL allocation failure takes step 2 once. New blocks are made real at once
+(migrated to the device) so failures surface at allocation, not at a later launch.
+
+How freed blocks are found: ``pyopencl.Buffer`` objects can be neither weakly
+referenced nor subclassed around an existing ``cl_mem``, so the pool keeps every block
+it made in its own lists and treats a block that nothing else refers to (no array,
+no view) as free. Reusing it at once is safe because clnn has one in-order queue per
+device: a kernel enqueued later cannot overtake one still reading the old contents.
+"""
+
+import gc
+import sys
+import threading
+
+import pyopencl as cl
+
+from .errors import OutOfDeviceMemory
+
+_MIN_BLOCK = 256          # bytes; also keeps sub-256-byte requests in one bin
+_BIN_BITS = 4             # size bins keep 4 leading bits: at most 1/16 wasted
+
+
+def bin_size(nbytes):
+    """The block size serving ``nbytes``: rounded up to 4 significant bits."""
+    n = max(int(nbytes), _MIN_BLOCK)
+    shift = max(0, n.bit_length() - _BIN_BITS)
+    return -(-n >> shift) << shift
+
+
+def _is_alloc_failure(exc):
+    if isinstance(exc, MemoryError):
+        return True
+    code = getattr(exc, "code", None)
+    return code in (cl.status_code.MEM_OBJECT_ALLOCATION_FAILURE,
+                    cl.status_code.OUT_OF_RESOURCES, cl.status_code.OUT_OF_HOST_MEMORY)
+
+
+def _fmt(n):
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+class Pool:
+    """Callable allocator for ``pyopencl.array.Array`` with a byte budget.
+
+    ``allocator(nbytes) -> pyopencl.Buffer`` makes real allocations; the default one
+    creates the buffer and migrates it to the device. Tests inject one that fails on
+    demand, since PoCL allocates lazily and never fails.
+    """
+
+    def __init__(self, context, queue, *, budget, max_alloc, allocator=None):
+        self.context = context
+        self.queue = queue
+        self.max_alloc = int(max_alloc)
+        self._budget = int(budget)
+        self._allocator = allocator or self._cl_allocate
+        self._bins = {}              # block size -> [Buffer]
+        self._lock = threading.RLock()
+        self.real_bytes = 0          # bytes of all blocks the pool holds (active + free)
+        self.peak_bytes = 0
+        self.allocations = 0         # real OpenCL allocations made
+        self.requests = 0
+
+    # ------------------------------------------------------------ budget
+    @property
+    def budget(self):
+        return self._budget
+
+    @budget.setter
+    def budget(self, nbytes):
+        nbytes = int(nbytes)
+        if nbytes <= 0:
+            raise ValueError("pool budget must be a positive number of bytes")
+        with self._lock:
+            self._budget = nbytes
+            if self.real_bytes > nbytes:
+                self.free_held()
+
+    # ------------------------------------------------------------ counters
+    def _free_blocks(self, size):
+        # A block is free when only its bin list refers to it: getrefcount then counts
+        # the list's reference and the one it takes for its own argument.
+        blocks = self._bins.get(size, ())
+        return [i for i in range(len(blocks)) if sys.getrefcount(blocks[i]) == 2]
+
+    def stats(self):
+        """Counters: active/held/peak/real bytes, real allocations, requests, budget."""
+        with self._lock:
+            held = 0
+            for size, blocks in self._bins.items():
+                held += size * len(self._free_blocks(size))
+            return {"budget": self._budget, "active_bytes": self.real_bytes - held,
+                    "held_bytes": held, "real_bytes": self.real_bytes,
+                    "peak_bytes": self.peak_bytes, "allocations": self.allocations,
+                    "requests": self.requests}
+
+    @property
+    def active_bytes(self):
+        return self.stats()["active_bytes"]
+
+    @property
+    def held_bytes(self):
+        return self.stats()["held_bytes"]
+
+    def reset_peak(self):
+        self.peak_bytes = self.real_bytes
+
+    # ------------------------------------------------------------ allocation
+    def __call__(self, nbytes):
+        return self.allocate(nbytes)
+
+    def allocate(self, nbytes):
+        nbytes = int(nbytes)
+        with self._lock:
+            self.requests += 1
+            size = bin_size(nbytes)
+            if nbytes > self.max_alloc or size > self._budget:
+                raise self._error(nbytes, "exceeds the device's max allocation size "
+                                  f"({_fmt(self.max_alloc)})" if nbytes > self.max_alloc
+                                  else "is larger than the pool's whole budget")
+            blk = self._reuse(size)
+            if blk is not None:
+                return blk
+            if self.real_bytes + size > self._budget:
+                blk = self._make_room(size)
+                if blk is not None:
+                    return blk
+                if self.real_bytes + size > self._budget:
+                    raise self._error(nbytes, "does not fit in the budget even after "
+                                      "releasing held blocks and waiting for the queue")
+            try:
+                buf = self._allocator(size)
+            except Exception as exc:  # noqa: BLE001 - classified just below
+                if not _is_alloc_failure(exc):
+                    raise
+                blk = self._make_room(size)
+                if blk is not None:
+                    return blk
+                try:
+                    buf = self._allocator(size)
+                except Exception as exc2:  # noqa: BLE001
+                    if not _is_alloc_failure(exc2):
+                        raise
+                    raise self._error(nbytes, f"failed in OpenCL ({exc2}) even after "
+                                      "releasing held blocks") from exc2
+            self._bins.setdefault(size, []).append(buf)
+            self.allocations += 1
+            self.real_bytes += size
+            self.peak_bytes = max(self.peak_bytes, self.real_bytes)
+            return buf
+
+    def _reuse(self, size):
+        free = self._free_blocks(size)
+        return self._bins[size][free[0]] if free else None
+
+    def _make_room(self, size):
+        """Release held blocks, wait for in-flight kernels, collect garbage; then retry."""
+        self.free_held()
+        # Released cl_mem objects still used by enqueued kernels are only really freed
+        # once those kernels finish.
+        self.queue.finish()
+        gc.collect()           # arrays caught in reference cycles return their blocks
+        blk = self._reuse(size)
+        if blk is None:
+            self.free_held()
+        return blk
+
+    def free_held(self):
+        """Give every free block back to OpenCL."""
+        with self._lock:
+            for size in list(self._bins):
+                free = set(self._free_blocks(size))
+                if free:
+                    blocks = self._bins[size]
+                    self._bins[size] = [b for i, b in enumerate(blocks) if i not in free]
+                    self.real_bytes -= size * len(free)
+                if not self._bins[size]:
+                    del self._bins[size]
+
+    def _error(self, nbytes, why):
+        s = self.stats()
+        return OutOfDeviceMemory(
+            f"device allocation of {_fmt(nbytes)} ({nbytes} bytes) {why}: budget "
+            f"{_fmt(s['budget'])}, active {_fmt(s['active_bytes'])}, held "
+            f"{_fmt(s['held_bytes'])} (set CLNN_POOL_BYTES or device.pool.budget)",
+            request=nbytes, budget=s["budget"], active=s["active_bytes"], held=s["held_bytes"])
+
+    def _cl_allocate(self, nbytes):
+        buf = cl.Buffer(self.context, cl.mem_flags.READ_WRITE, nbytes)
+        # Make the allocation real now, so an out-of-memory device says so here.
+        cl.enqueue_migrate_mem_objects(self.queue, [buf], flags=0)
+        return buf

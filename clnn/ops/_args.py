@@ -1,0 +1,127 @@
+"""Argument checks shared by every routine.
+
+Routines validate, kernels compute: each public op runs these checks before it
+enqueues anything, so bad input leaves outputs and weights untouched.
+"""
+
+import math
+
+import numpy as np
+import pyopencl.array as cla
+
+from ..device import device_of
+from ..errors import ArgumentError, DeviceError, DTypeError, ShapeError
+
+INT_MAX = 2**31 - 1
+
+
+def as_array(x, name):
+    if not isinstance(x, cla.Array):
+        raise ArgumentError(f"{name} must be a pyopencl.array.Array (make one with "
+                            f"clnn.asarray), got {type(x).__name__}")
+    return x
+
+
+def common_device(**arrays):
+    """The one clnn Device that every non-None array argument lives on."""
+    dev = None
+    first = None
+    for name, x in arrays.items():
+        if x is None:
+            continue
+        as_array(x, name)
+        d = device_of(x)
+        if dev is None:
+            dev, first = d, name
+        elif d is not dev:
+            raise DeviceError(f"{name} is on {d.name} but {first} is on {dev.name}")
+    if dev is None:
+        raise ArgumentError("no array argument given")
+    return dev
+
+
+def check(x, name, dev, *, dtype=None, ndim=None, shape=None, contiguous=True):
+    """Check one array argument; returns its dtype."""
+    dt = dev.check_dtype(x.dtype, name)
+    if dtype is not None and dt != dtype:
+        raise DTypeError(f"{name} has dtype {dt}, expected {np.dtype(dtype)} like the "
+                         "other operands")
+    if ndim is not None and x.ndim not in (ndim if isinstance(ndim, tuple) else (ndim,)):
+        raise ShapeError(f"{name} must have {ndim} dimensions, has shape {x.shape}")
+    if shape is not None and tuple(x.shape) != tuple(shape):
+        raise ShapeError(f"{name} has shape {x.shape}, expected {tuple(shape)}")
+    if contiguous and not x.flags.c_contiguous:
+        raise ShapeError(f"{name} must be C-contiguous (strides {x.strides} for shape "
+                         f"{x.shape}); copy it first")
+    if x.offset % x.dtype.itemsize:
+        raise ShapeError(f"{name} has a byte offset {x.offset} that is not a multiple "
+                         f"of its item size")
+    if x.size > INT_MAX:
+        raise ShapeError(f"{name} has {x.size} elements; clnn indexes with 32-bit ints")
+    return dt
+
+
+def offset(x):
+    """The element offset of ``x`` in its buffer (kernels take element offsets)."""
+    return x.offset // x.dtype.itemsize
+
+
+def _span(x):
+    return x.base_data.int_ptr, x.offset, x.offset + x.nbytes
+
+
+def check_out(out, shape, dtype, dev, inputs=(), name="out", allow_alias=True):
+    """Validate a caller's ``out`` array, or allocate one from the pool.
+
+    ``out`` may be one of ``inputs`` exactly (in place) when ``allow_alias``; a partial
+    overlap would let a kernel read what it already wrote, so it is refused.
+    """
+    if out is None:
+        return dev_empty(dev, shape, dtype)
+    as_array(out, name)
+    if device_of(out) is not dev:
+        raise DeviceError(f"{name} is on {device_of(out).name}, inputs on {dev.name}")
+    check(out, name, dev, dtype=dtype, shape=shape)
+    if out.size:
+        buf, lo, hi = _span(out)
+        for x in inputs:
+            if x is None or x.base_data is None or x.size == 0:
+                continue
+            xb, xlo, xhi = _span(x)
+            if xb != buf or xhi <= lo or hi <= xlo:
+                continue
+            if allow_alias and xlo == lo and xhi == hi and x.strides == out.strides:
+                continue
+            raise ShapeError(f"{name} overlaps an input without being the same array")
+    return out
+
+
+def dev_empty(dev, shape, dtype):
+    return cla.empty(dev.queue, tuple(shape), dtype, allocator=dev.pool)
+
+
+def finite(value, name):
+    value = float(value)
+    if not math.isfinite(value):
+        raise ArgumentError(f"{name} must be finite, got {value}")
+    return value
+
+
+def normalize_axis(axis, ndim):
+    if axis is None:
+        return None
+    if not isinstance(axis, (int, np.integer)) or not -ndim <= axis < ndim:
+        raise ShapeError(f"axis {axis!r} is out of range for {ndim} dimensions")
+    return int(axis) % ndim
+
+
+def launch_size(dev, n, wg=64, per_item=4):
+    """(global, local) for a grid-stride loop over ``n`` items.
+
+    Enough work-items to fill the device, never more than ``n`` needs; the kernels
+    loop, so any global size is correct.
+    """
+    wg = min(wg, dev.facts.max_work_group_size)
+    cap = dev.facts.compute_units * wg * (4 if dev.facts.is_cpu else 16)
+    groups = max(1, min(-(-n // (wg * per_item)), -(-cap // wg)))
+    return (groups * wg,), (wg,)

@@ -1,0 +1,50 @@
+"""Bias broadcast and its gradient. Kernels: elementwise.cl (bias_add) and reduce.cl.
+
+Channels are axis 1, batch-first: a dense layer's (N, F) activations take a bias of
+shape (F,), an image batch (N, C, H, W) one of shape (C,).
+"""
+
+import numpy as np
+
+from ._args import check, check_out, common_device, dev_empty, offset
+from .elementwise import _kernel, _launch, _done
+from .reduce import reduce3
+from ..errors import ShapeError
+
+
+def _channels(x, name):
+    if x.ndim < 2:
+        raise ShapeError(f"{name} must be batch-first with channels on axis 1, has shape "
+                         f"{x.shape}")
+    return x.shape[1], int(np.prod(x.shape[2:], dtype=np.int64))
+
+
+def bias_add(x, b, out=None):
+    """out = x + b with b (C,) broadcast over every axis but axis 1 of x."""
+    dev = common_device(x=x, b=b, out=out)
+    dt = check(x, "x", dev)
+    channels, inner = _channels(x, "x")
+    check(b, "b", dev, dtype=dt, shape=(channels,))
+    out = check_out(out, x.shape, dt, dev, inputs=(x, b))
+    kern = _kernel(dev, dt, "clnn_bias_add", op="linalg")
+    evt = _launch(kern, dev, x.size, channels=channels, inner=inner, x=x, x_off=offset(x),
+                  b=b, b_off=offset(b), out=out, out_off=offset(out))
+    return _done(out, evt)
+
+
+def bias_grad(dy, out=None):
+    """db = dy summed over every axis but axis 1 (batch, and H, W for images).
+
+    Overwrites ``out`` (shape (C,)); deterministic.
+    """
+    dev = common_device(dy=dy, out=out)
+    dt = check(dy, "dy", dev)
+    channels, inner = _channels(dy, "dy")
+    n = dy.shape[0]
+    out = check_out(out, (channels,), dt, dev, allow_alias=False, inputs=(dy,))
+    if inner == 1:
+        return reduce3(dev, dt, dy, (1, n, channels), out)
+    # Images: sum over H*W first (rows of the (N*C, H*W) view), then over the batch.
+    per_image = dev_empty(dev, (n * channels,), dt)
+    reduce3(dev, dt, dy, (n * channels, inner, 1), per_image)
+    return reduce3(dev, dt, per_image, (1, n, channels), out)

@@ -1,0 +1,175 @@
+"""Element-wise routines: activations and their derivatives, Hadamard, axpy, scale,
+fill, copy. Kernels: clnn/kernels/elementwise.cl.
+
+Every routine takes ``out=``: ``None`` allocates from the device's pool, an input
+array computes in place, any other array of the right shape and dtype is overwritten.
+"""
+
+import pyopencl as cl
+
+from .. import programs
+from ..errors import ArgumentError
+from ._args import (check, check_out, common_device, finite, launch_size, offset)
+
+ACTIVATIONS = ("identity", "sigmoid", "tanh", "relu", "leaky_relu", "elu", "softplus")
+# The parameter p of each activation that has one, and its default.
+ACTIVATION_PARAMS = {"leaky_relu": 0.01, "elu": 1.0}
+
+programs.register(
+    "elementwise", {"op": "act", "act": "sigmoid", "src": "z"},
+    lambda: ([{"op": "act", "act": a, "src": s} for a in ACTIVATIONS for s in ("z", "a")]
+             + [{"op": "linalg"}]))
+
+
+def _kernel(dev, dtype, entry, **params):
+    return programs.get_kernel(dev, "elementwise", entry, dict(params, dtype=dtype.name))
+
+
+def _launch(kern, dev, n, **args):
+    if n == 0:
+        return None
+    gsize, lsize = launch_size(dev, n)
+    return kern(gsize, lsize, n=n, **args)
+
+
+def _param(name, param):
+    if name not in ACTIVATIONS:
+        raise ArgumentError(f"unknown activation {name!r}; choose from {', '.join(ACTIVATIONS)}")
+    if param is None:
+        return ACTIVATION_PARAMS.get(name, 0.0)
+    p = finite(param, f"{name} parameter")
+    if name == "elu" and p <= 0:
+        raise ArgumentError(f"elu alpha must be positive, got {p}")
+    if name == "leaky_relu" and p < 0:
+        raise ArgumentError(f"leaky_relu slope must be >= 0, got {p}")
+    return p
+
+
+def activation(name, z, out=None, param=None):
+    """out = f(z) for activation ``name`` (``param``: leaky_relu slope, elu alpha)."""
+    p = _param(name, param)
+    dev = common_device(z=z, out=out)
+    dt = check(z, "z", dev)
+    out = check_out(out, z.shape, dt, dev, inputs=(z,))
+    kern = _kernel(dev, dt, "clnn_act_forward", op="act", act=name, src="z")
+    evt = _launch(kern, dev, z.size, p=p, z=z, z_off=offset(z), out=out, out_off=offset(out))
+    return _done(out, evt)
+
+
+def _source(z, a, name):
+    if (z is None) == (a is None):
+        raise ArgumentError(f"give exactly one of z (pre-activation) or a (output) for "
+                            f"the {name} derivative")
+    return ("z", z) if a is None else ("a", a)
+
+
+def activation_derivative(name, *, z=None, a=None, out=None, param=None):
+    """out = f'(z), from ``z`` or, usually cheaper, from the output ``a = f(z)``."""
+    p = _param(name, param)
+    src, x = _source(z, a, name)
+    if src == "a" and name == "leaky_relu" and p == 0:
+        name = "relu"
+    dev = common_device(**{src: x}, out=out)
+    dt = check(x, src, dev)
+    out = check_out(out, x.shape, dt, dev, inputs=(x,))
+    kern = _kernel(dev, dt, "clnn_act_derivative", op="act", act=name, src=src)
+    evt = _launch(kern, dev, x.size, p=p, src=x, src_off=offset(x), out=out,
+                  out_off=offset(out))
+    return _done(out, evt)
+
+
+def activation_backward(name, dy, *, z=None, a=None, out=None, param=None):
+    """out = dy * f'(z): the gradient wrt the pre-activation. Overwrites ``out``."""
+    p = _param(name, param)
+    src, x = _source(z, a, name)
+    dev = common_device(dy=dy, **{src: x}, out=out)
+    dt = check(dy, "dy", dev)
+    check(x, src, dev, dtype=dt, shape=dy.shape)
+    out = check_out(out, dy.shape, dt, dev, inputs=(dy, x))
+    kern = _kernel(dev, dt, "clnn_act_backward", op="act", act=name, src=src)
+    evt = _launch(kern, dev, dy.size, p=p, dy=dy, dy_off=offset(dy), src=x,
+                  src_off=offset(x), out=out, out_off=offset(out))
+    return _done(out, evt)
+
+
+def _named(name, doc):
+    def f(z, out=None, **kw):
+        return activation(name, z, out=out, param=kw.pop(_PNAME.get(name, "param"), None),
+                          **kw)
+    f.__name__ = name
+    f.__doc__ = doc
+    return f
+
+
+_PNAME = {"leaky_relu": "slope", "elu": "alpha"}
+identity = _named("identity", "out = z")
+sigmoid = _named("sigmoid", "out = 1 / (1 + exp(-z))")
+tanh = _named("tanh", "out = tanh(z)")
+relu = _named("relu", "out = max(z, 0)")
+leaky_relu = _named("leaky_relu", "out = z if z > 0 else slope * z (slope=0.01)")
+elu = _named("elu", "out = z if z > 0 else alpha * (exp(z) - 1) (alpha=1.0)")
+softplus = _named("softplus", "out = log(1 + exp(z)), computed without overflow")
+
+
+def hadamard(x, y, out=None):
+    """out = x * y element by element."""
+    dev = common_device(x=x, y=y, out=out)
+    dt = check(x, "x", dev)
+    check(y, "y", dev, dtype=dt, shape=x.shape)
+    out = check_out(out, x.shape, dt, dev, inputs=(x, y))
+    kern = _kernel(dev, dt, "clnn_hadamard", op="linalg")
+    evt = _launch(kern, dev, x.size, x=x, x_off=offset(x), y=y, y_off=offset(y), out=out,
+                  out_off=offset(out))
+    return _done(out, evt)
+
+
+def axpy(alpha, x, y, out=None):
+    """y += alpha * x (BLAS axpy); with ``out`` given, out = alpha * x + y instead."""
+    alpha = finite(alpha, "alpha")
+    dev = common_device(x=x, y=y, out=out)
+    dt = check(x, "x", dev)
+    check(y, "y", dev, dtype=dt, shape=x.shape)
+    out = check_out(y if out is None else out, x.shape, dt, dev, inputs=(x, y))
+    kern = _kernel(dev, dt, "clnn_axpy", op="linalg")
+    evt = _launch(kern, dev, x.size, alpha=alpha, x=x, x_off=offset(x), y=y,
+                  y_off=offset(y), out=out, out_off=offset(out))
+    return _done(out, evt)
+
+
+def scale(alpha, x, out=None):
+    """out = alpha * x (in place with out=x)."""
+    alpha = finite(alpha, "alpha")
+    dev = common_device(x=x, out=out)
+    dt = check(x, "x", dev)
+    out = check_out(out, x.shape, dt, dev, inputs=(x,))
+    kern = _kernel(dev, dt, "clnn_scale", op="linalg")
+    evt = _launch(kern, dev, x.size, alpha=alpha, x=x, x_off=offset(x), out=out,
+                  out_off=offset(out))
+    return _done(out, evt)
+
+
+def fill(out, value):
+    """Set every element of ``out`` to ``value`` (NaN and inf allowed); returns out."""
+    dev = common_device(out=out)
+    dt = check(out, "out", dev)
+    kern = _kernel(dev, dt, "clnn_fill", op="linalg")
+    evt = _launch(kern, dev, out.size, value=float(value), out=out, out_off=offset(out))
+    return _done(out, evt)
+
+
+def copy(x, out=None):
+    """out = x, a device-side copy of a contiguous array."""
+    dev = common_device(x=x, out=out)
+    dt = check(x, "x", dev)
+    out = check_out(out, x.shape, dt, dev, inputs=(x,))
+    evt = None
+    if x.size and (out.base_data.int_ptr, out.offset) != (x.base_data.int_ptr, x.offset):
+        evt = cl.enqueue_copy(dev.queue, out.base_data, x.base_data, byte_count=x.nbytes,
+                              src_offset=x.offset, dst_offset=out.offset)
+    return _done(out, evt)
+
+
+def _done(out, evt):
+    if evt is not None:
+        out.add_event(evt)
+    return out

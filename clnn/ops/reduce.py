@@ -1,0 +1,139 @@
+"""Deterministic reductions: sum, mean, max along an axis or over all, dot, nrm2.
+Kernel: clnn/kernels/reduce.cl.
+
+Long reductions are split into chunks summed in parallel, then the partial results
+are reduced again; the split depends only on the shape and the device, so the same
+inputs give bitwise the same result on every run.
+"""
+
+import builtins
+
+import numpy as np
+
+from .. import programs
+from ..errors import ShapeError
+from ._args import (check, check_out, common_device, dev_empty, normalize_axis, offset)
+
+_MIN_CHUNK = 256     # below this, a second launch costs more than it saves
+
+programs.register(
+    "reduce", {"map": "x", "op": "sum", "final": "none", "inp": "real", "outp": "real"},
+    lambda: [{"map": m, "op": o, "final": f, "inp": i, "outp": p}
+             for m, o, f, i, p in [("x", "sum", "none", "real", "real"),
+                                   ("x", "sum", "scale", "real", "real"),
+                                   ("x", "max", "none", "real", "real"),
+                                   ("x", "sum", "none", "real", "acc"),
+                                   ("x", "max", "none", "real", "acc"),
+                                   ("xy", "sum", "none", "real", "acc"),
+                                   ("xy", "sum", "none", "real", "real"),
+                                   ("sq", "sum", "none", "real", "acc"),
+                                   ("sq", "sum", "sqrt", "real", "real"),
+                                   ("x", "sum", "scale", "acc", "real"),
+                                   ("x", "sum", "sqrt", "acc", "real"),
+                                   ("x", "max", "none", "acc", "real")]])
+
+
+def _chunks(dev, outputs, R):
+    """How many chunks to split each length-R reduction into."""
+    target = dev.facts.compute_units * (32 if dev.facts.is_cpu else 256)
+    want = -(-target // builtins.max(outputs, 1))
+    return builtins.max(1, builtins.min(want, R // _MIN_CHUNK))
+
+
+def reduce3(dev, dt, x, shape3, out, *, op="sum", map="x", final="none", post=1.0, y=None,
+            inp="real"):
+    """Reduce ``x`` viewed as (outer, R, inner) along R into ``out`` (outer, inner).
+
+    ``dt`` is the storage dtype of ``out``; ``inp="acc"`` says ``x`` holds partial
+    results in the arithmetic type (see programs.acc_dtype) rather than in ``dt``.
+    """
+    outer, R, inner = shape3
+    outputs = outer * inner
+    if outputs == 0:
+        return out
+    chunks = _chunks(dev, outputs, R)
+    y = x if y is None else y
+
+    def run(params, n_chunks, chunk_len, R_, src, src_y, dst, post_):
+        kern = programs.get_kernel(dev, "reduce", "clnn_reduce", dict(params, dtype=dt.name))
+        total = outer * n_chunks * inner
+        wg = min(64, dev.facts.max_work_group_size)
+        gsize = -(-total // wg) * wg
+        return kern((gsize,), (wg,), outer=outer, R=R_, inner=inner, chunks=n_chunks,
+                    chunk_len=chunk_len, post=post_, x=src, x_off=offset(src), y=src_y,
+                    y_off=offset(src_y), out=dst, out_off=offset(dst))
+
+    if chunks == 1:
+        evt = run({"map": map, "op": op, "final": final, "inp": inp, "outp": "real"},
+                  1, builtins.max(R, 1), R, x, y, out, post)
+    else:
+        chunk_len = -(-R // chunks)
+        chunks = -(-R // chunk_len)
+        part = dev_empty(dev, (outer * chunks * inner,), programs.acc_dtype(dt))
+        run({"map": map, "op": op, "final": "none", "inp": inp, "outp": "acc"},
+            chunks, chunk_len, R, x, y, part, 1.0)
+        evt = run({"map": "x", "op": op, "final": final, "inp": "acc", "outp": "real"},
+                  1, chunks, chunks, part, part, out, post)
+    out.add_event(evt)
+    return out
+
+
+def _along(x, axis):
+    """(outer, R, inner) and the output shape for reducing ``x`` along ``axis``."""
+    if axis is None:
+        return (1, x.size, 1), ()
+    shape = x.shape
+    outer = int(np.prod(shape[:axis], dtype=np.int64))
+    inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
+    return (outer, shape[axis], inner), shape[:axis] + shape[axis + 1:]
+
+
+def _reduce_op(x, axis, out, op, final, scale_by_R=False):
+    dev = common_device(x=x, out=out)
+    dt = check(x, "x", dev)
+    axis = normalize_axis(axis, x.ndim)
+    shape3, out_shape = _along(x, axis)
+    if op == "max" and shape3[1] == 0:
+        raise ShapeError("max of an empty axis is undefined")
+    if scale_by_R and shape3[1] == 0:
+        raise ShapeError("mean of an empty axis is undefined")
+    out = check_out(out, out_shape, dt, dev, allow_alias=False, inputs=(x,))
+    post = 1.0 / shape3[1] if scale_by_R else 1.0
+    return reduce3(dev, dt, x, shape3, out, op=op, final=final, post=post)
+
+
+def sum(x, axis=None, out=None):  # noqa: A001 - mirrors numpy's name
+    """Sum of ``x`` over all elements (a 0-d array) or along ``axis``."""
+    return _reduce_op(x, axis, out, "sum", "none")
+
+
+def mean(x, axis=None, out=None):
+    """Mean of ``x`` over all elements or along ``axis``."""
+    return _reduce_op(x, axis, out, "sum", "scale", scale_by_R=True)
+
+
+def max(x, axis=None, out=None):  # noqa: A001
+    """Maximum of ``x`` (NaN propagates, as in numpy)."""
+    return _reduce_op(x, axis, out, "max", "none")
+
+
+def dot(x, y, out=None):
+    """sum(x * y) over all elements of two arrays of one shape; a 0-d array."""
+    dev = common_device(x=x, y=y, out=out)
+    dt = check(x, "x", dev)
+    check(y, "y", dev, dtype=dt, shape=x.shape)
+    out = check_out(out, (), dt, dev, allow_alias=False, inputs=(x, y))
+    return reduce3(dev, dt, x, (1, x.size, 1), out, map="xy", y=y)
+
+
+def nrm2(x, out=None):
+    """Euclidean norm sqrt(sum(x**2)) over all elements; a 0-d array.
+
+    Squares are summed in the arithmetic type without rescaling, so float32 inputs
+    above about 1e19 overflow (BLAS rescales; clnn's inputs are activations and
+    gradients).
+    """
+    dev = common_device(x=x, out=out)
+    dt = check(x, "x", dev)
+    out = check_out(out, (), dt, dev, allow_alias=False, inputs=(x,))
+    return reduce3(dev, dt, x, (1, x.size, 1), out, map="sq", final="sqrt")

@@ -1,0 +1,54 @@
+"""Softmax, log-softmax and the softmax cross-entropy loss fused with its gradient.
+Kernel: clnn/kernels/softmax.cl.
+"""
+
+from .. import programs
+from ._args import check, check_out, common_device, dev_empty, offset
+from .loss import loss_operands, mean_of_rows, row_launch
+
+programs.register("softmax", {})
+
+
+def _rows(x):
+    cols = x.shape[-1] if x.ndim else 1
+    return (x.size // cols if cols else 0), cols
+
+
+def _rowwise(entry, x, out):
+    dev = common_device(x=x, out=out)
+    dt = check(x, "x", dev, ndim=(1, 2, 3, 4))
+    out = check_out(out, x.shape, dt, dev, inputs=(x,))
+    rows, cols = _rows(x)
+    if rows and cols:
+        kern = programs.get_kernel(dev, "softmax", entry, {"dtype": dt.name})
+        g, l = row_launch(dev, rows)
+        out.add_event(kern(g, l, rows=rows, cols=cols, x=x, x_off=offset(x), out=out,
+                           out_off=offset(out)))
+    return out
+
+
+def softmax(x, out=None):
+    """Softmax along the last axis, stable for large inputs (in place with out=x)."""
+    return _rowwise("clnn_softmax", x, out)
+
+
+def log_softmax(x, out=None):
+    """log(softmax(x)) along the last axis, computed as x - logsumexp(x)."""
+    return _rowwise("clnn_log_softmax", x, out)
+
+
+def softmax_cross_entropy(z, y, *, dz=None):
+    """(L, dL/dz) for the mean softmax cross-entropy of logits z against targets y.
+
+    z and y are (batch, classes); y holds target distributions (one-hot rows for
+    labels). L = mean over the batch of -sum(y * log_softmax(z)), a 0-d device array;
+    dL/dz = (softmax(z) - y) / batch goes to ``dz`` (allocated when None; may be z).
+    """
+    dev = common_device(z=z, y=y, dz=dz)
+    dt, rows, cols, dz = loss_operands(dev, z, y, "z", dz)
+    loss_rows = dev_empty(dev, (rows,), programs.acc_dtype(dt))
+    kern = programs.get_kernel(dev, "softmax", "clnn_softmax_xent", {"dtype": dt.name})
+    g, l = row_launch(dev, rows)
+    dz.add_event(kern(g, l, rows=rows, cols=cols, grad_scale=1.0 / rows, z=z, z_off=offset(z),
+                      y=y, y_off=offset(y), dz=dz, dz_off=offset(dz), loss_row=loss_rows))
+    return mean_of_rows(dev, dt, loss_rows, rows), dz

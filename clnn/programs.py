@@ -1,0 +1,297 @@
+"""Template rendering, program and kernel cache, build errors, named-argument launches.
+
+A kernel template is ``clnn/kernels/<stem>.cl``, rendered by Mako from one parameter
+dict. ``dtype`` is always a parameter; the preamble in ``_common.cl`` turns it into
+``real_t`` (storage) and ``acc_t`` (arithmetic) with the right extension pragma. Sizes
+are kernel arguments, so one build serves every shape.
+
+Op modules register their templates with ``register``: the default parameters and the
+list of variants, which ``clnn render`` and the clang gate use.
+"""
+
+import collections
+import hashlib
+import logging
+import os
+import re
+import sys
+import threading
+import time
+import warnings
+
+import numpy as np
+import pyopencl as cl
+from mako import exceptions as mako_exceptions
+from mako.lookup import TemplateLookup
+
+from .errors import KernelBuildError, TemplateError
+
+KERNEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
+BUILD_OPTIONS = ("-cl-std=CL1.2",)
+CACHE_SIZE = 256
+
+log = logging.getLogger("clnn")
+
+
+def debug_level():
+    try:
+        return int(os.environ.get("CLNN_DEBUG", "0") or 0)
+    except ValueError:
+        return 1
+
+
+if debug_level() > 0 and not log.handlers:
+    _h = logging.StreamHandler(sys.stderr)
+    _h.setFormatter(logging.Formatter("clnn: %(message)s"))
+    log.addHandler(_h)
+    log.setLevel(logging.DEBUG)
+
+
+# ---------------------------------------------------------------- dtypes
+
+_CTYPES = {
+    "float32": ("float", "float"),
+    "float64": ("double", "double"),
+    "float16": ("half", "float"),      # half storage, float arithmetic
+}
+
+
+def dtype_name(dtype):
+    name = np.dtype(dtype).name
+    if name not in _CTYPES:
+        raise TemplateError(f"no OpenCL type for dtype {name}", params={"dtype": name})
+    return name
+
+
+def acc_dtype(dtype):
+    """The numpy dtype kernels compute in for storage dtype ``dtype``."""
+    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+
+
+# ---------------------------------------------------------------- registry
+
+_registry = {}
+
+
+def register(stem, defaults, variants=None):
+    """Declare template ``stem`` with its default params and a variants() callable.
+
+    ``variants()`` yields the param dicts (without dtype) that the library can render;
+    the clang gate renders each for every dtype.
+    """
+    _registry[stem] = (dict(defaults), variants or (lambda: [dict(defaults)]))
+
+
+def registered():
+    """{stem: (defaults, variants)} for every template an op module registered."""
+    from . import ops  # noqa: F401  - importing ops registers its templates
+    return dict(_registry)
+
+
+# ---------------------------------------------------------------- rendering
+
+_lookup = TemplateLookup(directories=[KERNEL_DIR], strict_undefined=True,
+                         input_encoding="utf-8", output_encoding=None)
+
+
+def full_params(stem, params):
+    """``params`` over the template's registered defaults, with a canonical dtype name.
+
+    Mako's strict_undefined needs every name a template mentions, also in branches a
+    variant does not take, so each render starts from the complete default set.
+    """
+    full = dict(_registry.get(stem, ({}, None))[0])
+    full.update(params)
+    full["dtype"] = dtype_name(full.get("dtype", "float32"))
+    return full
+
+
+def render(stem, params):
+    """The OpenCL C source of template ``stem`` for ``params`` (dtype defaults to float32)."""
+    params = full_params(stem, params)
+    real, acc = _CTYPES[params["dtype"]]
+    ctx = dict(params, real=real, acc=acc)
+    try:
+        tmpl = _lookup.get_template(f"{stem}.cl")
+        return tmpl.render(**ctx)
+    except Exception as exc:  # noqa: BLE001 - Mako raises many kinds; all mean "bad render"
+        tb = mako_exceptions.text_error_template().render()
+        raise TemplateError(f"rendering {stem}.cl with {params} failed: "
+                            f"{type(exc).__name__}: {exc}", template=stem, params=params,
+                            traceback=tb) from exc
+
+
+def numbered(source):
+    return "".join(f"{i:5d}  {line}\n" for i, line in enumerate(source.splitlines(), 1))
+
+
+def _save_failed(stem, source):
+    try:
+        import platformdirs
+        folder = os.path.join(platformdirs.user_cache_dir("clnn"), "failed")
+        os.makedirs(folder, exist_ok=True)
+    except Exception:  # noqa: BLE001 - a read-only home must not hide the build error
+        import tempfile
+        folder = tempfile.gettempdir()
+    digest = hashlib.sha1(source.encode()).hexdigest()[:12]
+    path = os.path.join(folder, f"{stem}-{digest}.cl.txt")
+    with open(path, "w") as f:
+        f.write(numbered(source))
+    return path
+
+
+# ---------------------------------------------------------------- kernels
+
+_SIG = re.compile(r"__kernel\s+void\s+(\w+)\s*\(([^)]*)\)", re.S)
+_SCALARS = {"int": np.int32, "uint": np.uint32, "long": np.int64, "ulong": np.uint64,
+            "float": np.float32, "double": np.float64}
+
+
+def signatures(source):
+    """{entry: [(arg name, numpy scalar type or None for a buffer)]} from the source."""
+    sigs = {}
+    for entry, args in _SIG.findall(source):
+        parsed = []
+        for raw in args.split(","):
+            raw = " ".join(raw.split())
+            if not raw:
+                continue
+            name = re.findall(r"\w+", raw)[-1]
+            if "*" in raw:
+                parsed.append((name, None))
+                continue
+            base = [w for w in re.findall(r"\w+", raw)[:-1] if w not in ("const", "__private")]
+            parsed.append((name, base[-1]))
+        sigs[entry] = parsed
+    return sigs
+
+
+class Kernel:
+    """A built kernel launched with named arguments.
+
+    Scalar arguments are converted to the type the kernel declares; array arguments
+    take a ``pyopencl.array.Array`` (its buffer; offsets are separate arguments) or a
+    ``pyopencl.Buffer``.
+    """
+
+    def __init__(self, device, cl_kernel, entry, args, dtype):
+        self.device = device
+        self.cl_kernel = cl_kernel
+        self.entry = entry
+        acc = acc_dtype(dtype).type
+        typemap = dict(_SCALARS, real_t=np.dtype(dtype).type, acc_t=acc)
+        self.names = [n for n, _ in args]
+        self.types = [None if t is None else typemap[t] for _, t in args]
+
+    def __call__(self, global_size, local_size=None, **args):
+        missing = set(self.names) - set(args)
+        extra = set(args) - set(self.names)
+        if missing or extra:
+            raise TypeError(f"{self.entry}: missing {sorted(missing)}, unknown {sorted(extra)}")
+        values = []
+        for name, typ in zip(self.names, self.types):
+            v = args[name]
+            if typ is None:
+                v = getattr(v, "base_data", v)
+            else:
+                v = typ(v)
+            values.append(v)
+        self.cl_kernel.set_args(*values)
+        return cl.enqueue_nd_range_kernel(self.device.queue, self.cl_kernel,
+                                          tuple(global_size),
+                                          None if local_size is None else tuple(local_size))
+
+
+class KernelCache:
+    """Bounded LRU of built programs and their kernels for one device."""
+
+    def __init__(self, maxsize=CACHE_SIZE):
+        self.maxsize = maxsize
+        self._items = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self):
+        return len(self._items)
+
+    def clear(self):
+        with self._lock:
+            self._items.clear()
+
+    def get(self, key):
+        with self._lock:
+            item = self._items.get(key)
+            if item is not None:
+                self._items.move_to_end(key)
+                self.hits += 1
+            return item
+
+    def put(self, key, item):
+        with self._lock:
+            self.misses += 1
+            self._items[key] = item
+            self._items.move_to_end(key)
+            while len(self._items) > self.maxsize:
+                self._items.popitem(last=False)
+
+
+def _freeze(params):
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in params.items()))
+
+
+def get_kernel(device, stem, entry, params, options=()):
+    """The kernel ``entry`` of template ``stem`` rendered with ``params`` for ``device``.
+
+    Built once per (device context, template, entry, params, options) and kept in the
+    device's bounded cache.
+    """
+    params = full_params(stem, params)
+    options = tuple(BUILD_OPTIONS) + tuple(options)
+    key = (stem, entry, _freeze(params), options)
+    kern = device.kernels.get(key)
+    if kern is not None:
+        if debug_level() >= 1:
+            log.debug("cache hit %s:%s %s", stem, entry, params)
+        return kern
+    prg_key = (stem, None, _freeze(params), options)
+    cached = device.kernels.get(prg_key)
+    if cached is None:
+        cached = _build(device, stem, params, options)
+        device.kernels.put(prg_key, cached)
+    program, sigs = cached
+    if entry not in sigs:
+        raise TemplateError(f"{stem}.cl has no kernel {entry!r} for {params}",
+                            template=stem, params=params)
+    kern = Kernel(device, getattr(program, entry), entry, sigs[entry], params["dtype"])
+    device.kernels.put(key, kern)
+    return kern
+
+
+def _build(device, stem, params, options):
+    source = render(stem, params)
+    if debug_level() >= 2:
+        print(f"// ---- clnn: {stem}.cl {params}\n{source}", file=sys.stderr)
+    t0 = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", cl.CompilerWarning)
+            program = cl.Program(device.context, source).build(options=list(options))
+    except cl.RuntimeError as exc:
+        path = _save_failed(stem, source)
+        # pyopencl's message carries the compiler's build log.
+        raise KernelBuildError(
+            f"{stem}.cl failed to build on {device.name} with {params} and options "
+            f"{' '.join(options)}; rendered source with line numbers: {path}\n{exc}",
+            log=str(exc), options=options, params=params,
+            source_path=path) from exc
+    if debug_level() >= 1:
+        log.debug("built %s.cl %s in %.3f s", stem, params, time.perf_counter() - t0)
+    return program, signatures(source)
+
+
+def clear_caches():
+    """Empty the kernel cache of every open device."""
+    from .device import open_devices
+    for dev in open_devices():
+        dev.kernels.clear()

@@ -1,0 +1,80 @@
+"""Shared fixtures: the test device, canary-guarded outputs, error bounds.
+
+The device comes from CLNN_TEST_DEVICE (default "pocl", the driver-free CPU device).
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+import clnn
+
+CANARY = -12345.5          # exactly representable in float16, float32 and float64
+PAD = 17                   # canary elements on each side of a guarded output
+
+
+@pytest.fixture(scope="session")
+def dev():
+    return clnn.device(os.environ.get("CLNN_TEST_DEVICE", "pocl"))
+
+
+def float_dtypes(dev_=None):
+    d = dev_ or clnn.device(os.environ.get("CLNN_TEST_DEVICE", "pocl"))
+    return [t for t in (np.float32, np.float64, np.float16) if d.supports(t)]
+
+
+class Guarded:
+    """A device array of ``shape`` in the middle of a buffer filled with canaries.
+
+    ``view`` has a non-zero offset (like a row block of a bigger array), so kernels must
+    honour offsets; ``check()`` asserts no element outside the view was written.
+    """
+
+    def __init__(self, dev, shape, dtype, fill=None):
+        n = int(np.prod(shape, dtype=np.int64))
+        host = np.full(n + 2 * PAD, CANARY, dtype=dtype)
+        if fill is not None:
+            host[PAD:PAD + n] = np.asarray(fill, dtype=dtype).ravel()
+        self.big = clnn.asarray(host, device=dev)
+        self.n = n
+        self.view = self.big[PAD:PAD + n].reshape(shape)
+        assert self.view.offset == PAD * np.dtype(dtype).itemsize
+
+    def check(self):
+        host = self.big.get()
+        assert np.all(host[:PAD] == CANARY), "canary before the output was overwritten"
+        assert np.all(host[PAD + self.n:] == CANARY), "canary after the output was overwritten"
+        return self.view.get()
+
+
+def guarded_input(dev, a):
+    """``a`` on the device at a non-zero offset (the canaries are never read)."""
+    return Guarded(dev, a.shape, a.dtype, fill=a).view
+
+
+def eps(dtype):
+    return float(np.finfo(dtype).eps)
+
+
+def assert_close(got, ref, dtype, k=1, scale=None, ulps=8):
+    """|got - ref| <= ulps * (k + 1) * eps(dtype) * scale, elementwise.
+
+    ``k`` is the reduction length (an error bound that grows with it); ``scale`` the
+    size of the terms (defaults to |ref| with a floor of 1 for values near zero).
+    """
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    if scale is None:
+        scale = np.maximum(np.abs(ref), 1.0)
+    bound = ulps * (k + 1) * eps(dtype) * scale
+    bad = ~(np.abs(got - ref) <= bound)
+    if np.any(bad):
+        i = np.argwhere(bad)[0]
+        raise AssertionError(f"{bad.sum()} of {bad.size} elements out of bound; first at "
+                             f"{tuple(i)}: got {got[tuple(i)]!r}, ref {ref[tuple(i)]!r}, "
+                             f"bound {np.broadcast_to(bound, ref.shape)[tuple(i)]!r}")
+
+
+AWKWARD = [1, 2, 7, 31, 64, 97, 1000003]

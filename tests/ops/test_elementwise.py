@@ -1,0 +1,205 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import clnn
+from conftest import AWKWARD, Guarded, assert_close, float_dtypes, guarded_input
+
+RNG = np.random.default_rng(1234)
+
+
+def f_ref(name, z, p):
+    z = z.astype(np.float64)
+    return {
+        "identity": lambda: z,
+        "sigmoid": lambda: 1 / (1 + np.exp(-z)),
+        "tanh": lambda: np.tanh(z),
+        "relu": lambda: np.maximum(z, 0),
+        "leaky_relu": lambda: np.where(z > 0, z, p * z),
+        "elu": lambda: np.where(z > 0, z, p * np.expm1(z)),
+        "softplus": lambda: np.logaddexp(0, z),
+    }[name]()
+
+
+def df_ref(name, z, p):
+    z = z.astype(np.float64)
+    s = 1 / (1 + np.exp(-z))
+    return {
+        "identity": lambda: np.ones_like(z),
+        "sigmoid": lambda: s * (1 - s),
+        "tanh": lambda: 1 - np.tanh(z) ** 2,
+        "relu": lambda: (z > 0).astype(np.float64),
+        "leaky_relu": lambda: np.where(z > 0, 1.0, p),
+        "elu": lambda: np.where(z > 0, 1.0, p * np.exp(z)),
+        "softplus": lambda: s,
+    }[name]()
+
+
+PARAM = {"leaky_relu": 0.1, "elu": 0.7}
+
+
+def inputs(n, dtype):
+    # a spread of values that avoids exact zeros, where derivatives of relu-likes jump
+    z = RNG.uniform(-6, 6, n)
+    z[np.abs(z) < 1e-3] = 0.5
+    return z.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("name", clnn.ACTIVATIONS)
+@pytest.mark.parametrize("n", [1, 7, 97, 1000003], ids=lambda n: f"n{n}")
+def test_activation_forward(dev, name, n, dtype):
+    z = inputs(n, dtype)
+    out = Guarded(dev, (n,), dtype)
+    r = clnn.activation(name, guarded_input(dev, z), out=out.view, param=PARAM.get(name))
+    assert r is out.view
+    assert_close(out.check(), f_ref(name, z, PARAM.get(name, 0)), dtype)
+
+
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("name", clnn.ACTIVATIONS)
+@pytest.mark.parametrize("src", ["z", "a"])
+def test_activation_derivative_and_backward(dev, name, src, dtype):
+    n = 997
+    p = PARAM.get(name)
+    z = inputs(n, dtype)
+    # the derivative from a is computed from the stored (rounded) output, as training does
+    a = f_ref(name, z, p or 0).astype(dtype)
+    x = guarded_input(dev, z if src == "z" else a)
+    ref = df_ref(name, z, p or 0)
+    out = Guarded(dev, (n,), dtype)
+    clnn.activation_derivative(name, **{src: x}, out=out.view, param=p)
+    # from a, the rounding of a itself moves the result by about one ulp of a
+    assert_close(out.check(), ref, dtype, k=4 if src == "a" else 1)
+    dy = RNG.standard_normal(n).astype(dtype)
+    out = Guarded(dev, (n,), dtype)
+    clnn.activation_backward(name, guarded_input(dev, dy), **{src: x}, out=out.view, param=p)
+    assert_close(out.check(), dy * ref, dtype, k=4 if src == "a" else 1,
+                 scale=np.maximum(np.abs(dy), 1))
+
+
+def test_named_activation_functions_match_activation(dev):
+    z = clnn.asarray(inputs(50, np.float32))
+    assert np.array_equal(clnn.elu(z, alpha=0.3).get(), clnn.activation("elu", z, param=0.3).get())
+    assert np.array_equal(clnn.leaky_relu(z).get(),
+                          clnn.activation("leaky_relu", z, param=0.01).get())
+    assert np.array_equal(clnn.relu(z).get(), np.maximum(z.get(), 0))
+
+
+def test_activations_do_not_overflow(dev):
+    z = np.array([-1e4, -100, 0, 100, 1e4], np.float32)
+    for name in clnn.ACTIVATIONS:
+        got = clnn.activation(name, clnn.asarray(z)).get()
+        assert np.all(np.isfinite(got)), (name, got)
+
+
+def test_activation_in_place(dev):
+    z = inputs(101, np.float32)
+    x = clnn.asarray(z)
+    assert clnn.sigmoid(x, out=x) is x
+    assert_close(x.get(), f_ref("sigmoid", z, 0), np.float32)
+
+
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("n", AWKWARD, ids=lambda n: f"n{n}")
+def test_linalg_ops(dev, n, dtype):
+    x = RNG.standard_normal(n).astype(dtype)
+    y = RNG.standard_normal(n).astype(dtype)
+    X, Y = guarded_input(dev, x), guarded_input(dev, y)
+    ref = {
+        "hadamard": x.astype(np.float64) * y,
+        "axpy": -1.5 * x.astype(np.float64) + y,
+        "scale": 0.25 * x.astype(np.float64),
+        "copy": x.astype(np.float64),
+    }
+    for op, want in ref.items():
+        out = Guarded(dev, (n,), dtype)
+        if op == "hadamard":
+            clnn.hadamard(X, Y, out=out.view)
+        elif op == "axpy":
+            clnn.axpy(-1.5, X, Y, out=out.view)
+        elif op == "scale":
+            clnn.scale(0.25, X, out=out.view)
+        else:
+            clnn.copy(X, out=out.view)
+        assert_close(out.check(), want, dtype, k=2, scale=np.maximum(np.abs(x * y), 1))
+    out = Guarded(dev, (n,), dtype)
+    clnn.fill(out.view, 3.25)
+    assert np.all(out.check() == 3.25)
+    # axpy without out updates y in place, like BLAS
+    assert clnn.axpy(2.0, X, Y) is Y
+    assert_close(Y.get(), 2.0 * x.astype(np.float64) + y, dtype, k=2,
+                 scale=np.maximum(np.abs(x), 1))
+
+
+@settings(max_examples=25, deadline=None)
+@given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=4),
+       alpha=st.sampled_from([0.0, 1.0, -1.5]))
+def test_axpy_any_shape(shape, alpha):
+    x = RNG.standard_normal(shape).astype(np.float32)
+    y = RNG.standard_normal(shape).astype(np.float32)
+    got = clnn.axpy(alpha, clnn.asarray(x), clnn.asarray(y)).get()
+    assert_close(got, alpha * x.astype(np.float64) + y, np.float32, k=2,
+                 scale=np.maximum(np.abs(x), 1))
+
+
+def test_zero_size_is_a_no_op(dev):
+    x = clnn.empty((0, 3))
+    assert clnn.sigmoid(x).shape == (0, 3)
+    assert clnn.fill(x, 1.0) is x
+
+
+class TestBadInput:
+    def test_shape_mismatch(self, dev):
+        out = Guarded(dev, (5,), np.float32, fill=np.arange(5))
+        with pytest.raises(clnn.ShapeError):
+            clnn.hadamard(clnn.zeros(5), clnn.zeros(6), out=out.view)
+        with pytest.raises(clnn.ShapeError):
+            clnn.sigmoid(clnn.zeros(6), out=out.view)
+        assert np.array_equal(out.check(), np.arange(5))
+
+    def test_dtype_mismatch_and_unsupported(self, dev):
+        with pytest.raises(clnn.DTypeError):
+            clnn.hadamard(clnn.zeros(5), clnn.zeros(5, np.float64) if dev.facts.fp64 else
+                          clnn.asarray(np.zeros(5, np.int32)))
+        with pytest.raises(clnn.DTypeError):
+            clnn.relu(clnn.asarray(np.zeros(5, np.int32)))
+        if not dev.facts.fp16:
+            with pytest.raises(clnn.DTypeError):
+                clnn.asarray(np.zeros(3, np.float16))
+
+    def test_not_an_array(self, dev):
+        with pytest.raises(clnn.ArgumentError):
+            clnn.relu(np.zeros(3, np.float32))
+
+    def test_bad_parameters(self, dev):
+        x = clnn.zeros(4)
+        with pytest.raises(clnn.ArgumentError):
+            clnn.activation("swish", x)
+        with pytest.raises(clnn.ArgumentError):
+            clnn.elu(x, alpha=float("nan"))
+        with pytest.raises(clnn.ArgumentError):
+            clnn.elu(x, alpha=-1.0)
+        with pytest.raises(clnn.ArgumentError):
+            clnn.axpy(float("inf"), x, x)
+        with pytest.raises(clnn.ArgumentError):
+            clnn.activation_derivative("relu", z=x, a=x)
+
+    def test_non_contiguous(self, dev):
+        x = clnn.zeros((4, 6))
+        with pytest.raises(clnn.ShapeError):
+            clnn.relu(x[:, ::2])
+
+    def test_partial_overlap_is_refused(self, dev):
+        big = clnn.asarray(np.arange(10, dtype=np.float32))
+        with pytest.raises(clnn.ShapeError):
+            clnn.scale(2.0, big[0:6], out=big[2:8])
+        assert np.array_equal(big.get(), np.arange(10))
+
+    def test_arrays_from_different_contexts(self, dev):
+        import pyopencl as cl
+        import pyopencl.array as cla
+        ctx = cl.Context([dev.cl_device])
+        foreign = cla.zeros(cl.CommandQueue(ctx), 4, np.float32)
+        with pytest.raises(clnn.DeviceError):
+            clnn.relu(foreign)
