@@ -85,7 +85,8 @@ class Device:
         self.queue = cl.CommandQueue(
             self.context, properties=cl.command_queue_properties.PROFILING_ENABLE)
         self.pool = Pool(self.context, self.queue, max_alloc=self.facts.max_alloc_size,
-                         budget=_default_budget(self.facts))
+                         budget=_default_budget(self.facts),
+                         exact=os.environ.get("CLNN_POOL_EXACT", "") not in ("", "0"))
         self.kernels = KernelCache()
 
     def __repr__(self):

@@ -27,7 +27,7 @@ import pyopencl as cl
 from .errors import OutOfDeviceMemory
 
 _MIN_BLOCK = 256          # bytes; also keeps sub-256-byte requests in one bin
-_BIN_BITS = 4             # size bins keep 4 leading bits: at most 1/16 wasted
+_BIN_BITS = 4             # size bins keep 4 leading bits: under 1/8 of a block wasted
 
 
 def bin_size(nbytes):
@@ -60,8 +60,11 @@ class Pool:
     demand, since PoCL allocates lazily and never fails.
     """
 
-    def __init__(self, context, queue, *, budget, max_alloc, allocator=None):
+    def __init__(self, context, queue, *, budget, max_alloc, allocator=None, exact=False):
         self.context = context
+        # exact: no rounding to size bins, so Oclgrind sees any access past an array's
+        # end (a rounded block would hide it in its slack); reuse needs the same size.
+        self.exact = exact
         self.queue = queue
         self.max_alloc = int(max_alloc)
         self._budget = int(budget)
@@ -125,7 +128,7 @@ class Pool:
         nbytes = int(nbytes)
         with self._lock:
             self.requests += 1
-            size = bin_size(nbytes)
+            size = max(nbytes, 1) if self.exact else bin_size(nbytes)
             if nbytes > self.max_alloc or size > self._budget:
                 raise self._error(nbytes, "exceeds the device's max allocation size "
                                   f"({_fmt(self.max_alloc)})" if nbytes > self.max_alloc

@@ -78,3 +78,29 @@ def assert_close(got, ref, dtype, k=1, scale=None, ulps=8):
 
 
 AWKWARD = [1, 2, 7, 31, 64, 97, 1000003]
+
+
+
+def gate(tool, present):
+    """Mark a test that needs an external checker (clang, oclgrind).
+
+    Without the tool the test is skipped with a line saying which gate did not run;
+    with CLNN_REQUIRE_GATES=1 (set by .ci/run) a missing tool fails the test instead.
+    """
+    return pytest.mark.clnn_gate(tool=tool, present=present)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "clnn_gate(tool, present): needs an external tool")
+
+
+def pytest_runtest_setup(item):
+    for mark in item.iter_markers("clnn_gate"):
+        if mark.kwargs["present"]:
+            continue
+        tool = mark.kwargs["tool"]
+        reason = (f"{tool} not installed (Debian: apt-get install {tool}); the {tool} "
+                  "kernel gate did not run")
+        if os.environ.get("CLNN_REQUIRE_GATES"):
+            pytest.fail(reason + ", and CLNN_REQUIRE_GATES is set")
+        pytest.skip(reason)

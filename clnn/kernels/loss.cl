@@ -21,6 +21,6 @@ __kernel void clnn_quadratic(const int rows, const int cols, const acc_t grad_sc
             s += d * d;
             CLNN_STORE(d * grad_scale, da, da_off + k);
         }
-        loss_row[r] = s * (acc_t)0.5;
+        loss_row[r] = s * (acc_t)0.5f;
     }
 }

@@ -1,0 +1,41 @@
+# clnn: `make demo` runs the main job, `make test` the whole suite.
+# Both create .venv and install clnn into it with the extras they need; nothing else
+# is needed on a Debian/Ubuntu machine with Python 3 (no OpenCL driver: the PoCL CPU
+# device comes from PyPI).
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.clnn-installed
+
+.PHONY: demo test bench clean
+
+$(PY):
+	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
+	  rm -rf $(VENV); \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "python3 -m venv failed: installing Debian's python3-venv"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv \
+	      && $(PYTHON) -m venv $(VENV); \
+	  else \
+	    echo "python3 -m venv failed: install python3-venv (sudo apt-get install python3-venv)"; \
+	    exit 1; \
+	  fi; }
+
+$(STAMP): $(PY) setup.cfg pyproject.toml
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[pocl,test]'
+	@touch $@
+
+demo: $(STAMP)
+	$(PY) -m clnn selfcheck
+
+test: $(STAMP)
+	$(PY) -m pytest -ra
+
+bench: $(STAMP)
+	$(PY) -m pip install -q -e '.[pocl,bench]'
+	$(PY) benchmarks/bench_gemm.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,59 @@
+"""Small cases of clnn's ops, run by test_oclgrind.py inside Oclgrind.
+
+Run as a script in a process whose OpenCL loader sees only Oclgrind; exits non-zero on
+a wrong result. Oclgrind itself reports races and out-of-bounds accesses to its log.
+Usage: python oclgrind_battery.py [ops|gemm|bad]
+"""
+
+import sys
+
+import numpy as np
+
+import clnn
+
+
+def close(got, ref, tol=1e-5):
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    if not np.allclose(got, ref, rtol=tol, atol=tol):
+        raise SystemExit(f"mismatch: max error {np.abs(got - ref).max()}")
+
+
+def ops():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((7, 13)).astype(np.float32)
+    y = rng.standard_normal((7, 13)).astype(np.float32)
+    X, Y = clnn.asarray(x), clnn.asarray(y)
+    close(clnn.tanh(X).get(), np.tanh(x))
+    close(clnn.activation_backward("sigmoid", Y, a=clnn.sigmoid(X)).get(),
+          y / (1 + np.exp(-x)) * (1 - 1 / (1 + np.exp(-x))))
+    close(clnn.axpy(0.5, X, clnn.copy(Y)).get(), 0.5 * x + y)
+    close(clnn.bias_add(X, clnn.asarray(x[0])).get(), x + x[0])
+    close(clnn.bias_grad(X).get(), x.sum(0))
+    long = rng.standard_normal(5003).astype(np.float32)
+    close(clnn.sum(clnn.asarray(long)).get(), long.sum(), 1e-4)
+    close(clnn.max(X, axis=1).get(), x.max(1))
+    close(clnn.softmax(X).get(), np.exp(x) / np.exp(x).sum(1, keepdims=True))
+    t = np.eye(13, dtype=np.float32)[[1, 5, 2, 0, 12, 3, 3]]
+    loss, dz = clnn.softmax_cross_entropy(X, clnn.asarray(t))
+    p = np.exp(x) / np.exp(x).sum(1, keepdims=True)
+    close(dz.get(), (p - t) / 7)
+    close(loss.get(), -(t * np.log(p)).sum() / 7)
+    loss, da = clnn.quadratic_loss(X, Y)
+    close(loss.get(), ((x - y) ** 2).sum() / 14, 1e-4)
+
+
+def bad():
+    """An out-of-bounds write that Oclgrind must report (proves the gate can fail)."""
+    import pyopencl as cl
+    dev = clnn.device()
+    prg = cl.Program(dev.context, "__kernel void k(__global float *x) "
+                     "{ x[get_global_id(0) + 1] = 1.0f; }").build()
+    buf = clnn.zeros(4)
+    prg.k(dev.queue, (4,), None, buf.base_data)
+    dev.queue.finish()
+
+
+if __name__ == "__main__":
+    {"ops": ops, "bad": bad}[sys.argv[1] if len(sys.argv) > 1 else "ops"]()
+    clnn.device().finish()
+    print("battery passed")

@@ -1,0 +1,99 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import clnn
+from conftest import AWKWARD, Guarded, assert_close, float_dtypes, guarded_input
+
+RNG = np.random.default_rng(99)
+DTYPES = pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+
+
+def guarded_scalar(dev, dtype):
+    return Guarded(dev, (), dtype)
+
+
+@DTYPES
+@pytest.mark.parametrize("n", AWKWARD, ids=lambda n: f"n{n}")
+def test_full_reductions(dev, n, dtype):
+    x = RNG.standard_normal(n).astype(dtype)
+    y = RNG.standard_normal(n).astype(dtype)
+    X, Y = guarded_input(dev, x), guarded_input(dev, y)
+    x64, y64 = x.astype(np.float64), y.astype(np.float64)
+    abs_sum = np.abs(x64).sum()
+    cases = [
+        (clnn.sum, (X,), x64.sum(), abs_sum),
+        (clnn.mean, (X,), x64.mean(), abs_sum / n),
+        (clnn.max, (X,), x64.max(), np.abs(x64).max()),
+        (clnn.dot, (X, Y), x64 @ y64, np.abs(x64 * y64).sum()),
+        (clnn.nrm2, (X,), np.sqrt(x64 @ x64), np.sqrt(x64 @ x64)),
+    ]
+    for fn, args, ref, scale in cases:
+        out = guarded_scalar(dev, dtype)
+        r = fn(*args, out=out.view)
+        assert r is out.view and r.shape == ()
+        assert_close(out.check(), ref, dtype, k=n, scale=max(scale, 1e-30), ulps=2)
+        assert fn(*args).shape == ()
+
+
+@settings(max_examples=40, deadline=None)
+@given(shape=st.lists(st.integers(1, 13), min_size=1, max_size=4), data=st.data())
+def test_axis_reductions(shape, data):
+    dev = clnn.device("pocl")
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1))
+    x = RNG.standard_normal(shape).astype(np.float32)
+    X = guarded_input(dev, x)
+    x64 = x.astype(np.float64)
+    k = shape[axis]
+    for fn, ref, scale in [(clnn.sum, x64.sum(axis), np.abs(x64).sum(axis)),
+                           (clnn.mean, x64.mean(axis), np.abs(x64).mean(axis)),
+                           (clnn.max, x64.max(axis), np.abs(x64).max(axis))]:
+        out = Guarded(dev, ref.shape, np.float32)
+        fn(X, axis=axis, out=out.view)
+        assert_close(out.check(), ref, np.float32, k=k, scale=np.maximum(scale, 1e-30), ulps=2)
+
+
+def test_long_axis_is_split_and_still_exact(dev):
+    # 3 rows of 200003: the split into chunks and the second pass must cover every element
+    x = RNG.standard_normal((3, 200003)).astype(np.float32)
+    got = clnn.sum(clnn.asarray(x), axis=1).get()
+    assert_close(got, x.astype(np.float64).sum(1), np.float32, k=200003,
+                 scale=np.abs(x).sum(1), ulps=2)
+    x = RNG.standard_normal((200003, 3)).astype(np.float32)
+    got = clnn.max(clnn.asarray(x), axis=0).get()
+    assert np.array_equal(got, x.max(0))
+
+
+def test_deterministic(dev):
+    x = clnn.asarray(RNG.standard_normal(1000003).astype(np.float32))
+    first = [clnn.sum(x).get(), clnn.dot(x, x).get(), clnn.nrm2(x).get()]
+    for _ in range(5):
+        again = [clnn.sum(x).get(), clnn.dot(x, x).get(), clnn.nrm2(x).get()]
+        assert [a.tobytes() for a in again] == [a.tobytes() for a in first]
+
+
+def test_max_propagates_nan(dev):
+    x = np.arange(1000, dtype=np.float32)
+    x[500] = np.nan
+    assert np.isnan(clnn.max(clnn.asarray(x)).get())
+
+
+def test_sum_of_empty_is_zero_and_max_of_empty_is_an_error(dev):
+    x = clnn.empty((0,))
+    assert clnn.sum(x).get() == 0
+    with pytest.raises(clnn.ShapeError):
+        clnn.max(x)
+    with pytest.raises(clnn.ShapeError):
+        clnn.mean(x)
+
+
+def test_bad_axis_and_out(dev):
+    x = clnn.zeros((3, 4))
+    with pytest.raises(clnn.ShapeError):
+        clnn.sum(x, axis=2)
+    out = Guarded(dev, (3,), np.float32, fill=[1, 2, 3])
+    with pytest.raises(clnn.ShapeError):
+        clnn.sum(x, axis=0, out=out.view)
+    assert np.array_equal(out.check(), [1, 2, 3])
+    with pytest.raises(clnn.ShapeError):
+        clnn.dot(x, clnn.zeros((4, 3)))

@@ -1,0 +1,159 @@
+"""The bounded pool, with an injected allocator: PoCL never fails an allocation."""
+
+import gc
+
+import numpy as np
+import pyopencl as cl
+import pytest
+
+import clnn
+from clnn.memory import Pool, bin_size
+
+
+class FlakyAllocator:
+    """Real allocations, except that the next ``fail`` calls raise like a full device."""
+
+    def __init__(self, dev):
+        self.dev = dev
+        self.fail = 0
+        self.calls = 0
+
+    def __call__(self, nbytes):
+        self.calls += 1
+        if self.fail:
+            self.fail -= 1
+            raise MemoryError("injected CL_MEM_OBJECT_ALLOCATION_FAILURE")
+        return cl.Buffer(self.dev.context, cl.mem_flags.READ_WRITE, nbytes)
+
+
+@pytest.fixture
+def pool(dev):
+    alloc = FlakyAllocator(dev)
+    p = Pool(dev.context, dev.queue, budget=1 << 20, max_alloc=1 << 19, allocator=alloc)
+    p.injected = alloc
+    return p
+
+
+def test_bins_round_up_by_less_than_an_eighth():
+    for n in [1, 255, 256, 257, 1000, 4097, 10**6, 3 * 10**8]:
+        b = bin_size(n)
+        assert b >= n and (b <= 256 or b - n < b / 8)
+        assert bin_size(b) == b
+
+
+def test_freed_blocks_are_reused(pool):
+    a = pool(5000)
+    assert pool.allocations == 1 and pool.active_bytes == bin_size(5000)
+    del a
+    assert pool.held_bytes == bin_size(5000) and pool.active_bytes == 0
+    b = pool(4900)          # same bin
+    assert pool.allocations == 1
+    c = pool(5000)          # the bin's only block is in use: a new one
+    assert pool.allocations == 2 and b is not c
+
+
+def test_views_keep_a_block_active(dev, pool):
+    import pyopencl.array as cla
+    x = cla.empty(dev.queue, (1000,), np.float32, allocator=pool)
+    v = x[10:20]
+    del x
+    assert pool.active_bytes == bin_size(4000)
+    del v
+    assert pool.active_bytes == 0
+
+
+def test_request_over_max_alloc_or_budget_fails_at_once(pool):
+    with pytest.raises(clnn.OutOfDeviceMemory) as e:
+        pool((1 << 19) + 1)
+    assert "max allocation" in str(e.value) and e.value.request == (1 << 19) + 1
+    pool.budget = 1 << 18
+    with pytest.raises(clnn.OutOfDeviceMemory, match="whole budget"):
+        pool((1 << 18) + 4096)
+    assert pool.injected.calls == 0
+
+
+def test_over_budget_releases_held_blocks_first(pool):
+    blocks = [pool(200_000) for _ in range(4)]       # 4 x 204800 bytes of a 1 MiB budget
+    del blocks
+    assert pool.held_bytes == 4 * bin_size(200_000)
+    big = pool(500_000)                              # does not fit beside the held blocks
+    assert pool.held_bytes == 0
+    assert pool.real_bytes == bin_size(500_000) <= pool.budget
+    del big
+
+
+def test_over_budget_with_live_blocks_raises_with_the_numbers(pool):
+    keep = [pool(300_000) for _ in range(3)]
+    with pytest.raises(clnn.OutOfDeviceMemory) as e:
+        pool(300_000)
+    err = e.value
+    assert err.budget == 1 << 20 and err.active == 3 * bin_size(300_000) and err.held == 0
+    assert "budget" in str(err) and "active" in str(err)
+    assert len(keep) == 3
+
+
+def test_opencl_allocation_failure_is_retried_once_after_freeing(pool):
+    held = pool(100_000)
+    del held
+    pool.injected.fail = 1
+    blk = pool(300_000)                       # first try fails, pool frees held, retries
+    assert blk is not None and pool.held_bytes == 0
+    pool.injected.fail = 2
+    with pytest.raises(clnn.OutOfDeviceMemory, match="failed in OpenCL"):
+        pool(300_000)
+
+
+def test_reference_cycles_are_collected_before_giving_up(pool):
+    class Node:
+        pass
+    live = pool(450_000)
+    n = Node()
+    n.self = n
+    n.buf = pool(450_000)
+    del n                           # only a reference cycle holds the second block now
+    gc.disable()
+    try:
+        blk = pool(450_000)         # no room for a third: gc.collect() frees the second
+        assert blk is not None and blk is not live and pool.allocations == 2
+    finally:
+        gc.enable()
+
+
+def test_thousands_of_ops_with_temporaries_stay_in_a_small_budget(dev):
+    """The tutorial's failure: temporaries of async ops piling up. Here they are reused."""
+    budget = 2 << 20
+    dev.pool.free_held()
+    old = dev.pool.budget
+    dev.pool.budget = budget
+    dev.pool.reset_peak()
+    try:
+        x = clnn.asarray(np.linspace(-1, 1, 50_000, dtype=np.float32))
+        for _ in range(2000):
+            t = clnn.sigmoid(x)                 # a 200 kB temporary each time
+            s = clnn.sum(clnn.hadamard(t, t))   # more temporaries and workspace
+            del t
+        assert dev.pool.peak_bytes <= budget
+        assert np.isfinite(s.get())
+    finally:
+        dev.pool.budget = old
+
+
+def test_device_pool_budget_from_environment(monkeypatch):
+    from clnn.device import DeviceFacts, _default_budget
+    facts = DeviceFacts("p", "d", "v", "CPU", "1", "OpenCL 1.2", 1, 256, (256,), 32768,
+                        1 << 30, 4 << 30, False, False)
+    monkeypatch.setenv("CLNN_POOL_BYTES", "123456")
+    assert _default_budget(facts) == 123456
+    monkeypatch.delenv("CLNN_POOL_BYTES")
+    assert 0 < _default_budget(facts) < 4 << 30
+    monkeypatch.setenv("CLNN_POOL_BYTES", "lots")
+    with pytest.raises(clnn.DeviceError):
+        _default_budget(facts)
+
+
+def test_arrays_come_from_the_pool(dev):
+    before = dev.pool.requests
+    x = clnn.asarray(np.zeros(10, np.float32))
+    y = clnn.sigmoid(x)
+    assert dev.pool.requests >= before + 2
+    assert y.allocator is dev.pool
