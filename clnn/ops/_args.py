@@ -115,13 +115,19 @@ def normalize_axis(axis, ndim):
     return int(axis) % ndim
 
 
-def launch_size(dev, n, wg=64, per_item=4):
+def launch_size(dev, n, wg=None):
     """(global, local) for a grid-stride loop over ``n`` items.
 
-    Enough work-items to fill the device, never more than ``n`` needs; the kernels
-    loop, so any global size is correct.
+    The kernels loop, so any global size is correct. On a CPU (PoCL runs a work-group
+    as a vectorised loop) about 16 items per work-item with many groups measured
+    fastest here: 0.33 ms for a 1M-element Hadamard product, against 1.6 ms with
+    a handful of long-running groups. On a GPU, enough groups to fill it, then stride.
     """
-    wg = min(wg, dev.facts.max_work_group_size)
-    cap = dev.facts.compute_units * wg * (4 if dev.facts.is_cpu else 16)
-    groups = max(1, min(-(-n // (wg * per_item)), -(-cap // wg)))
+    f = dev.facts
+    if f.is_cpu:
+        wg, per_item, max_groups = wg or 64, 16, 1 << 20
+    else:
+        wg, per_item, max_groups = wg or 256, 4, f.compute_units * 32
+    wg = min(wg, f.max_work_group_size)
+    groups = max(1, min(-(-n // (wg * per_item)), max_groups))
     return (groups * wg,), (wg,)
