@@ -142,7 +142,8 @@ def _save_failed(stem, source):
 
 # ---------------------------------------------------------------- kernels
 
-_SIG = re.compile(r"__kernel\s+void\s+(\w+)\s*\(([^)]*)\)", re.S)
+# "__kernel [__attribute__((...))] void name(args)"; args hold no parentheses
+_SIG = re.compile(r"__kernel\b[^;{]*?\bvoid\s+(\w+)\s*\(([^)]*)\)", re.S)
 _SCALARS = {"int": np.int32, "uint": np.uint32, "long": np.int64, "ulong": np.uint64,
             "float": np.float32, "double": np.float64}
 

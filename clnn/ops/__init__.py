@@ -10,10 +10,11 @@ from .bias import bias_add, bias_grad
 from .reduce import dot, max, mean, nrm2, sum
 from .softmax import log_softmax, softmax, softmax_cross_entropy
 from .loss import quadratic_loss
+from .gemm import gemm, gemv
 
 __all__ = [
     "ACTIVATIONS", "activation", "activation_backward", "activation_derivative", "axpy",
     "copy", "elu", "fill", "hadamard", "identity", "leaky_relu", "relu", "scale",
     "sigmoid", "softplus", "tanh", "bias_add", "bias_grad", "dot", "max", "mean", "nrm2",
-    "sum", "log_softmax", "softmax", "softmax_cross_entropy", "quadratic_loss",
+    "sum", "log_softmax", "softmax", "softmax_cross_entropy", "quadratic_loss", "gemm", "gemv",
 ]

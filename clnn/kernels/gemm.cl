@@ -1,0 +1,284 @@
+## gemm.cl: C = act(alpha * op(A) @ op(B) + beta * C + bias), batched, two tile variants.
+## Parameters (template):
+##   dtype            float32 | float64 | float16 (half storage, float arithmetic)
+##   variant          "reg": register-blocked, no local memory, no barriers (CPUs)
+##                    "local": local-memory tiles shared by a work-group (GPUs)
+##   trans_a, trans_b A stored (K, M) / B stored (N, K)
+##   act              epilogue activation (a name from clnn.ACTIVATIONS) or "none"
+##   bias             add bias[n] to column n in the epilogue
+##   tuning           the tile parameters below, as a dict (see clnn/tuning.py)
+## Used by clnn/ops/gemm.py (and, through it, dense and convolution layers).
+<%include file="_common.cl"/>
+<%include file="_activation.cl" args="act=act"/>
+<%
+    t = dict(tuning)
+    VW = t.get("VW", 1)
+%>
+//
+// Layouts are row-major with a leading dimension (row stride, in elements) and an
+// element offset per operand, so blocks of rows or columns of bigger matrices work:
+//   op(A) is M x K:  A(m, k) = a[m * lda + k]       or, transposed, a[k * lda + m]
+//   op(B) is K x N:  B(k, n) = b[k * ldb + n]       or, transposed, b[n * ldb + k]
+//   C is M x N:      C(m, n) = c[m * ldc + n]
+// Batches (dimension 2 of the launch) add *_bstride elements per batch; a stride of 0
+// shares that operand across the batch. With beta == 0 the old C is never read, so
+// NaN there cannot leak into the result.
+//
+// ---- tuning parameters (${variant} variant)
+% if variant == "reg":
+#define MWI ${t["MWI"]}    // rows of C per work-item (and per A panel)
+#define NWI ${t["NWI"]}    // columns of C per work-item (and per B panel), a multiple of VW
+#define VW ${VW}     // vector width of the B loads and the accumulators
+#if NWI % VW != 0
+#error "NWI must be a multiple of VW"
+#endif
+% else:
+#define MWG ${t["MWG"]}    // rows of C per work-group tile
+#define NWG ${t["NWG"]}    // columns of C per work-group tile
+#define KWG ${t["KWG"]}    // K step: depth of the tiles held in local memory
+#define MDIMC ${t["MDIMC"]}  // work-items along M
+#define NDIMC ${t["NDIMC"]}  // work-items along N
+#define MWI (MWG / MDIMC)  // rows of C per work-item (strided by MDIMC)
+#define NWI (NWG / NDIMC)  // columns of C per work-item (strided by NDIMC)
+#if MWG % MDIMC != 0 || NWG % NDIMC != 0
+#error "MWG and NWG must be multiples of MDIMC and NDIMC"
+#endif
+% endif
+
+% if trans_a:
+#define CLNN_A(m, k) CLNN_LOAD(a, (k) * lda + (m))
+% else:
+#define CLNN_A(m, k) CLNN_LOAD(a, (m) * lda + (k))
+% endif
+% if trans_b:
+#define CLNN_B(k, n) CLNN_LOAD(b, (n) * ldb + (k))
+% else:
+#define CLNN_B(k, n) CLNN_LOAD(b, (k) * ldb + (n))
+% endif
+
+// The fused epilogue for one element of C.
+inline void clnn_epilogue(__global real_t *c, const int idx, const int n, const acc_t acc,
+                          const acc_t alpha, const acc_t beta, const acc_t act_p,
+                          __global const real_t *bias)
+{
+    acc_t v = alpha * acc;
+    if (beta != (acc_t)0)
+        v += beta * CLNN_LOAD(c, idx);
+% if bias:
+    v += CLNN_LOAD(bias, n);
+% endif
+% if act != "none":
+    v = clnn_f(v, act_p);
+% endif
+    CLNN_STORE(v, c, idx);
+}
+
+% if variant == "reg":
+<%
+    NVW = t["NWI"] // VW
+    vec = f"{acc}{VW}" if VW > 1 else acc
+    comps = "0123456789abcdef"
+%>
+// ---- packing: the CPU variant first copies A and B into panels, like BLIS does.
+// A panel holds MWI rows of op(A) interleaved along k, a B panel NWI columns of op(B):
+//   a_pk[((batch * Mb + mb) * K + k) * MWI + i] = op(A)(mb * MWI + i, k)
+//   b_pk[((batch * Nb + nb) * K + k) * NWI + j] = op(B)(k, nb * NWI + j)
+// zero past the edges of the matrices. The micro-kernel then streams two contiguous
+// panels (the prefetcher's best case, no cache-set conflicts for power-of-two leading
+// dimensions), needs no edge checks, and transposes cost nothing extra. Panels hold
+// acc_t, so half inputs are converted once here.
+__kernel void clnn_pack_a(const int M, const int K, const int Mb,
+                          __global const real_t *a, const int a_off, const int lda,
+                          const int a_bstride, __global acc_t *a_pk)
+{
+    const int k = (int)get_global_id(0);
+    const int mb = (int)get_global_id(1);
+    const int batch = (int)get_global_id(2);
+    if (k >= K || mb >= Mb)
+        return;
+    a += a_off + batch * a_bstride;
+    __global acc_t *dst = a_pk + ((batch * Mb + mb) * K + k) * MWI;
+    for (int i = 0; i < MWI; ++i) {
+        const int m = mb * MWI + i;
+        dst[i] = m < M ? CLNN_A(m, k) : (acc_t)0;
+    }
+}
+
+__kernel void clnn_pack_b(const int N, const int K, const int Nb,
+                          __global const real_t *b, const int b_off, const int ldb,
+                          const int b_bstride, __global acc_t *b_pk)
+{
+    const int k = (int)get_global_id(0);
+    const int nb = (int)get_global_id(1);
+    const int batch = (int)get_global_id(2);
+    if (k >= K || nb >= Nb)
+        return;
+    b += b_off + batch * b_bstride;
+    __global acc_t *dst = b_pk + ((batch * Nb + nb) * K + k) * NWI;
+    for (int j = 0; j < NWI; ++j) {
+        const int n = nb * NWI + j;
+        dst[j] = n < N ? CLNN_B(k, n) : (acc_t)0;
+    }
+}
+
+typedef ${vec} vec_t;
+
+// Register-blocked micro-kernel for CPUs. Each work-item owns an MWI x NWI block of C
+// in MWI * NVW vector registers (unrolled by the template, so the compiler keeps every
+// accumulator in a register). Per k it loads NVW vectors from its B panel and MWI
+// scalars from its A panel and does MWI * NVW vector multiply-adds: the lecture's
+// loop nest with the two loops over the output block kept in registers. Work-groups
+// run along M, so the work-items of a group (which PoCL runs one after another on one
+// core) share one B panel while it is in cache. No local memory and no barriers: on a
+// CPU local memory is ordinary memory and a barrier splits the work-item loop.
+// b_pk panels start at multiples of NWI elements (a multiple of VW) from a buffer
+// start, so the vector loads are aligned.
+__kernel void clnn_gemm(const int M, const int N, const int K,
+                        const acc_t alpha, const acc_t beta, const acc_t act_p,
+                        const int Mb, const int Nb, const int a_batched, const int b_batched,
+                        __global const acc_t *a_pk, __global const acc_t *b_pk,
+                        __global const real_t *bias, const int bias_off,
+                        __global real_t *c, const int c_off, const int ldc,
+                        const int c_bstride)
+{
+    const int mb = (int)get_global_id(0);
+    const int nb = (int)get_global_id(1);
+    const int batch = (int)get_global_id(2);
+    if (mb >= Mb || nb >= Nb)
+        return;
+    __global const acc_t *ap = a_pk + ((a_batched * batch * Mb + mb) * K) * MWI;
+    __global const acc_t *bp = b_pk + ((b_batched * batch * Nb + nb) * K) * NWI;
+    c += c_off + batch * c_bstride;
+    bias += bias_off;
+
+% for i in range(t["MWI"]):
+    vec_t ${" ".join(f"c{i}_{v} = (vec_t)(0){',' if v < NVW - 1 else ';'}" for v in range(NVW))}
+% endfor
+    for (int k = 0; k < K; ++k) {
+% for v in range(NVW):
+        const vec_t b${v} = *(__global const vec_t *)(bp + k * NWI + ${v * VW});
+% endfor
+% for i in range(t["MWI"]):
+        {
+            const vec_t a_pm = (vec_t)(ap[k * MWI + ${i}]);
+%   for v in range(NVW):
+            c${i}_${v} += a_pm * b${v};
+%   endfor
+        }
+% endfor
+    }
+
+    const int m0 = mb * MWI, n0 = nb * NWI;
+% for i in range(t["MWI"]):
+    if (m0 + ${i} < M) {
+%   for v in range(NVW):
+%     for j in range(VW):
+        if (n0 + ${v * VW + j} < N)
+            clnn_epilogue(c, (m0 + ${i}) * ldc + n0 + ${v * VW + j}, n0 + ${v * VW + j},
+                          c${i}_${v}${f".s{comps[j]}" if VW > 1 else ""}, alpha, beta, act_p, bias);
+%     endfor
+%   endfor
+    }
+% endfor
+}
+% else:
+
+// Local-memory tiled GEMM for GPUs. A work-group of MDIMC x NDIMC work-items computes
+// an MWG x NWG tile of C. For each K step the group copies an MWG x KWG tile of A and
+// a KWG x NWG tile of B into local memory (zero outside the matrices), waits at a
+// barrier, and each work-item accumulates its MWI x NWI outputs from local memory.
+// Work-item (tm, tn) owns rows tm + i * MDIMC and columns tn + j * NDIMC, so
+// neighbouring work-items touch neighbouring addresses when they store C.
+__kernel __attribute__((reqd_work_group_size(MDIMC, NDIMC, 1)))
+void clnn_gemm(const int M, const int N, const int K,
+               const acc_t alpha, const acc_t beta, const acc_t act_p,
+               __global const real_t *a, const int a_off, const int lda, const int a_bstride,
+               __global const real_t *b, const int b_off, const int ldb, const int b_bstride,
+               __global const real_t *bias, const int bias_off,
+               __global real_t *c, const int c_off, const int ldc, const int c_bstride)
+{
+    __local acc_t a_lm[KWG][MWG];
+    __local acc_t b_lm[KWG][NWG];
+    const int tm = (int)get_local_id(0);
+    const int tn = (int)get_local_id(1);
+    const int tid = tn * MDIMC + tm;
+    const int m0 = (int)get_group_id(0) * MWG;
+    const int n0 = (int)get_group_id(1) * NWG;
+    const int batch = (int)get_group_id(2);
+    a += a_off + batch * a_bstride;
+    b += b_off + batch * b_bstride;
+    c += c_off + batch * c_bstride;
+    bias += bias_off;
+
+    acc_t acc[MWI][NWI];
+    for (int i = 0; i < MWI; ++i)
+        for (int j = 0; j < NWI; ++j)
+            acc[i][j] = (acc_t)0;
+
+    for (int k0 = 0; k0 < K; k0 += KWG) {
+        // Cooperative loads; consecutive work-items read consecutive addresses of
+        // the stored (possibly transposed) matrix.
+        for (int idx = tid; idx < MWG * KWG; idx += MDIMC * NDIMC) {
+% if trans_a:
+            const int mm = idx % MWG, kk = idx / MWG;
+% else:
+            const int kk = idx % KWG, mm = idx / KWG;
+% endif
+            const int m = m0 + mm, k = k0 + kk;
+            a_lm[kk][mm] = (m < M && k < K) ? CLNN_A(m, k) : (acc_t)0;
+        }
+        for (int idx = tid; idx < NWG * KWG; idx += MDIMC * NDIMC) {
+% if trans_b:
+            const int kk = idx % KWG, nn = idx / KWG;
+% else:
+            const int nn = idx % NWG, kk = idx / NWG;
+% endif
+            const int n = n0 + nn, k = k0 + kk;
+            b_lm[kk][nn] = (n < N && k < K) ? CLNN_B(k, n) : (acc_t)0;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int kk = 0; kk < KWG; ++kk) {
+            acc_t b_pm[NWI];
+            for (int j = 0; j < NWI; ++j)
+                b_pm[j] = b_lm[kk][tn + j * NDIMC];
+            for (int i = 0; i < MWI; ++i) {
+                const acc_t a_pm = a_lm[kk][tm + i * MDIMC];
+                for (int j = 0; j < NWI; ++j)
+                    acc[i][j] = mad(a_pm, b_pm[j], acc[i][j]);
+            }
+        }
+        // the next iteration overwrites the tiles others may still be reading
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+
+    for (int i = 0; i < MWI; ++i) {
+        const int m = m0 + tm + i * MDIMC;
+        for (int j = 0; j < NWI; ++j) {
+            const int n = n0 + tn + j * NDIMC;
+            if (m < M && n < N)
+                clnn_epilogue(c, m * ldc + n, n, acc[i][j], alpha, beta, act_p, bias);
+        }
+    }
+}
+% endif
+
+// y = alpha * op(A) x + beta * y for one vector: one work-item per output row. Row m
+// of op(A) is contiguous when A is not transposed; when it is, neighbouring
+// work-items read neighbouring addresses instead. beta == 0 never reads y.
+__kernel void clnn_gemv(const int M, const int K, const acc_t alpha, const acc_t beta,
+                        __global const real_t *a, const int a_off, const int lda,
+                        __global const real_t *x, const int x_off,
+                        __global real_t *y, const int y_off)
+{
+    a += a_off;
+    x += x_off;
+    for (int m = (int)get_global_id(0); m < M; m += (int)get_global_size(0)) {
+        acc_t acc = (acc_t)0;
+        for (int k = 0; k < K; ++k)
+            acc = mad(CLNN_A(m, k), CLNN_LOAD(x, k), acc);
+        acc_t v = alpha * acc;
+        if (beta != (acc_t)0)
+            v += beta * CLNN_LOAD(y, y_off + m);
+        CLNN_STORE(v, y, y_off + m);
+    }
+}

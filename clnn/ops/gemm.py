@@ -1,0 +1,199 @@
+"""GEMM and GEMV: C = act(alpha * op(A) @ op(B) + beta * C + bias). Kernel: gemm.cl.
+
+The routine validates shapes, strides and dtypes, picks the tile variant and its
+parameters for the device (clnn/tuning.py), and launches. Operands may be row-strided
+views (an offset and a row stride, e.g. a block of columns of a bigger matrix); a 3-D
+operand makes a strided batch, and a 2-D one beside it is shared by every batch.
+"""
+
+from .. import programs, tuning
+from ..errors import ArgumentError, ShapeError
+from ._args import INT_MAX, as_array, check, common_device, dev_empty, finite
+from .elementwise import ACTIVATIONS, _done, _param
+
+programs.register(
+    "gemm",
+    {"variant": "reg", "trans_a": False, "trans_b": False, "act": "none", "bias": False,
+     "tuning": tuning.template_tuning(tuning.GEMM_TABLE["type"]["CPU"])},
+    lambda: _variants())
+
+
+def _variants():
+    rows = [tuning.GEMM_TABLE["default"]] + list(tuning.GEMM_TABLE["type"].values()) + \
+        list(tuning.GEMM_TABLE["vendor"].values())
+    out = []
+    for p in rows:
+        for ta in (False, True):
+            for tb in (False, True):
+                out.append({"variant": p["variant"], "trans_a": ta, "trans_b": tb,
+                            "act": "none", "bias": False,
+                            "tuning": tuning.template_tuning(p)})
+    for act in ACTIVATIONS:
+        out.append(dict(out[0], act=act, bias=True))
+    return out
+
+
+class _Layout:
+    """A 2-D or 3-D operand as (batch, rows, cols, ld, bstride, off) in elements."""
+
+    def __init__(self, x, name):
+        isz = x.dtype.itemsize
+        if x.ndim not in (2, 3):
+            raise ShapeError(f"{name} must be a matrix or a batch of matrices, has shape "
+                             f"{x.shape}")
+        self.batched = x.ndim == 3
+        self.batch = x.shape[0] if self.batched else 1
+        self.rows, self.cols = x.shape[-2:]
+        strides = x.strides
+        if any(s % isz for s in strides) or x.offset % isz:
+            raise ShapeError(f"{name} has strides {strides} or offset {x.offset} that are "
+                             f"not multiples of its item size {isz}")
+        s_row, s_col = strides[-2] // isz, strides[-1] // isz
+        if self.cols > 1 and s_col != 1:
+            raise ShapeError(f"{name} must have unit column stride (a row-strided view); "
+                             f"its strides are {strides}: copy it first")
+        self.ld = s_row if self.rows > 1 else max(self.cols, 1)
+        if self.rows > 1 and self.ld < self.cols:
+            raise ShapeError(f"{name} has a row stride of {self.ld} elements for {self.cols} "
+                             "columns: rows would overlap")
+        self.bstride = strides[0] // isz if self.batched and self.batch > 1 else 0
+        if self.bstride < 0 or self.ld < 0:
+            raise ShapeError(f"{name} has negative strides {strides}")
+        self.off = x.offset // isz
+        last = self.off + (self.batch - 1) * self.bstride + (self.rows - 1) * self.ld + \
+            self.cols
+        if x.size and last > INT_MAX:
+            raise ShapeError(f"{name} spans {last} elements; clnn indexes with 32-bit ints")
+
+    def disjoint_rows(self):
+        """True when no two elements of different batches share memory."""
+        return self.batch <= 1 or self.bstride >= (self.rows - 1) * self.ld + self.cols
+
+
+def _spans_overlap(x, y):
+    if x is None or y is None or x.size == 0 or y.size == 0:
+        return False
+    if x.base_data.int_ptr != y.base_data.int_ptr:
+        return False
+    x_end = x.offset + sum((n - 1) * s for n, s in zip(x.shape, x.strides)) + x.itemsize
+    y_end = y.offset + sum((n - 1) * s for n, s in zip(y.shape, y.strides)) + y.itemsize
+    return x.offset < y_end and y.offset < x_end
+
+
+def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, bias=None,
+         activation=None, activation_param=None):
+    """out = activation(alpha * op(a) @ op(b) + beta * out + bias).
+
+    op(x) is x or its transpose (``trans_a``, ``trans_b``, applied to the last two axes).
+    ``bias`` (N,) is added to every row, as a dense layer with batch-first data needs.
+    ``beta != 0`` needs ``out``; with ``beta == 0`` the old contents of ``out`` are never
+    read. Overwrites ``out`` (allocated when None) and returns it.
+    """
+    dev = common_device(a=a, b=b, out=out, bias=bias)
+    dt = check(a, "a", dev, contiguous=False)
+    check(b, "b", dev, dtype=dt, contiguous=False)
+    alpha, beta = finite(alpha, "alpha"), finite(beta, "beta")
+    act = "none" if activation is None else activation
+    act_p = _param(act, activation_param) if act != "none" else 0.0
+    A, B = _Layout(a, "a"), _Layout(b, "b")
+    M, K = (A.cols, A.rows) if trans_a else (A.rows, A.cols)
+    Kb, N = (B.cols, B.rows) if trans_b else (B.rows, B.cols)
+    if K != Kb:
+        raise ShapeError(f"inner dimensions differ: op(a) is {M}x{K}, op(b) is {Kb}x{N} "
+                         f"(a {a.shape}, b {b.shape}, trans_a={trans_a}, trans_b={trans_b})")
+    if A.batched and B.batched and A.batch != B.batch:
+        raise ShapeError(f"batch sizes differ: a has {A.batch}, b has {B.batch}")
+    batched = A.batched or B.batched
+    nbatch = A.batch if A.batched else B.batch
+    shape = (nbatch, M, N) if batched else (M, N)
+    if bias is not None:
+        check(bias, "bias", dev, dtype=dt, shape=(N,))
+    if out is None:
+        if beta != 0:
+            raise ArgumentError("beta != 0 reads out: pass the out array")
+        out = dev_empty(dev, shape, dt)
+    else:
+        as_array(out, "out")
+        check(out, "out", dev, dtype=dt, shape=shape, contiguous=False)
+        for x, n in ((a, "a"), (b, "b"), (bias, "bias")):
+            if _spans_overlap(out, x):
+                raise ShapeError(f"out overlaps {n}")
+    C = _Layout(out, "out")
+    if not C.disjoint_rows():
+        raise ShapeError("out's batches overlap each other")
+    if out.size == 0:
+        return out
+
+    params = tuning.gemm_params(dev.facts, dt.itemsize)
+    prm = {"dtype": dt.name, "variant": params["variant"], "trans_a": bool(trans_a),
+           "trans_b": bool(trans_b), "act": act, "bias": bias is not None,
+           "tuning": tuning.template_tuning(params, dt)}
+    bias_arg = bias if bias is not None else out
+    bias_off = bias.offset // dt.itemsize if bias is not None else 0
+    common = dict(M=M, N=N, K=K, alpha=alpha, beta=beta, act_p=act_p, bias=bias_arg,
+                  bias_off=bias_off, c=out, c_off=C.off, ldc=C.ld, c_bstride=C.bstride)
+    if params["variant"] == "reg":
+        evt = _gemm_packed(dev, dt, prm, params, A, a, B, b, nbatch, common)
+    else:
+        kern = programs.get_kernel(dev, "gemm", "clnn_gemm", prm)
+        gsize = (-(-M // params["MWG"]) * params["MDIMC"],
+                 -(-N // params["NWG"]) * params["NDIMC"], nbatch)
+        lsize = (params["MDIMC"], params["NDIMC"], 1)
+        evt = kern(gsize, lsize, a=a, a_off=A.off, lda=A.ld, a_bstride=A.bstride,
+                   b=b, b_off=B.off, ldb=B.ld, b_bstride=B.bstride, **common)
+    return _done(out, evt)
+
+
+def _gemm_packed(dev, dt, prm, params, A, a, B, b, nbatch, common):
+    """The CPU variant: pack op(A) and op(B) into pool workspace, then multiply."""
+    M, N, K = common["M"], common["N"], common["K"]
+    mwi, nwi, wgm = params["MWI"], params["NWI"], params["WGM"]
+    Mb, Nb = -(-M // mwi), -(-N // nwi)
+    acc = programs.acc_dtype(dt)
+    a_pk = dev_empty(dev, (max(A.batch * Mb * mwi * K, 1),), acc)
+    b_pk = dev_empty(dev, (max(B.batch * Nb * nwi * K, 1),), acc)
+    if K:
+        pack_wg = min(64, dev.facts.max_work_group_size)
+        kpad = -(-K // pack_wg) * pack_wg
+        pack_a = programs.get_kernel(dev, "gemm", "clnn_pack_a", prm)
+        pack_a((kpad, Mb, A.batch), (pack_wg, 1, 1), M=M, K=K, Mb=Mb, a=a, a_off=A.off,
+               lda=A.ld, a_bstride=A.bstride, a_pk=a_pk)
+        pack_b = programs.get_kernel(dev, "gemm", "clnn_pack_b", prm)
+        pack_b((kpad, Nb, B.batch), (pack_wg, 1, 1), N=N, K=K, Nb=Nb, b=b, b_off=B.off,
+               ldb=B.ld, b_bstride=B.bstride, b_pk=b_pk)
+    kern = programs.get_kernel(dev, "gemm", "clnn_gemm", prm)
+    wg = min(wgm, dev.facts.max_work_group_size)
+    return kern((-(-Mb // wg) * wg, Nb, nbatch), (wg, 1, 1), Mb=Mb, Nb=Nb,
+                a_batched=int(A.batch > 1), b_batched=int(B.batch > 1), a_pk=a_pk,
+                b_pk=b_pk, **common)
+
+
+def gemv(a, x, y=None, *, alpha=1.0, beta=0.0, trans_a=False):
+    """y = alpha * op(a) @ x + beta * y for a matrix a and contiguous vectors x, y."""
+    dev = common_device(a=a, x=x, y=y)
+    dt = check(a, "a", dev, contiguous=False)
+    A = _Layout(a, "a")
+    if A.batched:
+        raise ShapeError("gemv takes one matrix; use gemm for batches")
+    M, K = (A.cols, A.rows) if trans_a else (A.rows, A.cols)
+    check(x, "x", dev, dtype=dt, shape=(K,))
+    alpha, beta = finite(alpha, "alpha"), finite(beta, "beta")
+    if y is None:
+        if beta != 0:
+            raise ArgumentError("beta != 0 reads y: pass the y array")
+        y = dev_empty(dev, (M,), dt)
+    else:
+        check(y, "y", dev, dtype=dt, shape=(M,))
+        for other, n in ((a, "a"), (x, "x")):
+            if _spans_overlap(y, other):
+                raise ShapeError(f"y overlaps {n}")
+    if M == 0:
+        return y
+    kern = programs.get_kernel(dev, "gemm", "clnn_gemv", {"dtype": dt.name,
+                                                          "trans_a": bool(trans_a)})
+    wg = min(64, dev.facts.max_work_group_size)
+    groups = max(1, min(-(-M // wg), dev.facts.compute_units * 64))
+    evt = kern((groups * wg,), (wg,), M=M, K=K, alpha=alpha, beta=beta, a=a, a_off=A.off,
+               lda=A.ld, x=x, x_off=x.offset // dt.itemsize, y=y,
+               y_off=y.offset // dt.itemsize)
+    return _done(y, evt)

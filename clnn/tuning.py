@@ -1,0 +1,155 @@
+"""Per-device tuning parameters, their constraints, and the override knob.
+
+Tuning data is data: ``GEMM_TABLE`` holds literal parameter sets keyed by exact device
+name, then by (vendor, type), then by type, with a "default" at the end of every
+lookup. Every row is checked against the kernel's constraints (tests/test_tuning.py),
+and before a build the chosen row is checked against the device's real limits.
+"""
+
+import contextlib
+import threading
+
+import numpy as np
+
+from .errors import ArgumentError
+
+# Variant "reg" (CPU): MWI x NWI outputs per work-item, VW-wide vectors, WGM work-items
+# per work-group along M. Variant "local" (GPU): an MWG x NWG tile per work-group of
+# MDIMC x NDIMC work-items, KWG deep in local memory.
+GEMM_TABLE = {
+    # exact device names (tuned on that device)
+    "device": {
+        # PoCL 3.0 (pip) on the 2-core Zen 4 development machine, which PoCL reports by
+        # this generic name. Measured by /tmp-free sweeps of benchmarks/bench_gemm.py:
+        # 4x32 outputs per work-item (16 float8 accumulators; AVX-512 gives 32 vector
+        # registers) ran 180 GFLOP/s at n=2048 with packing, 6x16 ran 170.
+        "pthread-Intel(R) Xeon(R) Processor": {"variant": "reg", "MWI": 4, "NWI": 32,
+                                               "VW": 8, "WGM": 16, "tuned": True},
+    },
+    # (vendor substring, type)
+    "vendor": {
+        # NVIDIA (untuned here, no such device): 256 threads, 8x8 outputs each, a
+        # 128x128x16 tile in 16 KiB of local memory fits Maxwell..Hopper with room
+        # for two groups per SM.
+        ("nvidia", "GPU"): {"variant": "local", "MWG": 128, "NWG": 128, "KWG": 16,
+                            "MDIMC": 16, "NDIMC": 16, "tuned": False},
+        # AMD GCN/RDNA (untuned): wavefronts of 64, 256 work-items, 64x64 tiles with
+        # 4x4 outputs each keep VGPR use low enough for several waves per CU.
+        ("advanced micro devices", "GPU"): {"variant": "local", "MWG": 64, "NWG": 64,
+                                            "KWG": 16, "MDIMC": 16, "NDIMC": 16,
+                                            "tuned": False},
+        ("amd", "GPU"): {"variant": "local", "MWG": 64, "NWG": 64, "KWG": 16,
+                         "MDIMC": 16, "NDIMC": 16, "tuned": False},
+        # Intel Gen9..Xe (untuned): SIMD8/16 subgroups, 64 KiB SLM per subslice;
+        # 128 work-items with 4x4 outputs each.
+        ("intel", "GPU"): {"variant": "local", "MWG": 32, "NWG": 64, "KWG": 16,
+                           "MDIMC": 8, "NDIMC": 16, "tuned": False},
+    },
+    # by device type
+    "type": {
+        # Any CPU (PoCL, Intel's and AMD's CPU runtimes): 6 rows x 16 columns in 12
+        # float8 accumulators leaves registers for two B vectors and the broadcast A
+        # value on AVX2's 16, like BLIS's AVX2 micro-kernel. 170 GFLOP/s here (n=2048).
+        "CPU": {"variant": "reg", "MWI": 6, "NWI": 16, "VW": 8, "WGM": 16, "tuned": False},
+        # a generic GPU (untuned): modest tiles that fit 16 KiB of local memory and
+        # 256 work-items, the OpenCL 1.2 minimums that every GPU offers.
+        "GPU": {"variant": "local", "MWG": 64, "NWG": 64, "KWG": 16, "MDIMC": 16,
+                "NDIMC": 16, "tuned": False},
+    },
+    "default": {"variant": "local", "MWG": 32, "NWG": 32, "KWG": 8, "MDIMC": 8,
+                "NDIMC": 8, "tuned": False},
+}
+
+_KEYS = {"reg": ("MWI", "NWI", "VW", "WGM"),
+         "local": ("MWG", "NWG", "KWG", "MDIMC", "NDIMC")}
+
+
+def gemm_problems(p, facts=None, itemsize=4):
+    """Why the GEMM parameter set ``p`` is invalid (for ``facts``' device), or []."""
+    variant = p.get("variant")
+    if variant not in _KEYS:
+        return [f"unknown variant {variant!r}"]
+    missing = [k for k in _KEYS[variant] if not isinstance(p.get(k), int) or p[k] < 1]
+    if missing:
+        return [f"missing or non-positive {', '.join(missing)}"]
+    probs = []
+    if variant == "reg":
+        if p["VW"] not in (1, 2, 4, 8, 16):
+            probs.append("VW must be 1, 2, 4, 8 or 16")
+        if p["NWI"] % p["VW"]:
+            probs.append("NWI must be a multiple of VW")
+        if p["MWI"] * p["NWI"] > 32 * p["VW"]:
+            probs.append("more than 32 vector accumulators spill registers")
+        wg = p["WGM"]
+        local_bytes = 0
+    else:
+        if p["MWG"] % p["MDIMC"] or p["NWG"] % p["NDIMC"]:
+            probs.append("MWG and NWG must be multiples of MDIMC and NDIMC")
+        wg = p["MDIMC"] * p["NDIMC"]
+        local_bytes = (p["MWG"] + p["NWG"]) * p["KWG"] * max(itemsize, 4)
+    if facts is not None:
+        if wg > facts.max_work_group_size:
+            probs.append(f"work-group of {wg} exceeds the device's {facts.max_work_group_size}")
+        if variant == "local" and (p["MDIMC"] > facts.max_work_item_sizes[0]
+                                   or p["NDIMC"] > facts.max_work_item_sizes[1]):
+            probs.append("work-group dimensions exceed the device's work-item sizes")
+        if local_bytes > facts.local_mem_size:
+            probs.append(f"{local_bytes} bytes of local memory exceed the device's "
+                         f"{facts.local_mem_size}")
+    return probs
+
+
+def _lookup_chain(facts):
+    table = GEMM_TABLE
+    chain = []
+    if facts.name in table["device"]:
+        chain.append(table["device"][facts.name])
+    vendor = facts.vendor.lower()
+    for (v, typ), p in table["vendor"].items():
+        if v in vendor and typ == facts.type:
+            chain.append(p)
+    if facts.type in table["type"]:
+        chain.append(table["type"][facts.type])
+    chain.append(table["default"])
+    return chain
+
+
+_override = threading.local()
+
+
+@contextlib.contextmanager
+def override(kernel, params):
+    """Force the parameters of ``kernel`` ("gemm") inside a with-block (tests, benchmarks)."""
+    stack = getattr(_override, "stack", [])
+    _override.stack = stack + [(kernel, dict(params))]
+    try:
+        yield
+    finally:
+        _override.stack = stack
+
+
+def gemm_params(facts, itemsize=4):
+    """The GEMM parameters for a device: the override, else the first valid table row."""
+    for kernel, params in reversed(getattr(_override, "stack", [])):
+        if kernel == "gemm":
+            probs = gemm_problems(params, facts, itemsize)
+            if probs:
+                raise ArgumentError(f"GEMM override {params} is invalid here: "
+                                    + "; ".join(probs))
+            return params
+    for params in _lookup_chain(facts):
+        if not gemm_problems(params, facts, itemsize):
+            return params
+    # The OpenCL 1.2 minimum device (work-group 1) still takes this.
+    return {"variant": "reg", "MWI": 1, "NWI": 1, "VW": 1, "WGM": 1}
+
+
+def template_tuning(params, dtype="float32"):
+    """The tile parameters as the hashable tuple the gemm template takes.
+
+    VW counts float32 lanes; a float64 vector of the same bytes has half as many.
+    """
+    t = {k: v for k, v in params.items() if k in _KEYS[params["variant"]]}
+    if "VW" in t and np.dtype(dtype) == np.float64:
+        t["VW"] = max(1, t["VW"] // 2)
+    return tuple(sorted(t.items()))
