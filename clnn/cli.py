@@ -47,7 +47,7 @@ def _render(args):
         print(f"unknown template {args.template!r}; templates: {', '.join(sorted(templates))}",
               file=sys.stderr)
         return 2
-    params = dict(templates[args.template][0])
+    params = {}
     for item in args.param:
         name, _, value = item.partition("=")
         if not value:
@@ -55,7 +55,7 @@ def _render(args):
             return 2
         params[name] = _parse_value(value)
     params["dtype"] = args.dtype
-    sys.stdout.write(programs.render(args.template, params))
+    sys.stdout.write(programs.render(args.template, programs.complete(args.template, params)))
     return 0
 
 
@@ -72,7 +72,8 @@ def main(argv=None):
     p.add_argument("template", help="template stem, e.g. elementwise, reduce, gemm")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16"])
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                   help="override a template parameter (repeatable)")
+                   help="set a template parameter (repeatable); for gemm, uppercase "
+                        "names (MWG=64) set tile parameters")
     p = sub.add_parser("selfcheck", help="check every op against numpy, with timings")
     p.add_argument("--quick", action="store_true", help="small sizes only")
     args = parser.parse_args(argv)

@@ -73,13 +73,24 @@ def acc_dtype(dtype):
 _registry = {}
 
 
-def register(stem, defaults, variants=None):
+def register(stem, defaults, variants=None, complete=None):
     """Declare template ``stem`` with its default params and a variants() callable.
 
     ``variants()`` yields the param dicts (without dtype) that the library can render;
-    the clang gate renders each for every dtype.
+    the clang gate renders each for every dtype. ``complete(params)``, if given, fills
+    in what a partial set from the command line implies (``clnn render``).
     """
     _registry[stem] = (dict(defaults), variants or (lambda: [dict(defaults)]))
+    _completers[stem] = complete or (lambda p: p)
+
+
+_completers = {}
+
+
+def complete(stem, params):
+    """``params`` as ``clnn render`` would use them: implied values filled in."""
+    registered()
+    return _completers.get(stem, lambda p: p)(dict(params))
 
 
 def registered():

@@ -99,6 +99,13 @@ def gemm_problems(p, facts=None, itemsize=4):
     return probs
 
 
+def all_gemm_rows():
+    """Every parameter set in GEMM_TABLE (for the clang gate and the table tests)."""
+    t = GEMM_TABLE
+    return (list(t["device"].values()) + list(t["vendor"].values())
+            + list(t["type"].values()) + [t["default"]])
+
+
 def _lookup_chain(facts):
     table = GEMM_TABLE
     chain = []

@@ -42,6 +42,38 @@ def ops():
     close(loss.get(), ((x - y) ** 2).sum() / 14, 1e-4)
 
 
+def gemm():
+    """Every GEMM tile variant of the table on edge sizes, transposes, epilogue, batches."""
+    from clnn import tuning
+    rng = np.random.default_rng(1)
+    rows = tuning.all_gemm_rows()
+    facts = clnn.device().facts
+    checked = 0
+    for params in rows:
+        if tuning.gemm_problems(params, facts):
+            continue
+        with tuning.override("gemm", params):
+            for M, N, K, ta, tb in [(70, 37, 19, False, False), (9, 130, 33, True, True),
+                                    (1, 1, 1, False, True)]:
+                a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
+                b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
+                bias = rng.standard_normal(N).astype(np.float32)
+                c = rng.standard_normal((M, N)).astype(np.float32)
+                C = clnn.asarray(c)
+                clnn.gemm(clnn.asarray(a), clnn.asarray(b), out=C, alpha=0.5, beta=-1.5,
+                          trans_a=ta, trans_b=tb, bias=clnn.asarray(bias), activation="tanh")
+                ref = np.tanh(0.5 * (a.T if ta else a) @ (b.T if tb else b) - 1.5 * c + bias)
+                close(C.get(), ref, 1e-4)
+            x = rng.standard_normal((2, 5, 7)).astype(np.float32)
+            w = rng.standard_normal((3, 7)).astype(np.float32)
+            close(clnn.gemm(clnn.asarray(x), clnn.asarray(w), trans_b=True).get(), x @ w.T,
+                  1e-4)
+        checked += 1
+    if not checked:
+        raise SystemExit("no GEMM variant fits this device")
+    print(f"checked {checked} GEMM variants")
+
+
 def bad():
     """An out-of-bounds write that Oclgrind must report (proves the gate can fail)."""
     import pyopencl as cl
@@ -54,6 +86,6 @@ def bad():
 
 
 if __name__ == "__main__":
-    {"ops": ops, "bad": bad}[sys.argv[1] if len(sys.argv) > 1 else "ops"]()
+    {"ops": ops, "gemm": gemm, "bad": bad}[sys.argv[1] if len(sys.argv) > 1 else "ops"]()
     clnn.device().finish()
     print("battery passed")

@@ -15,12 +15,22 @@ programs.register(
     "gemm",
     {"variant": "reg", "trans_a": False, "trans_b": False, "act": "none", "bias": False,
      "tuning": tuning.template_tuning(tuning.GEMM_TABLE["type"]["CPU"])},
-    lambda: _variants())
+    lambda: _variants(), lambda p: _complete(p))
+
+
+def _complete(params):
+    """Tile parameters for ``clnn render``: the variant's first table row, with any
+    uppercase NAME=VALUE given on the command line put in."""
+    variant = params.get("variant", "reg")
+    row = next(r for r in tuning.all_gemm_rows() if r["variant"] == variant)
+    row = dict(row, **{k: v for k, v in params.items() if k.isupper()})
+    params = {k: v for k, v in params.items() if not k.isupper()}
+    params.setdefault("tuning", tuning.template_tuning(row, params.get("dtype", "float32")))
+    return params
 
 
 def _variants():
-    rows = [tuning.GEMM_TABLE["default"]] + list(tuning.GEMM_TABLE["type"].values()) + \
-        list(tuning.GEMM_TABLE["vendor"].values())
+    rows = tuning.all_gemm_rows()
     out = []
     for p in rows:
         for ta in (False, True):
@@ -75,8 +85,8 @@ def _spans_overlap(x, y):
         return False
     if x.base_data.int_ptr != y.base_data.int_ptr:
         return False
-    x_end = x.offset + sum((n - 1) * s for n, s in zip(x.shape, x.strides)) + x.itemsize
-    y_end = y.offset + sum((n - 1) * s for n, s in zip(y.shape, y.strides)) + y.itemsize
+    x_end = x.offset + sum((n - 1) * s for n, s in zip(x.shape, x.strides)) + x.dtype.itemsize
+    y_end = y.offset + sum((n - 1) * s for n, s in zip(y.shape, y.strides)) + y.dtype.itemsize
     return x.offset < y_end and y.offset < x_end
 
 

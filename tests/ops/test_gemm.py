@@ -1,0 +1,229 @@
+"""GEMM and GEMV against a float64 numpy reference.
+
+Outputs live inside bigger canary-filled matrices (an offset and a row stride), inputs
+are row-strided views with offsets, and every tile variant is forced in turn.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import clnn
+from clnn import tuning
+from conftest import CANARY, eps, float_dtypes
+
+RNG = np.random.default_rng(2024)
+
+VARIANTS = {
+    "cpu-default": tuning.GEMM_TABLE["type"]["CPU"],
+    "cpu-4x32": {"variant": "reg", "MWI": 4, "NWI": 32, "VW": 8, "WGM": 16},
+    "cpu-3x8-vw4": {"variant": "reg", "MWI": 3, "NWI": 8, "VW": 4, "WGM": 5},
+    "cpu-scalar": {"variant": "reg", "MWI": 1, "NWI": 1, "VW": 1, "WGM": 1},
+    "gpu-generic": tuning.GEMM_TABLE["type"]["GPU"],
+    "gpu-default": tuning.GEMM_TABLE["default"],
+    "gpu-odd": {"variant": "local", "MWG": 12, "NWG": 8, "KWG": 5, "MDIMC": 4, "NDIMC": 2},
+}
+# sizes around every tile edge used above
+EDGES = [1, 2, 3, 5, 7, 8, 9, 12, 13, 15, 16, 17, 31, 32, 33, 63, 64, 65]
+
+
+def host_view(shape, dtype, pad_rows=1, pad_cols=3, fill=None):
+    """(big host matrix, slices) for an operand living inside a bigger matrix."""
+    *batch, r, c = shape
+    big = np.full(tuple(batch) + (r + 2 * pad_rows, c + 2 * pad_cols), CANARY, dtype=dtype)
+    sl = (Ellipsis, slice(pad_rows, pad_rows + r), slice(pad_cols, pad_cols + c))
+    if fill is not None:
+        big[sl] = fill
+    return big, sl
+
+
+def device_view(host, sl):
+    big = clnn.asarray(host)
+    return big, big[sl]
+
+
+def reference(a, b, c, alpha, beta, ta, tb, bias=None, act=None):
+    A = np.swapaxes(a, -1, -2) if ta else a
+    B = np.swapaxes(b, -1, -2) if tb else b
+    A64, B64 = A.astype(np.float64), B.astype(np.float64)
+    r = alpha * (A64 @ B64)
+    scale = abs(alpha) * (np.abs(A64) @ np.abs(B64))
+    if beta:
+        r = r + beta * c.astype(np.float64)
+        scale = scale + abs(beta) * np.abs(c.astype(np.float64))
+    if bias is not None:
+        r = r + bias.astype(np.float64)
+        scale = scale + np.abs(bias.astype(np.float64))
+    return r, scale
+
+
+def check_gemm(M, N, K, ta, tb, alpha, beta, dtype, batch=None, bias=False, act=None):
+    lead = (batch,) if batch else ()
+    a = RNG.standard_normal(lead + ((K, M) if ta else (M, K))).astype(dtype)
+    b = RNG.standard_normal(lead + ((N, K) if tb else (K, N))).astype(dtype)
+    c = RNG.standard_normal(lead + (M, N)).astype(dtype)
+    bv = RNG.standard_normal(N).astype(dtype) if bias else None
+    _, A = device_view(*host_view(a.shape, dtype, fill=a))
+    _, B = device_view(*host_view(b.shape, dtype, 2, 1, fill=b))
+    c_host, c_sl = host_view(c.shape, dtype, 1, 2, fill=c if beta else np.nan)
+    c_big, C = device_view(c_host, c_sl)
+    r = clnn.gemm(A, B, out=C, alpha=alpha, beta=beta, trans_a=ta, trans_b=tb,
+                  bias=clnn.asarray(bv) if bias else None, activation=act)
+    assert r is C
+    got_big = c_big.get()
+    untouched = np.ones(got_big.shape, bool)
+    untouched[c_sl] = False
+    assert np.all(got_big[untouched] == CANARY), "a canary around out was overwritten"
+    got = got_big[c_sl].astype(np.float64)
+    ref, scale = reference(a, b, c, alpha, beta, ta, tb, bv)
+    if act is not None:
+        from test_elementwise import f_ref
+        ref = f_ref(act, ref, 0.01 if act == "leaky_relu" else 1.0)
+    bound = 4 * (K + 2) * eps(dtype) * (scale + 1e-30) + (8 * eps(dtype) * np.abs(ref)
+                                                            if act else 0)
+    err = np.abs(got - ref)
+    assert np.all(err <= bound), (f"max error {err.max()} vs bound "
+                                  f"{bound.flat[np.argmax(err - bound)]} at "
+                                  f"{np.unravel_index(np.argmax(err - bound), err.shape)}")
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
+@settings(max_examples=60, deadline=None)
+@given(M=st.one_of(st.integers(1, 70), st.sampled_from(EDGES)),
+       N=st.one_of(st.integers(1, 70), st.sampled_from(EDGES)),
+       K=st.one_of(st.integers(1, 70), st.sampled_from(EDGES)),
+       ta=st.booleans(), tb=st.booleans(),
+       alpha=st.sampled_from([0.0, 1.0, -1.5]), beta=st.sampled_from([0.0, 1.0, -1.5]))
+def test_gemm_variants(variant, M, N, K, ta, tb, alpha, beta):
+    with tuning.override("gemm", VARIANTS[variant]):
+        check_gemm(M, N, K, ta, tb, alpha, beta, np.float32)
+
+
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)],
+                         ids=["NN", "TN", "NT", "TT"])
+@pytest.mark.parametrize("mnk", [(1, 1, 1), (15, 17, 3), (97, 101, 103), (130, 67, 260)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_gemm_dtypes_and_transposes(dtype, ta, tb, mnk):
+    check_gemm(*mnk, ta, tb, 1.0, 0.0, dtype)
+
+
+@pytest.mark.parametrize("variant", ["cpu-default", "gpu-generic"])
+@pytest.mark.parametrize("act", [None] + list(clnn.ACTIVATIONS))
+def test_fused_bias_and_activation(variant, act):
+    with tuning.override("gemm", VARIANTS[variant]):
+        check_gemm(33, 19, 45, False, True, 1.0, 0.0, np.float32, bias=True, act=act)
+        check_gemm(7, 70, 9, True, False, -1.5, 1.0, np.float32, bias=True, act=act)
+
+
+@pytest.mark.parametrize("variant", ["cpu-default", "gpu-odd"])
+def test_batched(variant):
+    with tuning.override("gemm", VARIANTS[variant]):
+        check_gemm(13, 21, 17, False, False, 1.0, 0.0, np.float32, batch=3)
+        check_gemm(13, 21, 17, True, True, -1.5, 1.0, np.float32, batch=2)
+        # one side shared by every batch
+        a = RNG.standard_normal((4, 9, 6)).astype(np.float32)
+        w = RNG.standard_normal((5, 6)).astype(np.float32)
+        got = clnn.gemm(clnn.asarray(a), clnn.asarray(w), trans_b=True).get()
+        np.testing.assert_allclose(got, a @ w.T, rtol=1e-5, atol=1e-5)
+        got = clnn.gemm(clnn.asarray(w), clnn.asarray(a), trans_b=True).get()
+        np.testing.assert_allclose(got, w @ np.swapaxes(a, 1, 2), rtol=1e-5, atol=1e-5)
+
+
+def test_k_zero_gives_beta_times_out():
+    c = RNG.standard_normal((5, 4)).astype(np.float32)
+    C = clnn.asarray(c)
+    clnn.gemm(clnn.zeros((5, 0)), clnn.zeros((0, 4)), out=C, beta=-1.5)
+    np.testing.assert_array_equal(C.get(), -1.5 * c)
+    assert np.all(clnn.gemm(clnn.zeros((5, 0)), clnn.zeros((0, 4))).get() == 0)
+
+
+@pytest.mark.parametrize("variant", ["cpu-default", "gpu-generic"])
+def test_beta_zero_never_reads_out(variant):
+    with tuning.override("gemm", VARIANTS[variant]):
+        C = clnn.asarray(np.full((37, 29), np.nan, np.float32))
+        a, b = RNG.standard_normal((37, 11)), RNG.standard_normal((11, 29))
+        clnn.gemm(clnn.asarray(a.astype(np.float32)), clnn.asarray(b.astype(np.float32)),
+                  out=C, beta=0.0)
+        assert np.all(np.isfinite(C.get()))
+
+
+def test_deterministic():
+    a = clnn.asarray(RNG.standard_normal((300, 200)).astype(np.float32))
+    b = clnn.asarray(RNG.standard_normal((200, 100)).astype(np.float32))
+    first = clnn.gemm(a, b).get()
+    for _ in range(3):
+        assert clnn.gemm(a, b).get().tobytes() == first.tobytes()
+
+
+class TestBadInput:
+    def test_errors_leave_out_untouched(self):
+        out = clnn.asarray(np.ones((4, 5), np.float32))
+        a, b = clnn.zeros((4, 3)), clnn.zeros((3, 5))
+        bad = [
+            (clnn.ShapeError, lambda: clnn.gemm(a, clnn.zeros((4, 5)), out=out)),
+            (clnn.ShapeError, lambda: clnn.gemm(a, b, out=clnn.zeros((5, 4)))),
+            (clnn.ShapeError, lambda: clnn.gemm(clnn.zeros(3), b)),
+            (clnn.ShapeError, lambda: clnn.gemm(a, b, out=out, bias=clnn.zeros(4))),
+            (clnn.ShapeError, lambda: clnn.gemm(clnn.zeros((2, 4, 3)), clnn.zeros((3, 3, 5)))),
+            (clnn.ShapeError, lambda: clnn.gemm(clnn.zeros((4, 6))[:, ::2], b, out=out)),
+            (clnn.ArgumentError, lambda: clnn.gemm(a, b, beta=1.0)),
+            (clnn.ArgumentError, lambda: clnn.gemm(a, b, out=out, alpha=float("nan"))),
+            (clnn.ArgumentError, lambda: clnn.gemm(a, b, out=out, activation="gelu")),
+            (clnn.ArgumentError, lambda: clnn.gemm(np.zeros((4, 3)), b, out=out)),
+        ]
+        if clnn.device().facts.fp64:
+            bad.append((clnn.DTypeError,
+                        lambda: clnn.gemm(a, clnn.zeros((3, 5), np.float64), out=out)))
+        for err, call in bad:
+            with pytest.raises(err):
+                call()
+            assert np.all(out.get() == 1)
+
+    def test_out_overlapping_an_input_is_refused(self):
+        big = clnn.asarray(np.ones((6, 6), np.float32))
+        with pytest.raises(clnn.ShapeError, match="overlaps"):
+            clnn.gemm(big[0:3, 0:3], big[0:3, 0:3], out=big[2:5, 2:5])
+        assert np.all(big.get() == 1)
+
+    def test_invalid_override_is_refused(self):
+        with tuning.override("gemm", {"variant": "local", "MWG": 64, "NWG": 64, "KWG": 16,
+                                      "MDIMC": 64, "NDIMC": 64}):
+            dev = clnn.device()
+            if 64 * 64 > dev.facts.max_work_group_size:
+                with pytest.raises(clnn.ArgumentError, match="work-group"):
+                    clnn.gemm(clnn.zeros((4, 3)), clnn.zeros((3, 5)))
+
+
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("trans", [False, True], ids=["N", "T"])
+@pytest.mark.parametrize("mk", [(1, 1), (7, 300), (513, 97)], ids=lambda s: "x".join(map(str, s)))
+def test_gemv(dtype, trans, mk):
+    M, K = mk
+    a = RNG.standard_normal((K, M) if trans else (M, K)).astype(dtype)
+    x = RNG.standard_normal(K).astype(dtype)
+    y = RNG.standard_normal(M).astype(dtype)
+    a_host, a_sl = host_view(a.shape, dtype, fill=a)
+    _, A = device_view(a_host, a_sl)
+    Y = clnn.asarray(y)
+    clnn.gemv(A, clnn.asarray(x), Y, alpha=-1.5, beta=0.5, trans_a=trans)
+    op = a.T if trans else a
+    ref = -1.5 * (op.astype(np.float64) @ x) + 0.5 * y
+    scale = 1.5 * (np.abs(op.astype(np.float64)) @ np.abs(x)) + 0.5 * np.abs(y)
+    assert np.all(np.abs(Y.get() - ref) <= 4 * (K + 2) * eps(dtype) * scale)
+    with pytest.raises(clnn.ShapeError):
+        clnn.gemv(A, clnn.zeros(K + 1, dtype), Y, trans_a=trans)
+
+
+def test_every_variant_with_gpu_sized_work_groups_on_pocl(tmp_path):
+    """PoCL with POCL_MAX_WORK_GROUP_SIZE=256: variants must respect the device's limit."""
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, POCL_MAX_WORK_GROUP_SIZE="256", CLNN_DEVICE="pocl",
+               PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+    res = subprocess.run([sys.executable, os.path.join(here, "oclgrind_battery.py"), "gemm"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "checked" in res.stdout

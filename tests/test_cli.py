@@ -1,0 +1,32 @@
+import subprocess
+import sys
+
+
+def clnn_cli(*args):
+    return subprocess.run([sys.executable, "-m", "clnn", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_devices_lists_facts():
+    r = clnn_cli("devices")
+    assert r.returncode == 0
+    assert "Portable Computing Language" in r.stdout and "local memory" in r.stdout
+    assert sum(line.startswith("* ") for line in r.stdout.splitlines()) == 1
+
+
+def test_render_prints_the_source():
+    r = clnn_cli("render", "gemm", "--dtype", "float64", "--param", "variant=local",
+                 "--param", "trans_a=true", "--param", "KWG=4")
+    assert r.returncode == 0, r.stderr
+    assert "typedef double real_t;" in r.stdout and "a_lm[KWG][MWG]" in r.stdout
+    assert "#define KWG 4 " in r.stdout
+    assert clnn_cli("render", "nope").returncode == 2
+    assert clnn_cli("render", "elementwise", "--param", "act").returncode == 2
+    bad = clnn_cli("render", "elementwise", "--param", "act=swish")
+    assert bad.returncode == 1 and "TemplateError" in bad.stderr
+
+
+def test_selfcheck_passes():
+    r = clnn_cli("selfcheck", "--quick")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "all ops match numpy" in r.stdout and "FAIL" not in r.stdout

@@ -1,0 +1,51 @@
+import numpy as np
+import pytest
+
+import clnn
+from clnn.device import select_cl_device
+
+
+def test_specs_resolve_without_prompting(dev, monkeypatch):
+    monkeypatch.delenv("CLNN_DEVICE", raising=False)
+    monkeypatch.delenv("PYOPENCL_CTX", raising=False)
+    pocl = select_cl_device("pocl")
+    assert select_cl_device("cpu").int_ptr == pocl.int_ptr
+    assert select_cl_device("0:0").int_ptr == select_cl_device("0").int_ptr
+    assert select_cl_device("portable").int_ptr == pocl.int_ptr
+    monkeypatch.setenv("PYOPENCL_CTX", "0")
+    assert select_cl_device(None).int_ptr == select_cl_device("0:0").int_ptr
+    monkeypatch.setenv("CLNN_DEVICE", "pocl")
+    assert select_cl_device(None).int_ptr == pocl.int_ptr
+
+
+def test_unknown_spec_lists_the_devices():
+    with pytest.raises(clnn.DeviceError, match="devices: 0:0"):
+        select_cl_device("no-such-device-anywhere")
+    with pytest.raises(clnn.DeviceError):
+        select_cl_device("9:9")
+
+
+def test_one_device_object_per_device(dev):
+    assert clnn.device("pocl") is dev and clnn.device(dev) is dev
+    assert clnn.device(dev.cl_device) is dev
+
+
+def test_facts(dev):
+    f = dev.facts
+    assert f.max_work_group_size >= 1 and f.local_mem_size > 0
+    assert f.max_alloc_size <= f.global_mem_size
+    assert f.is_pocl and f.type == "CPU" and f.fp64
+    assert set(f.as_dict()) >= {"name", "vendor", "type", "driver_version", "fp64", "fp16"}
+
+
+def test_array_constructors(dev):
+    x = clnn.asarray([[1, 2], [3, 4]], dtype=np.float32)
+    assert x.shape == (2, 2) and x.allocator is dev.pool
+    assert np.array_equal(clnn.zeros((3, 2)).get(), np.zeros((3, 2)))
+    assert clnn.empty((0,)).size == 0
+    assert clnn.asarray(np.zeros((0, 3), np.float32)).shape == (0, 3)
+    with pytest.raises(clnn.DTypeError):
+        clnn.empty(3, np.complex64)
+    if not dev.facts.fp16:
+        with pytest.raises(clnn.DTypeError, match="cl_khr_fp16"):
+            clnn.zeros(3, np.float16)

@@ -1,0 +1,93 @@
+"""Rendering, the kernel cache, build errors and debug output."""
+
+import logging
+import os
+
+import numpy as np
+import pytest
+
+import clnn
+from clnn import programs
+
+
+def test_render_is_complete_and_typed():
+    src = programs.render("elementwise", {"dtype": "float64", "act": "tanh"})
+    assert "#pragma OPENCL EXTENSION cl_khr_fp64 : enable" in src
+    assert "typedef double real_t;" in src and "tanh(z)" in src
+    half = programs.render("reduce", {"dtype": "float16"})
+    assert "cl_khr_fp16" in half and "vload_half" in half
+    f32 = programs.render("gemm", {})
+    assert "cl_khr" not in f32 and "#define MWI" in f32
+
+
+def test_render_error_carries_params_and_traceback():
+    with pytest.raises(clnn.TemplateError) as e:
+        programs.render("elementwise", {"act": "swish"})
+    assert e.value.params["act"] == "swish"
+    assert "unknown activation swish" in e.value.traceback
+    with pytest.raises(clnn.TemplateError):
+        programs.render("no_such_template", {})
+
+
+def test_build_error_saves_numbered_source(dev):
+    bad = {"variant": "local", "trans_a": False, "trans_b": False,
+           "tuning": (("KWG", 4), ("MDIMC", 4), ("MWG", 10), ("NDIMC", 4), ("NWG", 8))}
+    with pytest.raises(clnn.KernelBuildError) as e:
+        programs.get_kernel(dev, "gemm", "clnn_gemm", bad)
+    err = e.value
+    assert "MWG and NWG must be multiples" in err.log
+    assert err.params["tuning"] == bad["tuning"] and "-cl-std=CL1.2" in err.options
+    assert os.path.exists(err.source_path) and err.source_path in str(err)
+    with open(err.source_path) as f:
+        first = f.readline()
+    assert first.strip().startswith("1 ")
+
+
+def test_cache_hits_and_clear(dev):
+    params = {"dtype": "float32", "op": "linalg"}
+    k1 = programs.get_kernel(dev, "elementwise", "clnn_scale", params)
+    hits = dev.kernels.hits
+    k2 = programs.get_kernel(dev, "elementwise", "clnn_scale", dict(params, act="sigmoid"))
+    assert k1 is k2 and dev.kernels.hits == hits + 1   # defaults fill the same key
+    clnn.clear_caches()
+    assert len(dev.kernels) == 0
+    assert programs.get_kernel(dev, "elementwise", "clnn_scale", params) is not k1
+
+
+def test_cache_is_bounded():
+    cache = programs.KernelCache(maxsize=3)
+    for i in range(10):
+        cache.put(i, object())
+    assert len(cache) == 3 and cache.get(0) is None and cache.get(9) is not None
+
+
+def test_named_arguments_are_checked(dev):
+    k = programs.get_kernel(dev, "elementwise", "clnn_fill", {"op": "linalg"})
+    assert k.names == ["n", "value", "out", "out_off"]
+    with pytest.raises(TypeError, match="missing"):
+        k((64,), (64,), n=1, value=0.0)
+
+
+def test_signatures_parse_attributes_and_types():
+    sigs = programs.signatures(
+        "__kernel __attribute__((reqd_work_group_size(8, 8, 1)))\nvoid f(const int n,"
+        " __global const real_t *x, const acc_t a) {}\n__kernel void g(float y) {}")
+    assert sigs == {"f": [("n", "int"), ("x", None), ("a", "acc_t")], "g": [("y", "float")]}
+
+
+def test_debug_logs_builds_and_hits(dev, monkeypatch, caplog):
+    monkeypatch.setenv("CLNN_DEBUG", "1")
+    caplog.set_level(logging.DEBUG, logger="clnn")
+    clnn.clear_caches()
+    x = clnn.asarray(np.ones(3, np.float32))
+    clnn.scale(2.0, x)
+    clnn.scale(2.0, x)
+    text = caplog.text
+    assert "built elementwise.cl" in text and "cache hit elementwise:clnn_scale" in text
+
+
+def test_debug_level_two_prints_sources(dev, monkeypatch, capsys):
+    monkeypatch.setenv("CLNN_DEBUG", "2")
+    clnn.clear_caches()
+    clnn.scale(2.0, clnn.asarray(np.ones(3, np.float32)))
+    assert "__kernel void clnn_scale" in capsys.readouterr().err
