@@ -53,8 +53,9 @@ def gemm():
         if tuning.gemm_problems(params, facts):
             continue
         with tuning.override("gemm", params):
+            # edges, transposes, a single element, and sizes every tile divides
             for M, N, K, ta, tb in [(70, 37, 19, False, False), (9, 130, 33, True, True),
-                                    (1, 1, 1, False, True)]:
+                                    (1, 1, 1, False, True), (128, 128, 32, True, False)]:
                 a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
                 b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
                 bias = rng.standard_normal(N).astype(np.float32)

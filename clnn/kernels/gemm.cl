@@ -6,6 +6,8 @@
 ##   trans_a, trans_b A stored (K, M) / B stored (N, K)
 ##   act              epilogue activation (a name from clnn.ACTIVATIONS) or "none"
 ##   bias             add bias[n] to column n in the epilogue
+##   even             ("local") M, N, K are multiples of MWG, NWG, KWG: the fast path
+##                    without guarded loads and stores
 ##   tuning           the tile parameters below, as a dict (see clnn/tuning.py)
 ## Used by clnn/ops/gemm.py (and, through it, dense and convolution layers).
 <%include file="_common.cl"/>
@@ -185,7 +187,7 @@ __kernel void clnn_gemm(const int M, const int N, const int K,
 
 // Local-memory tiled GEMM for GPUs. A work-group of MDIMC x NDIMC work-items computes
 // an MWG x NWG tile of C. For each K step the group copies an MWG x KWG tile of A and
-// a KWG x NWG tile of B into local memory (zero outside the matrices), waits at a
+// a KWG x NWG tile of B into local memory (${"sizes divide the tiles: no guards" if even else "zero outside the matrices"}), waits at a
 // barrier, and each work-item accumulates its MWI x NWI outputs from local memory.
 // Work-item (tm, tn) owns rows tm + i * MDIMC and columns tn + j * NDIMC, so
 // neighbouring work-items touch neighbouring addresses when they store C.
@@ -225,7 +227,11 @@ void clnn_gemm(const int M, const int N, const int K,
             const int kk = idx % KWG, mm = idx / KWG;
 % endif
             const int m = m0 + mm, k = k0 + kk;
+% if even:
+            a_lm[kk][mm] = CLNN_A(m, k);
+% else:
             a_lm[kk][mm] = (m < M && k < K) ? CLNN_A(m, k) : (acc_t)0;
+% endif
         }
         for (int idx = tid; idx < NWG * KWG; idx += MDIMC * NDIMC) {
 % if trans_b:
@@ -234,7 +240,11 @@ void clnn_gemm(const int M, const int N, const int K,
             const int nn = idx % NWG, kk = idx / NWG;
 % endif
             const int n = n0 + nn, k = k0 + kk;
+% if even:
+            b_lm[kk][nn] = CLNN_B(k, n);
+% else:
             b_lm[kk][nn] = (n < N && k < K) ? CLNN_B(k, n) : (acc_t)0;
+% endif
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int kk = 0; kk < KWG; ++kk) {
@@ -255,7 +265,9 @@ void clnn_gemm(const int M, const int N, const int K,
         const int m = m0 + tm + i * MDIMC;
         for (int j = 0; j < NWI; ++j) {
             const int n = n0 + tn + j * NDIMC;
+% if not even:
             if (m < M && n < N)
+% endif
                 clnn_epilogue(c, m * ldc + n, n, acc[i][j], alpha, beta, act_p, bias);
         }
     }

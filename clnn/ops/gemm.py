@@ -14,7 +14,7 @@ from .elementwise import ACTIVATIONS, _done, _param
 programs.register(
     "gemm",
     {"variant": "reg", "trans_a": False, "trans_b": False, "act": "none", "bias": False,
-     "tuning": tuning.template_tuning(tuning.GEMM_TABLE["type"]["CPU"])},
+     "even": False, "tuning": tuning.template_tuning(tuning.GEMM_TABLE["type"]["CPU"])},
     lambda: _variants(), lambda p: _complete(p))
 
 
@@ -40,6 +40,7 @@ def _variants():
                             "tuning": tuning.template_tuning(p)})
     for act in ACTIVATIONS:
         out.append(dict(out[0], act=act, bias=True))
+    out += [dict(p, even=True) for p in out if p["variant"] == "local"]
     return out
 
 
@@ -145,6 +146,8 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, b
     if params["variant"] == "reg":
         evt = _gemm_packed(dev, dt, prm, params, A, a, B, b, nbatch, common)
     else:
+        prm["even"] = M % params["MWG"] == 0 and N % params["NWG"] == 0 and \
+            K % params["KWG"] == 0
         kern = programs.get_kernel(dev, "gemm", "clnn_gemm", prm)
         gsize = (-(-M // params["MWG"]) * params["MDIMC"],
                  -(-N // params["NWG"]) * params["NDIMC"], nbatch)

@@ -130,6 +130,15 @@ def test_batched(variant):
         np.testing.assert_allclose(got, w @ np.swapaxes(a, 1, 2), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("variant", ["gpu-generic", "gpu-odd"])
+def test_local_fast_path_when_sizes_divide_the_tiles(variant):
+    p = VARIANTS[variant]
+    M, N, K = 2 * p["MWG"], 3 * p["NWG"], 4 * p["KWG"]
+    with tuning.override("gemm", p):
+        for ta, tb in [(False, False), (True, True)]:
+            check_gemm(M, N, K, ta, tb, -1.5, 1.0, np.float32, bias=True, act="relu")
+
+
 def test_k_zero_gives_beta_times_out():
     c = RNG.standard_normal((5, 4)).astype(np.float32)
     C = clnn.asarray(c)
