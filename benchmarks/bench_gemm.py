@@ -104,9 +104,16 @@ def bench_tinygrad(shapes):
         import pyopencl
     except ImportError:
         return {}
-    icd = os.path.join(os.path.dirname(pyopencl.__file__), ".libs", "pocl.icd")
+    import glob
+    import tempfile
     env = dict(os.environ, CL="1", DEV="CL")
-    if os.path.exists(icd):
+    # tinygrad loads the system's OpenCL loader; point it at the PoCL that
+    # pocl-binary-distribution put beside pyopencl (an ICD file needs an absolute path)
+    libs = glob.glob(os.path.join(os.path.dirname(pyopencl.__file__), ".libs", "libpocl*.so*"))
+    if libs:
+        icd = os.path.join(tempfile.mkdtemp(prefix="clnn-bench-"), "pocl.icd")
+        with open(icd, "w") as f:
+            f.write(libs[0] + "\n")
         env["OCL_ICD_VENDORS"] = icd
     try:
         res = subprocess.run([sys.executable, "-c", TINYGRAD_SCRIPT, json.dumps(shapes)],
