@@ -24,17 +24,22 @@ $(PY):
 
 $(STAMP): $(PY) setup.cfg pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[pocl,test]'
+	$(PY) -m pip install -q -e '.[pocl,test,data,plot]'
 	@touch $@
 
+# the main job: train a dense network on real MNIST digits on the default device
 demo: $(STAMP)
-	$(PY) -m clnn selfcheck
+	$(PY) -m clnn devices
+	@echo
+	$(PY) -m clnn train mnist
 
 test: $(STAMP)
 	$(PY) -m pytest -ra
 
+# benchmarks: PyTorch and tinygrad from PyPI; CLBlast needs Debian's libclblast-dev
 bench: $(STAMP)
 	$(PY) -m pip install -q -e '.[pocl,bench]'
+	-$(PY) -m pip install -q -e '.[clblast]' || echo "pyclblast not built: apt-get install libclblast-dev"
 	$(PY) benchmarks/bench_gemm.py
 
 clean:

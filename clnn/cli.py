@@ -1,4 +1,4 @@
-"""The ``clnn`` command: devices, render, selfcheck (and, as they land, bench, tune, train)."""
+"""The ``clnn`` command: devices, render, selfcheck, train."""
 
 import argparse
 import sys
@@ -64,6 +64,16 @@ def _selfcheck(args):
     return main(quick=args.quick)
 
 
+def _train(args):
+    from . import train
+    if args.task == "mnist":
+        _, _, acc = train.mnist(epochs=args.epochs, seed=args.seed, out=args.out,
+                                device=args.device,
+                                progress=False if args.no_progress else None)
+        return 0
+    return 2
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="clnn", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -76,8 +86,16 @@ def main(argv=None):
                         "names (MWG=64) set tile parameters")
     p = sub.add_parser("selfcheck", help="check every op against numpy, with timings")
     p.add_argument("--quick", action="store_true", help="small sizes only")
+    p = sub.add_parser("train", help="train a network on real data (MNIST)")
+    p.add_argument("task", choices=["mnist"])
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="results", help="folder for the model and the PNG")
+    p.add_argument("--device", help="device spec (default: CLNN_DEVICE, else GPU, else PoCL)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
-    handler = {"devices": _devices, "render": _render, "selfcheck": _selfcheck}[args.command]
+    handler = {"devices": _devices, "render": _render, "selfcheck": _selfcheck,
+               "train": _train}[args.command]
     from .errors import ClnnError
     try:
         return handler(args)

@@ -5,7 +5,7 @@
 
 from .. import programs
 from ..errors import ShapeError
-from ._args import check, check_out, common_device, dev_empty, offset
+from ._args import check, check_out, common_device, dev_empty, finite, offset
 from .reduce import reduce3
 
 programs.register("loss", {})
@@ -33,17 +33,20 @@ def mean_of_rows(dev, dt, loss_rows, rows):
                    inp="acc")
 
 
-def quadratic_loss(a, y, *, da=None):
+def quadratic_loss(a, y, *, da=None, grad_scale=None):
     """(L, dL/da) for L = sum((a - y)^2) / (2 * batch) over a (batch, features) pair.
 
     L is a 0-d device array (``float(L.get())`` reads it); the gradient (a - y) / batch
-    is written to ``da`` (allocated when None; it may be ``a`` itself).
+    is written to ``da`` (allocated when None; it may be ``a`` itself). ``grad_scale``
+    replaces the 1/batch of the gradient: clnn.nn passes 1 and folds 1/batch into the
+    learning rate of its update GEMM, as the tutorial does.
     """
     dev = common_device(a=a, y=y, da=da)
     dt, rows, cols, da = loss_operands(dev, a, y, "a", da)
     loss_rows = dev_empty(dev, (rows,), programs.acc_dtype(dt))
     kern = programs.get_kernel(dev, "loss", "clnn_quadratic", {"dtype": dt.name})
     g, l = row_launch(dev, rows)
-    da.add_event(kern(g, l, rows=rows, cols=cols, grad_scale=1.0 / rows, a=a, a_off=offset(a),
+    gs = 1.0 / rows if grad_scale is None else finite(grad_scale, "grad_scale")
+    da.add_event(kern(g, l, rows=rows, cols=cols, grad_scale=gs, a=a, a_off=offset(a),
                       y=y, y_off=offset(y), da=da, da_off=offset(da), loss_row=loss_rows))
     return mean_of_rows(dev, dt, loss_rows, rows), da

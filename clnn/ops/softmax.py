@@ -3,7 +3,7 @@ Kernel: clnn/kernels/softmax.cl.
 """
 
 from .. import programs
-from ._args import check, check_out, common_device, dev_empty, offset
+from ._args import check, check_out, common_device, dev_empty, finite, offset
 from .loss import loss_operands, mean_of_rows, row_launch
 
 programs.register("softmax", {})
@@ -37,18 +37,20 @@ def log_softmax(x, out=None):
     return _rowwise("clnn_log_softmax", x, out)
 
 
-def softmax_cross_entropy(z, y, *, dz=None):
+def softmax_cross_entropy(z, y, *, dz=None, grad_scale=None):
     """(L, dL/dz) for the mean softmax cross-entropy of logits z against targets y.
 
     z and y are (batch, classes); y holds target distributions (one-hot rows for
     labels). L = mean over the batch of -sum(y * log_softmax(z)), a 0-d device array;
-    dL/dz = (softmax(z) - y) / batch goes to ``dz`` (allocated when None; may be z).
+    dL/dz = (softmax(z) - y) / batch goes to ``dz`` (allocated when None; may be z);
+    ``grad_scale`` replaces its 1/batch (see quadratic_loss).
     """
     dev = common_device(z=z, y=y, dz=dz)
     dt, rows, cols, dz = loss_operands(dev, z, y, "z", dz)
     loss_rows = dev_empty(dev, (rows,), programs.acc_dtype(dt))
     kern = programs.get_kernel(dev, "softmax", "clnn_softmax_xent", {"dtype": dt.name})
     g, l = row_launch(dev, rows)
-    dz.add_event(kern(g, l, rows=rows, cols=cols, grad_scale=1.0 / rows, z=z, z_off=offset(z),
+    gs = 1.0 / rows if grad_scale is None else finite(grad_scale, "grad_scale")
+    dz.add_event(kern(g, l, rows=rows, cols=cols, grad_scale=gs, z=z, z_off=offset(z),
                       y=y, y_off=offset(y), dz=dz, dz_off=offset(dz), loss_row=loss_rows))
     return mean_of_rows(dev, dt, loss_rows, rows), dz

