@@ -275,7 +275,7 @@ def get_kernel(device, stem, entry, params, options=()):
     if entry not in sigs:
         raise TemplateError(f"{stem}.cl has no kernel {entry!r} for {params}",
                             template=stem, params=params)
-    kern = Kernel(device, getattr(program, entry), entry, sigs[entry], params["dtype"])
+    kern = Kernel(device, cl.Kernel(program, entry), entry, sigs[entry], params["dtype"])
     device.kernels.put(key, kern)
     return kern
 

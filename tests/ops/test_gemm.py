@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 import clnn
 from clnn import tuning
 from conftest import CANARY, eps, float_dtypes
+from reference import f_ref
 
 RNG = np.random.default_rng(2024)
 
@@ -77,7 +78,6 @@ def check_gemm(M, N, K, ta, tb, alpha, beta, dtype, batch=None, bias=False, act=
     got = got_big[c_sl].astype(np.float64)
     ref, scale = reference(a, b, c, alpha, beta, ta, tb, bv)
     if act is not None:
-        from test_elementwise import f_ref
         ref = f_ref(act, ref, 0.01 if act == "leaky_relu" else 1.0)
     bound = 4 * (K + 2) * eps(dtype) * (scale + 1e-30) + (8 * eps(dtype) * np.abs(ref)
                                                             if act else 0)

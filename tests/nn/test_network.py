@@ -1,0 +1,287 @@
+"""The network API: gradients against finite differences, a training step against a
+float64 numpy implementation of the same equations, allocation counts, persistence and
+bad input."""
+
+import os
+
+import numpy as np
+import pytest
+
+import clnn
+from clnn import nn
+from reference import df_ref, f_ref
+
+RNG = np.random.default_rng(77)
+ACTS = ["identity", "sigmoid", "tanh", "relu", "leaky_relu", "elu", "softplus"]
+
+
+def small_net(acts, widths=(5, 4, 3), seed=0, dtype=np.float64):
+    return nn.Sequential([nn.Dense(w, a) for w, a in zip(widths[1:], acts)], widths[0],
+                         dtype=dtype, seed=seed)
+
+
+def loss_of(net, x, y, loss):
+    out = net(x)
+    if loss == "cross_entropy":
+        a = out.get()
+        return float(-(y * np.log(a)).sum() / len(x))
+    return float(clnn.quadratic_loss(out, clnn.asarray(y))[0].get())
+
+
+def gradients_by_step(net, x, y, loss):
+    """dL/dW, dL/db from one plain SGD step with lr=1: W_new = W - dL/dW."""
+    before = [(l.weight.get(), l.bias.get()) for l in net.layers]
+    clnn.nn.sgd(net, x, y, loss=loss, epochs=1, lr=1.0)
+    grads = [(w - l.weight.get(), b - l.bias.get()) for (w, b), l in zip(before, net.layers)]
+    for (w, b), l in zip(before, net.layers):
+        l.weight.set(w)
+        l.bias.set(b)
+    return grads
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_backward_matches_finite_differences(dev, act):
+    """Each activation in a hidden and an output layer, float64, quadratic loss."""
+    net = small_net([act, act], seed=3)
+    x = RNG.standard_normal((6, 5))
+    y = RNG.standard_normal((6, 3))
+    grads = gradients_by_step(net, x, y, "quadratic")
+    h = 1e-6
+    for li, layer in enumerate(net.layers):
+        for name, g in (("weight", grads[li][0]), ("bias", grads[li][1])):
+            p = getattr(layer, name)
+            base = p.get()
+            num = np.zeros_like(base)
+            for idx in np.ndindex(base.shape):
+                for sign in (1, -1):
+                    q = base.copy()
+                    q[idx] += sign * h
+                    p.set(q)
+                    num[idx] += sign * loss_of(net, x, y, "quadratic") / (2 * h)
+            p.set(base)
+            np.testing.assert_allclose(g, num, rtol=1e-5, atol=1e-7,
+                                       err_msg=f"{act} layer {li} {name}")
+
+
+def test_softmax_cross_entropy_backward_matches_finite_differences(dev):
+    net = small_net(["tanh", "softmax"], seed=4)
+    x = RNG.standard_normal((5, 5))
+    y = np.eye(3)[[0, 2, 1, 1, 0]]
+    grads = gradients_by_step(net, x, y, "cross_entropy")
+    h = 1e-6
+    w = net.layers[0].weight
+    base = w.get()
+    for idx in [(0, 0), (2, 3), (3, 4)]:
+        vals = []
+        for sign in (1, -1):
+            q = base.copy()
+            q[idx] += sign * h
+            w.set(q)
+            vals.append(loss_of(net, x, y, "cross_entropy"))
+        w.set(base)
+        assert abs(grads[0][0][idx] - (vals[0] - vals[1]) / (2 * h)) < 1e-7
+
+
+def numpy_steps(params, acts, x, y, lr, momentum, steps):
+    """The four backprop equations with momentum, float64, batch-first."""
+    params = [(w.copy(), b.copy()) for w, b in params]
+    vel = [(np.zeros_like(w), np.zeros_like(b)) for w, b in params]
+    n = len(x)
+    losses = []
+    for _ in range(steps):
+        zs, a = [], [x]
+        for (w, b), act in zip(params, acts):
+            zs.append(a[-1] @ w.T + b)
+            a.append(f_ref(act, zs[-1], 0.01))
+        losses.append(((a[-1] - y) ** 2).sum() / (2 * n))
+        delta = (a[-1] - y) * df_ref(acts[-1], zs[-1], 0.01)
+        new = []
+        for i in range(len(params) - 1, -1, -1):
+            w, b = params[i]
+            below = (delta @ w) * df_ref(acts[i - 1], zs[i - 1], 0.01) if i else None
+            vw, vb = vel[i]
+            vw = momentum * vw - lr / n * delta.T @ a[i]
+            vb = momentum * vb - lr / n * delta.sum(0)
+            vel[i] = (vw, vb)
+            new.append((w + vw, b + vb))
+            delta = below
+        params = new[::-1]
+    return params, losses
+
+
+def test_training_steps_match_numpy(dev):
+    acts = ["tanh", "relu", "sigmoid"]
+    net = small_net(acts, widths=(7, 6, 5, 4), seed=5)
+    x = RNG.standard_normal((9, 7))
+    y = RNG.random((9, 4))
+    start = [(l.weight.get(), l.bias.get()) for l in net.layers]
+    want, want_losses = numpy_steps(start, acts, x, y, lr=0.3, momentum=0.8, steps=4)
+    got_losses = nn.sgd(net, x, y, schedule=[(1, 0.3)] * 4, momentum=0.8)
+    np.testing.assert_allclose(got_losses, want_losses, rtol=1e-12)
+    for (w, b), layer in zip(want, net.layers):
+        np.testing.assert_allclose(layer.weight.get(), w, rtol=1e-11, atol=1e-13)
+        np.testing.assert_allclose(layer.bias.get(), b, rtol=1e-11, atol=1e-13)
+
+
+def test_sgd_returns_the_last_forward_loss(dev):
+    net = small_net(["sigmoid", "sigmoid"], seed=1, dtype=np.float32)
+    x = RNG.random((8, 5)).astype(np.float32)
+    y = RNG.random((8, 3)).astype(np.float32)
+    before = loss_of(net, x, y, "quadratic")
+    assert nn.sgd(net, x, y, epochs=1, lr=0.5) == pytest.approx(before, rel=1e-6)
+    losses = nn.sgd(net, x, y, schedule=[(3, 0.5), (2, 0.1)])
+    assert len(losses) == 2 and losses[1] < before
+
+
+def test_a_step_allocates_nothing_after_the_first(dev):
+    net = nn.Sequential([nn.Dense(32, "relu"), nn.Dense(10, "softmax")], 20, seed=0)
+    x = clnn.asarray(RNG.random((16, 20)).astype(np.float32))
+    y = clnn.asarray(np.eye(10, dtype=np.float32)[RNG.integers(0, 10, 16)])
+    net.train_step(x, y, 0.1, 0.9, "cross_entropy")
+    dev.finish()
+    allocations = dev.pool.allocations
+    for _ in range(100):
+        net.train_step(x, y, 0.1, 0.9, "cross_entropy")
+    dev.finish()
+    assert dev.pool.allocations == allocations
+
+
+def test_training_never_writes_the_input(dev):
+    net = small_net(["relu", "sigmoid"], seed=2, dtype=np.float32)
+    host = RNG.random((10, 5)).astype(np.float32)
+    x = clnn.asarray(host)
+    nn.sgd(net, x, RNG.random((10, 3)).astype(np.float32), epochs=20, lr=1.0)
+    assert x.get().tobytes() == host.tobytes()
+
+
+def test_same_seed_same_network_and_deterministic_outputs(dev):
+    a, b = small_net(["relu", "tanh"], seed=9), small_net(["relu", "tanh"], seed=9)
+    for la, lb in zip(a.layers, b.layers):
+        assert la.weight.get().tobytes() == lb.weight.get().tobytes()
+    x = RNG.random((4, 5))
+    assert a.predict(x).tobytes() == b.predict(x).tobytes()
+    c = small_net(["relu", "tanh"], seed=10)
+    assert not np.array_equal(a.layers[0].weight.get(), c.layers[0].weight.get())
+
+
+def test_initialisation_scales(dev):
+    net = nn.Sequential([nn.Dense(400, "relu"), nn.Dense(300, "tanh")], 500, seed=0)
+    w_he, w_xavier = net.layers[0].weight.get(), net.layers[1].weight.get()
+    assert abs(w_he.std() - np.sqrt(2 / 500)) < 0.05 * np.sqrt(2 / 500)
+    assert abs(np.abs(w_xavier).max() - np.sqrt(6 / 700)) < 0.01
+    assert np.all(net.layers[0].bias.get() == 0)
+
+
+def test_inference_any_batch_and_predict_matches_numpy(dev):
+    net = small_net(["elu", "softmax"], seed=6)
+    w0, b0 = net.layers[0].weight.get(), net.layers[0].bias.get()
+    w1, b1 = net.layers[1].weight.get(), net.layers[1].bias.get()
+    for n in (1, 7, 64):
+        x = RNG.standard_normal((n, 5))
+        z = f_ref("elu", x @ w0.T + b0, 1.0) @ w1.T + b1
+        ref = np.exp(z - z.max(1, keepdims=True))
+        ref /= ref.sum(1, keepdims=True)
+        np.testing.assert_allclose(net.predict(x), ref, rtol=1e-12)
+    first = net(x)
+    second = net(x)
+    assert first is not second and first.get().tobytes() == second.get().tobytes()
+
+
+def test_save_and_load_bitwise(dev, tmp_path):
+    net = nn.Sequential([nn.Dense(6, "leaky_relu", param=0.2), nn.Dense(3, "softmax")], 4,
+                        seed=1)
+    nn.sgd(net, RNG.random((5, 4)), np.eye(3)[[0, 1, 2, 0, 1]].astype(np.float32),
+           loss="cross_entropy", epochs=3, lr=0.1)
+    path = str(tmp_path / "m.npz")
+    net.save(path)
+    back = nn.load(path)
+    x = RNG.random((7, 4))
+    assert back.predict(x).tobytes() == net.predict(x).tobytes()
+    assert back.layers[0].param == 0.2 and back.layers[1].activation == "softmax"
+
+
+def test_save_is_atomic(dev, tmp_path, monkeypatch):
+    net = small_net(["relu", "relu"], seed=0, dtype=np.float32)
+    path = str(tmp_path / "m.npz")
+    net.save(path)
+    good = open(path, "rb").read()
+
+    def crash(f, **arrays):
+        f.write(b"half a file")
+        raise KeyboardInterrupt("power cut")
+    monkeypatch.setattr(np, "savez", crash)
+    with pytest.raises(KeyboardInterrupt):
+        net.save(path)
+    assert open(path, "rb").read() == good
+    assert os.listdir(tmp_path) == ["m.npz"]
+
+
+def test_fit_history_and_learning(dev):
+    x = RNG.standard_normal((200, 2)).astype(np.float32)
+    labels = (x[:, 0] * x[:, 1] > 0).astype(np.int64)   # XOR of signs
+    net = nn.Sequential([nn.Dense(16, "tanh"), nn.Dense(2, "softmax")], 2, seed=0)
+    hist = net.fit(x, labels, loss="cross_entropy", epochs=30, batch_size=16, lr=0.2,
+                   momentum=0.9, seed=0, validation=(x, labels), progress=False)
+    assert set(hist) == {"loss", "epoch_time", "val_loss", "val_accuracy"}
+    assert len(hist["loss"]) == 30 and hist["loss"][-1] < hist["loss"][0] / 2
+    assert hist["val_accuracy"][-1] > 0.9
+
+
+class TestBadInput:
+    def params(self, net):
+        return [(l.weight.get().tobytes(), l.bias.get().tobytes()) for l in net.layers]
+
+    def test_errors_leave_parameters_unchanged(self, dev):
+        net = nn.Sequential([nn.Dense(4, "relu"), nn.Dense(3, "softmax")], 5, seed=0)
+        before = self.params(net)
+        x = RNG.random((6, 5)).astype(np.float32)
+        y = np.eye(3, dtype=np.float32)[[0, 1, 2, 0, 1, 2]]
+        nan_x = x.copy()
+        nan_x[2, 3] = np.nan
+        cases = [
+            (clnn.ShapeError, lambda: nn.sgd(net, x[:, :4], y, loss="cross_entropy")),
+            (clnn.ShapeError, lambda: nn.sgd(net, x, y[:5], loss="cross_entropy")),
+            (clnn.ShapeError, lambda: nn.sgd(net, x, np.array([0, 1, 5, 0, 1, 2]),
+                                             loss="cross_entropy")),
+            (clnn.ArgumentError, lambda: nn.sgd(net, nan_x, y, loss="cross_entropy")),
+            (clnn.ArgumentError, lambda: nn.sgd(net, clnn.asarray(nan_x), y,
+                                                loss="cross_entropy")),
+            (clnn.ArgumentError, lambda: nn.sgd(net, x, y, loss="quadratic")),
+            (clnn.ArgumentError, lambda: nn.sgd(net, x, y, loss="hinge")),
+            (clnn.ArgumentError, lambda: nn.sgd(net, x, y, loss="cross_entropy", lr=-1)),
+            (clnn.ArgumentError, lambda: nn.sgd(net, x, y, loss="cross_entropy",
+                                                schedule=[(1, 0.1), (1, float("nan"))])),
+            (clnn.ArgumentError, lambda: net.fit(x, y, loss="cross_entropy", momentum=1.5)),
+            (clnn.ShapeError, lambda: net(x[:, :2])),
+        ]
+        for err, call in cases:
+            with pytest.raises(err):
+                call()
+            assert self.params(net) == before
+
+    def test_bad_architectures(self, dev):
+        with pytest.raises(clnn.ArgumentError):
+            nn.Sequential([nn.Dense(3, "softmax"), nn.Dense(2, "relu")], 4)
+        with pytest.raises(clnn.ArgumentError):
+            nn.Dense(0)
+        with pytest.raises(clnn.ArgumentError):
+            nn.Dense(3, "swish")
+        with pytest.raises(clnn.ArgumentError):
+            nn.Sequential([], 4)
+        net = small_net(["relu", "sigmoid"], dtype=np.float32)
+        with pytest.raises(clnn.ArgumentError, match="softmax"):
+            nn.sgd(net, RNG.random((2, 5)), np.eye(3)[[0, 1]], loss="cross_entropy")
+
+    def test_batch_larger_than_memory_allows(self, dev):
+        net = nn.Sequential([nn.Dense(64, "relu"), nn.Dense(10, "softmax")], 100, seed=0)
+        before = self.params(net)
+        x = np.zeros((20000, 100), np.float32)
+        y = np.zeros(20000, np.int64)
+        old = dev.pool.budget
+        dev.pool.budget = 8 << 20
+        try:
+            with pytest.raises(clnn.OutOfDeviceMemory):
+                nn.sgd(net, x, y, loss="cross_entropy")
+        finally:
+            dev.pool.budget = old
+        assert self.params(net) == before
