@@ -5,7 +5,10 @@
 ##                    "local": local-memory tiles shared by a work-group (GPUs)
 ##   trans_a, trans_b A stored (K, M) / B stored (N, K)
 ##   act              epilogue activation (a name from clnn.ACTIVATIONS) or "none"
-##   bias             add bias[n] to column n in the epilogue
+##   bias             "none", "col" (bias[n] to column n: dense layers) or "row"
+##                    (bias[m] to row m: convolution output channels)
+##   conv             "none" (plain GEMM) or the implicit-GEMM loaders of a convolution:
+##                    "fwd", "dgrad" (data gradient), "wgrad" (weight gradient)
 ##   even             ("local") M, N, K are multiples of MWG, NWG, KWG: the fast path
 ##                    without guarded loads and stores
 ##   tuning           the tile parameters below, as a dict (see clnn/tuning.py)
@@ -47,27 +50,100 @@
 #endif
 % endif
 
-% if trans_a:
+<% conv_sig = "" %>
+% if conv == "none":
+%   if trans_a:
 #define CLNN_A(m, k) CLNN_LOAD(a, (k) * lda + (m))
-% else:
+%   else:
 #define CLNN_A(m, k) CLNN_LOAD(a, (m) * lda + (k))
-% endif
-% if trans_b:
+%   endif
+%   if trans_b:
 #define CLNN_B(k, n) CLNN_LOAD(b, (n) * ldb + (k))
-% else:
+%   else:
 #define CLNN_B(k, n) CLNN_LOAD(b, (k) * ldb + (n))
+%   endif
+% else:
+<%
+    conv_sig = (", const int cv_C, const int cv_H, const int cv_W, const int cv_M,"
+                " const int cv_P, const int cv_Q, const int cv_R, const int cv_S,"
+                " const int cv_sh, const int cv_sw, const int cv_ph, const int cv_pw")
+%>
+// ---- convolution as an implicit GEMM (${conv}): the loaders below compute where
+// an element of the conceptual unrolled matrix lives in the input while a tile (or,
+// for the CPU variant, a panel) is loaded, so the unrolled matrix is never stored.
+// x is (N, C, H, W), w is (M, C, R, S), y is (N, M, P, Q), with
+//   h = p * sh + r - ph,  w = q * sw + s - pw   (the lecture's loops, with stride and padding)
+%   if conv == "fwd":
+// y[n] (M x PQ) = w (M x CRS) @ unroll(x[n]) (CRS x PQ); one image per batch index.
+#define CLNN_A(m, k) CLNN_LOAD(a, (m) * lda + (k))
+inline acc_t clnn_unrolled_x(__global const real_t *x, const int k, const int j,
+                             const int cv_C, const int cv_H, const int cv_W,
+                             const int cv_Q, const int cv_R, const int cv_S,
+                             const int cv_sh, const int cv_sw, const int cv_ph,
+                             const int cv_pw)
+{
+    const int c = k / (cv_R * cv_S), rs = k % (cv_R * cv_S);
+    const int h = (j / cv_Q) * cv_sh + rs / cv_S - cv_ph;
+    const int w = (j % cv_Q) * cv_sw + rs % cv_S - cv_pw;
+    return (h >= 0 && h < cv_H && w >= 0 && w < cv_W) ? CLNN_LOAD(x, (c * cv_H + h) * cv_W + w)
+                                                   : (acc_t)0;
+}
+#define CLNN_B(k, j) clnn_unrolled_x(b, k, j, cv_C, cv_H, cv_W, cv_Q, cv_R, cv_S, cv_sh, cv_sw, cv_ph, cv_pw)
+%   elif conv == "dgrad":
+// dx[n] (C x HW) = A (C x MRS) @ B (MRS x HW) with A(c, (m,r,s)) = w[m, c, r, s] and
+// B((m,r,s), (h,w)) = dy[n, m, p, q] where h = p sh + r - ph and w = q sw + s - pw, zero
+// where no such (p, q) exists: every dx element gathers what it received, no atomics.
+#define CLNN_A(c, k) CLNN_LOAD(a, ((k) / (cv_R * cv_S) * cv_C + (c)) * cv_R * cv_S + (k) % (cv_R * cv_S))
+inline acc_t clnn_gathered_dy(__global const real_t *dy, const int k, const int j,
+                              const int cv_W, const int cv_P, const int cv_Q,
+                              const int cv_R, const int cv_S, const int cv_sh,
+                              const int cv_sw, const int cv_ph, const int cv_pw)
+{
+    const int m = k / (cv_R * cv_S), rs = k % (cv_R * cv_S);
+    const int hp = j / cv_W + cv_ph - rs / cv_S;     // p * sh
+    const int wq = j % cv_W + cv_pw - rs % cv_S;     // q * sw
+    if (hp < 0 || wq < 0 || hp % cv_sh || wq % cv_sw)
+        return (acc_t)0;
+    const int p = hp / cv_sh, q = wq / cv_sw;
+    return (p < cv_P && q < cv_Q) ? CLNN_LOAD(dy, (m * cv_P + p) * cv_Q + q) : (acc_t)0;
+}
+#define CLNN_B(k, j) clnn_gathered_dy(b, k, j, cv_W, cv_P, cv_Q, cv_R, cv_S, cv_sh, cv_sw, cv_ph, cv_pw)
+%   elif conv == "wgrad":
+// dw (M x CRS) = A (M x NPQ) @ B (NPQ x CRS) with A(m, (n,p,q)) = dy[n, m, p, q] and
+// B((n,p,q), (c,r,s)) = x[n, c, h, w]: the sum over images and positions runs inside one
+// work-item, in a fixed order, so dw is bitwise reproducible.
+#define CLNN_A(m, k) CLNN_LOAD(a, ((k) / (cv_P * cv_Q) * cv_M + (m)) * cv_P * cv_Q + (k) % (cv_P * cv_Q))
+inline acc_t clnn_unrolled_xt(__global const real_t *x, const int k, const int j,
+                              const int cv_C, const int cv_H, const int cv_W,
+                              const int cv_P, const int cv_Q, const int cv_R, const int cv_S,
+                              const int cv_sh, const int cv_sw, const int cv_ph,
+                              const int cv_pw)
+{
+    const int n = k / (cv_P * cv_Q), pq = k % (cv_P * cv_Q);
+    const int c = j / (cv_R * cv_S), rs = j % (cv_R * cv_S);
+    const int h = (pq / cv_Q) * cv_sh + rs / cv_S - cv_ph;
+    const int w = (pq % cv_Q) * cv_sw + rs % cv_S - cv_pw;
+    return (h >= 0 && h < cv_H && w >= 0 && w < cv_W)
+        ? CLNN_LOAD(x, ((n * cv_C + c) * cv_H + h) * cv_W + w) : (acc_t)0;
+}
+#define CLNN_B(k, j) clnn_unrolled_xt(b, k, j, cv_C, cv_H, cv_W, cv_P, cv_Q, cv_R, cv_S, cv_sh, cv_sw, cv_ph, cv_pw)
+%   else:
+<% raise ValueError("unknown conv mode " + conv) %>
+%   endif
 % endif
 
 // The fused epilogue for one element of C.
-inline void clnn_epilogue(__global real_t *c, const int idx, const int n, const acc_t acc,
-                          const acc_t alpha, const acc_t beta, const acc_t act_p,
-                          __global const real_t *bias)
+inline void clnn_epilogue(__global real_t *c, const int idx, const int m, const int n,
+                          const acc_t acc, const acc_t alpha, const acc_t beta,
+                          const acc_t act_p, __global const real_t *bias)
 {
     acc_t v = alpha * acc;
     if (beta != (acc_t)0)
         v += beta * CLNN_LOAD(c, idx);
-% if bias:
-    v += CLNN_LOAD(bias, n);
+% if bias == "col":
+    v += CLNN_LOAD(bias, n);     // one bias per column: dense layers, batch-first
+% elif bias == "row":
+    v += CLNN_LOAD(bias, m);     // one bias per row: output channels of a convolution
 % endif
 % if act != "none":
     v = clnn_f(v, act_p);
@@ -91,7 +167,7 @@ inline void clnn_epilogue(__global real_t *c, const int idx, const int n, const 
 // acc_t, so half inputs are converted once here.
 __kernel void clnn_pack_a(const int M, const int K, const int Mb,
                           __global const real_t *a, const int a_off, const int lda,
-                          const int a_bstride, __global acc_t *a_pk)
+                          const int a_bstride, __global acc_t *a_pk${conv_sig})
 {
     const int k = (int)get_global_id(0);
     const int mb = (int)get_global_id(1);
@@ -108,7 +184,7 @@ __kernel void clnn_pack_a(const int M, const int K, const int Mb,
 
 __kernel void clnn_pack_b(const int N, const int K, const int Nb,
                           __global const real_t *b, const int b_off, const int ldb,
-                          const int b_bstride, __global acc_t *b_pk)
+                          const int b_bstride, __global acc_t *b_pk${conv_sig})
 {
     const int k = (int)get_global_id(0);
     const int nb = (int)get_global_id(1);
@@ -176,8 +252,9 @@ __kernel void clnn_gemm(const int M, const int N, const int K,
 %   for v in range(NVW):
 %     for j in range(VW):
         if (n0 + ${v * VW + j} < N)
-            clnn_epilogue(c, (m0 + ${i}) * ldc + n0 + ${v * VW + j}, n0 + ${v * VW + j},
-                          c${i}_${v}${f".s{comps[j]}" if VW > 1 else ""}, alpha, beta, act_p, bias);
+            clnn_epilogue(c, (m0 + ${i}) * ldc + n0 + ${v * VW + j}, m0 + ${i},
+                          n0 + ${v * VW + j}, c${i}_${v}${f".s{comps[j]}" if VW > 1 else ""},
+                          alpha, beta, act_p, bias);
 %     endfor
 %   endfor
     }
@@ -197,7 +274,7 @@ void clnn_gemm(const int M, const int N, const int K,
                __global const real_t *a, const int a_off, const int lda, const int a_bstride,
                __global const real_t *b, const int b_off, const int ldb, const int b_bstride,
                __global const real_t *bias, const int bias_off,
-               __global real_t *c, const int c_off, const int ldc, const int c_bstride)
+               __global real_t *c, const int c_off, const int ldc, const int c_bstride${conv_sig})
 {
     __local acc_t a_lm[KWG][MWG];
     __local acc_t b_lm[KWG][NWG];
@@ -268,12 +345,13 @@ void clnn_gemm(const int M, const int N, const int K,
 % if not even:
             if (m < M && n < N)
 % endif
-                clnn_epilogue(c, m * ldc + n, n, acc[i][j], alpha, beta, act_p, bias);
+                clnn_epilogue(c, m * ldc + n, m, n, acc[i][j], alpha, beta, act_p, bias);
         }
     }
 }
 % endif
 
+% if conv == "none":
 // y = alpha * op(A) x + beta * y for one vector: one work-item per output row. Row m
 // of op(A) is contiguous when A is not transposed; when it is, neighbouring
 // work-items read neighbouring addresses instead. beta == 0 never reads y.
@@ -294,3 +372,4 @@ __kernel void clnn_gemv(const int M, const int K, const acc_t alpha, const acc_t
         CLNN_STORE(v, y, y_off + m);
     }
 }
+% endif

@@ -11,10 +11,12 @@ from .reduce import dot, max, mean, nrm2, sum
 from .softmax import log_softmax, softmax, softmax_cross_entropy
 from .loss import quadratic_loss
 from .gemm import gemm, gemv
+from .conv import conv2d, conv2d_backward_data, conv2d_backward_weight
 
 __all__ = [
     "ACTIVATIONS", "activation", "activation_backward", "activation_derivative", "axpy",
     "copy", "elu", "fill", "hadamard", "identity", "leaky_relu", "relu", "scale",
     "sigmoid", "softplus", "tanh", "bias_add", "bias_grad", "dot", "max", "mean", "nrm2",
     "sum", "log_softmax", "softmax", "softmax_cross_entropy", "quadratic_loss", "gemm", "gemv",
+    "conv2d", "conv2d_backward_data", "conv2d_backward_weight",
 ]

@@ -13,8 +13,8 @@ from .elementwise import ACTIVATIONS, _done, _param
 
 programs.register(
     "gemm",
-    {"variant": "reg", "trans_a": False, "trans_b": False, "act": "none", "bias": False,
-     "even": False, "tuning": tuning.template_tuning(tuning.GEMM_TABLE["type"]["CPU"])},
+    {"variant": "reg", "trans_a": False, "trans_b": False, "act": "none", "bias": "none",
+     "even": False, "conv": "none", "tuning": tuning.template_tuning(tuning.GEMM_TABLE["type"]["CPU"])},
     lambda: _variants(), lambda p: _complete(p))
 
 
@@ -36,10 +36,15 @@ def _variants():
         for ta in (False, True):
             for tb in (False, True):
                 out.append({"variant": p["variant"], "trans_a": ta, "trans_b": tb,
-                            "act": "none", "bias": False,
+                            "act": "none", "bias": "none", "conv": "none",
                             "tuning": tuning.template_tuning(p)})
+        for conv in ("fwd", "dgrad", "wgrad"):
+            out.append({"variant": p["variant"], "trans_a": False, "trans_b": False,
+                        "act": "relu" if conv == "fwd" else "none",
+                        "bias": "row" if conv == "fwd" else "none", "conv": conv,
+                        "tuning": tuning.template_tuning(p)})
     for act in ACTIVATIONS:
-        out.append(dict(out[0], act=act, bias=True))
+        out.append(dict(out[0], act=act, bias="col"))
     out += [dict(p, even=True) for p in out if p["variant"] == "local"]
     return out
 
@@ -135,49 +140,67 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, b
     if out.size == 0:
         return out
 
-    params = tuning.gemm_params(dev.facts, dt.itemsize)
-    prm = {"dtype": dt.name, "variant": params["variant"], "trans_a": bool(trans_a),
-           "trans_b": bool(trans_b), "act": act, "bias": bias is not None,
-           "tuning": tuning.template_tuning(params, dt)}
-    bias_arg = bias if bias is not None else out
-    bias_off = bias.offset // dt.itemsize if bias is not None else 0
-    common = dict(M=M, N=N, K=K, alpha=alpha, beta=beta, act_p=act_p, bias=bias_arg,
-                  bias_off=bias_off, c=out, c_off=C.off, ldc=C.ld, c_bstride=C.bstride)
-    if params["variant"] == "reg":
-        evt = _gemm_packed(dev, dt, prm, params, A, a, B, b, nbatch, common)
-    else:
-        prm["even"] = M % params["MWG"] == 0 and N % params["NWG"] == 0 and \
-            K % params["KWG"] == 0
-        kern = programs.get_kernel(dev, "gemm", "clnn_gemm", prm)
-        gsize = (-(-M // params["MWG"]) * params["MDIMC"],
-                 -(-N // params["NWG"]) * params["NDIMC"], nbatch)
-        lsize = (params["MDIMC"], params["NDIMC"], 1)
-        evt = kern(gsize, lsize, a=a, a_off=A.off, lda=A.ld, a_bstride=A.bstride,
-                   b=b, b_off=B.off, ldb=B.ld, b_bstride=B.bstride, **common)
+    evt = run_gemm(dev, dt, M=M, N=N, K=K, nbatch=nbatch, alpha=alpha, beta=beta,
+                   act=act, act_p=act_p, bias=bias, bias_mode="col",
+                   a=a, a_off=A.off, lda=A.ld, a_bstride=A.bstride, a_batches=A.batch,
+                   b=b, b_off=B.off, ldb=B.ld, b_bstride=B.bstride, b_batches=B.batch,
+                   out=out, c_off=C.off, ldc=C.ld, c_bstride=C.bstride,
+                   trans_a=trans_a, trans_b=trans_b)
     return _done(out, evt)
 
 
-def _gemm_packed(dev, dt, prm, params, A, a, B, b, nbatch, common):
+def run_gemm(dev, dt, *, M, N, K, nbatch, alpha, beta, act, act_p, bias, bias_mode,
+             a, a_off, lda, a_bstride, a_batches, b, b_off, ldb, b_bstride, b_batches,
+             out, c_off, ldc, c_bstride, trans_a=False, trans_b=False, conv="none",
+             geometry=None):
+    """Launch a validated GEMM (plain, or a convolution's implicit GEMM when ``conv``
+    names its loaders and ``geometry`` holds the cv_* sizes). Returns the last event."""
+    params = tuning.gemm_params(dev.facts, dt.itemsize)
+    prm = {"dtype": dt.name, "variant": params["variant"], "trans_a": bool(trans_a),
+           "trans_b": bool(trans_b), "act": act,
+           "bias": bias_mode if bias is not None else "none", "conv": conv,
+           "tuning": tuning.template_tuning(params, dt)}
+    geometry = geometry or {}
+    common = dict(M=M, N=N, K=K, alpha=alpha, beta=beta, act_p=act_p,
+                  bias=bias if bias is not None else out,
+                  bias_off=bias.offset // dt.itemsize if bias is not None else 0,
+                  c=out, c_off=c_off, ldc=ldc, c_bstride=c_bstride)
+    a_args = dict(a=a, a_off=a_off, lda=lda, a_bstride=a_bstride)
+    b_args = dict(b=b, b_off=b_off, ldb=ldb, b_bstride=b_bstride)
+    if params["variant"] == "reg":
+        return _gemm_packed(dev, dt, prm, params, a_args, a_batches, b_args, b_batches,
+                            nbatch, common, geometry)
+    prm["even"] = M % params["MWG"] == 0 and N % params["NWG"] == 0 and \
+        K % params["KWG"] == 0
+    kern = programs.get_kernel(dev, "gemm", "clnn_gemm", prm)
+    gsize = (-(-M // params["MWG"]) * params["MDIMC"],
+             -(-N // params["NWG"]) * params["NDIMC"], nbatch)
+    lsize = (params["MDIMC"], params["NDIMC"], 1)
+    return kern(gsize, lsize, **a_args, **b_args, **common, **geometry)
+
+
+def _gemm_packed(dev, dt, prm, params, a_args, a_batches, b_args, b_batches, nbatch,
+                 common, geometry):
     """The CPU variant: pack op(A) and op(B) into pool workspace, then multiply."""
     M, N, K = common["M"], common["N"], common["K"]
     mwi, nwi, wgm = params["MWI"], params["NWI"], params["WGM"]
     Mb, Nb = -(-M // mwi), -(-N // nwi)
     acc = programs.acc_dtype(dt)
-    a_pk = dev_empty(dev, (max(A.batch * Mb * mwi * K, 1),), acc)
-    b_pk = dev_empty(dev, (max(B.batch * Nb * nwi * K, 1),), acc)
+    a_pk = dev_empty(dev, (max(a_batches * Mb * mwi * K, 1),), acc)
+    b_pk = dev_empty(dev, (max(b_batches * Nb * nwi * K, 1),), acc)
     if K:
         pack_wg = min(64, dev.facts.max_work_group_size)
         kpad = -(-K // pack_wg) * pack_wg
         pack_a = programs.get_kernel(dev, "gemm", "clnn_pack_a", prm)
-        pack_a((kpad, Mb, A.batch), (pack_wg, 1, 1), M=M, K=K, Mb=Mb, a=a, a_off=A.off,
-               lda=A.ld, a_bstride=A.bstride, a_pk=a_pk)
+        pack_a((kpad, Mb, a_batches), (pack_wg, 1, 1), M=M, K=K, Mb=Mb, a_pk=a_pk,
+               **a_args, **geometry)
         pack_b = programs.get_kernel(dev, "gemm", "clnn_pack_b", prm)
-        pack_b((kpad, Nb, B.batch), (pack_wg, 1, 1), N=N, K=K, Nb=Nb, b=b, b_off=B.off,
-               ldb=B.ld, b_bstride=B.bstride, b_pk=b_pk)
+        pack_b((kpad, Nb, b_batches), (pack_wg, 1, 1), N=N, K=K, Nb=Nb, b_pk=b_pk,
+               **b_args, **geometry)
     kern = programs.get_kernel(dev, "gemm", "clnn_gemm", prm)
     wg = min(wgm, dev.facts.max_work_group_size)
     return kern((-(-Mb // wg) * wg, Nb, nbatch), (wg, 1, 1), Mb=Mb, Nb=Nb,
-                a_batched=int(A.batch > 1), b_batched=int(B.batch > 1), a_pk=a_pk,
+                a_batched=int(a_batches > 1), b_batched=int(b_batches > 1), a_pk=a_pk,
                 b_pk=b_pk, **common)
 
 

@@ -1,0 +1,127 @@
+"""2-D convolution as implicit GEMM: forward, data gradient, weight gradient.
+
+There is no conv.cl: the three ops run gemm.cl with its ``conv`` loaders, which compute
+where an element of the conceptual unrolled (im2col) matrix lives in the input while a
+tile is loaded, so they share the GEMM's tile body, variants and tuning parameters.
+
+    x (N, C, H, W)   w (M, C, R, S)   b (M,)   y (N, M, P, Q)
+    P = (H + 2 * pad_h - R) // stride_h + 1,   Q likewise
+
+    forward:          y[n] (M x PQ)  = w (M x CRS) @ unroll(x[n]) (CRS x PQ)   (+ b, act)
+    data gradient:    dx[n] (C x HW) = w^T gathered (C x MRS) @ dy[n] gathered (MRS x HW)
+    weight gradient:  dw (M x CRS)   = dy (M x NPQ) @ unroll(x)^T (NPQ x CRS)
+
+Every output element is summed by one work-item in a fixed order: no atomics, bitwise
+reproducible results.
+"""
+
+from ..errors import ShapeError
+from ._args import check, check_out, common_device, finite, offset
+from .elementwise import _done, _param
+from .gemm import run_gemm
+
+
+def _pair(v, name, low):
+    t = (v, v) if isinstance(v, int) else tuple(v)
+    if len(t) != 2 or not all(isinstance(i, int) and i >= low for i in t):
+        raise ShapeError(f"{name} must be an int >= {low} or a pair of them, got {v!r}")
+    return t
+
+
+def conv_geometry(x_shape, w_shape, stride, padding):
+    """(N, C, H, W, M, R, S, P, Q, (sh, sw), (ph, pw)) after checking every size."""
+    if len(x_shape) != 4 or len(w_shape) != 4:
+        raise ShapeError(f"x must be (N, C, H, W) and w (M, C, R, S); got {tuple(x_shape)} "
+                         f"and {tuple(w_shape)}")
+    N, C, H, W = x_shape
+    M, Cw, R, S = w_shape
+    if C != Cw:
+        raise ShapeError(f"x has {C} channels but w expects {Cw}")
+    (sh, sw), (ph, pw) = _pair(stride, "stride", 1), _pair(padding, "padding", 0)
+    if min(N, C, H, W, M, R, S) < 1:
+        raise ShapeError(f"empty convolution: x {tuple(x_shape)}, w {tuple(w_shape)}")
+    if R > H + 2 * ph or S > W + 2 * pw:
+        raise ShapeError(f"the {R}x{S} kernel is bigger than the padded {H + 2 * ph}x"
+                         f"{W + 2 * pw} input")
+    P, Q = (H + 2 * ph - R) // sh + 1, (W + 2 * pw - S) // sw + 1
+    return N, C, H, W, M, R, S, P, Q, (sh, sw), (ph, pw)
+
+
+def _geometry_args(C, H, W, M, P, Q, R, S, stride, padding):
+    return dict(cv_C=C, cv_H=H, cv_W=W, cv_M=M, cv_P=P, cv_Q=Q, cv_R=R, cv_S=S,
+                cv_sh=stride[0], cv_sw=stride[1], cv_ph=padding[0], cv_pw=padding[1])
+
+
+def conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_param=None,
+           out=None):
+    """y = activation(conv(x, w) + b), x (N, C, H, W), w (M, C, R, S) -> y (N, M, P, Q).
+
+    ``stride`` and ``padding`` are ints or (h, w) pairs. Overwrites ``out``.
+    """
+    dev = common_device(x=x, w=w, b=b, out=out)
+    dt = check(x, "x", dev, ndim=4)
+    check(w, "w", dev, dtype=dt, ndim=4)
+    N, C, H, W, M, R, S, P, Q, st, pd = conv_geometry(x.shape, w.shape, stride, padding)
+    if b is not None:
+        check(b, "b", dev, dtype=dt, shape=(M,))
+    act = "none" if activation is None else activation
+    act_p = _param(act, activation_param) if act != "none" else 0.0
+    out = check_out(out, (N, M, P, Q), dt, dev, inputs=(x, w, b), allow_alias=False)
+    evt = run_gemm(dev, dt, M=M, N=P * Q, K=C * R * S, nbatch=N, alpha=1.0, beta=0.0,
+                   act=act, act_p=act_p, bias=b, bias_mode="row",
+                   a=w, a_off=offset(w), lda=C * R * S, a_bstride=0, a_batches=1,
+                   b=x, b_off=offset(x), ldb=0, b_bstride=C * H * W, b_batches=N,
+                   out=out, c_off=offset(out), ldc=P * Q, c_bstride=M * P * Q,
+                   conv="fwd", geometry=_geometry_args(C, H, W, M, P, Q, R, S, st, pd))
+    return _done(out, evt)
+
+
+def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None):
+    """dx = dL/dx for y = conv2d(x, w): dy (N, M, P, Q), w (M, C, R, S) -> dx x_shape.
+
+    Overwrites ``out``.
+    """
+    dev = common_device(dy=dy, w=w, out=out)
+    dt = check(dy, "dy", dev, ndim=4)
+    check(w, "w", dev, dtype=dt, ndim=4)
+    N, C, H, W, M, R, S, P, Q, st, pd = conv_geometry(tuple(x_shape), w.shape, stride,
+                                                      padding)
+    if dy.shape != (N, M, P, Q):
+        raise ShapeError(f"dy has shape {dy.shape}; this convolution's output is "
+                         f"{(N, M, P, Q)}")
+    out = check_out(out, (N, C, H, W), dt, dev, inputs=(dy, w), allow_alias=False)
+    evt = run_gemm(dev, dt, M=C, N=H * W, K=M * R * S, nbatch=N, alpha=1.0, beta=0.0,
+                   act="none", act_p=0.0, bias=None, bias_mode="none",
+                   a=w, a_off=offset(w), lda=0, a_bstride=0, a_batches=1,
+                   b=dy, b_off=offset(dy), ldb=0, b_bstride=M * P * Q, b_batches=N,
+                   out=out, c_off=offset(out), ldc=H * W, c_bstride=C * H * W,
+                   conv="dgrad", geometry=_geometry_args(C, H, W, M, P, Q, R, S, st, pd))
+    return _done(out, evt)
+
+
+def conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, alpha=1.0,
+                           beta=0.0):
+    """dw = alpha * dL/dw + beta * out for y = conv2d(x, w): dy (N, M, P, Q), x (N, C, H, W).
+
+    With the defaults it overwrites ``out``; ``alpha = -lr/batch, beta = momentum`` makes
+    it the update step of a training loop, as for dense layers.
+    """
+    dev = common_device(dy=dy, x=x, out=out)
+    dt = check(dy, "dy", dev, ndim=4)
+    check(x, "x", dev, dtype=dt, ndim=4)
+    N, C, H, W, M, R, S, P, Q, st, pd = conv_geometry(x.shape, tuple(w_shape), stride,
+                                                      padding)
+    if dy.shape != (N, M, P, Q):
+        raise ShapeError(f"dy has shape {dy.shape}; this convolution's output is "
+                         f"{(N, M, P, Q)}")
+    alpha, beta = finite(alpha, "alpha"), finite(beta, "beta")
+    if out is None and beta != 0:
+        raise ShapeError("beta != 0 reads out: pass the out array")
+    out = check_out(out, (M, C, R, S), dt, dev, inputs=(dy, x), allow_alias=False)
+    evt = run_gemm(dev, dt, M=M, N=C * R * S, K=N * P * Q, nbatch=1, alpha=alpha, beta=beta,
+                   act="none", act_p=0.0, bias=None, bias_mode="none",
+                   a=dy, a_off=offset(dy), lda=0, a_bstride=0, a_batches=1,
+                   b=x, b_off=offset(x), ldb=0, b_bstride=0, b_batches=1,
+                   out=out, c_off=offset(out), ldc=C * R * S, c_bstride=0,
+                   conv="wgrad", geometry=_geometry_args(C, H, W, M, P, Q, R, S, st, pd))
+    return _done(out, evt)
