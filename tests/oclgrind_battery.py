@@ -75,6 +75,40 @@ def gemm():
     print(f"checked {checked} GEMM variants")
 
 
+def conv():
+    """Convolution (every GEMM variant of the table) and pooling, small LeNet-like shapes."""
+    from clnn import tuning
+    sys.path.insert(0, __import__("os").path.dirname(__file__))
+    from reference import conv2d_backward_ref, conv2d_ref, pool2d_ref
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 3, 9, 8)).astype(np.float32)
+    w = rng.standard_normal((5, 3, 3, 2)).astype(np.float32)
+    b = rng.standard_normal(5).astype(np.float32)
+    ref = conv2d_ref(x, w, b, (2, 1), (1, 1))
+    dy = rng.standard_normal(ref.shape).astype(np.float32)
+    dx_ref, dw_ref = conv2d_backward_ref(dy, x, w, (2, 1), (1, 1))
+    X, Wd, B, DY = (clnn.asarray(v) for v in (x, w, b, dy))
+    facts = clnn.device().facts
+    checked = 0
+    for params in tuning.all_gemm_rows():
+        if tuning.gemm_problems(params, facts):
+            continue
+        with tuning.override("gemm", params):
+            close(clnn.conv2d(X, Wd, B, stride=(2, 1), padding=1).get(), ref, 1e-4)
+            close(clnn.conv2d_backward_data(DY, Wd, x.shape, stride=(2, 1), padding=1).get(),
+                  dx_ref, 1e-4)
+            close(clnn.conv2d_backward_weight(DY, X, w.shape, stride=(2, 1),
+                                              padding=1).get(), dw_ref, 1e-4)
+        checked += 1
+    for mode, fwd, bwd in (("max", clnn.max_pool2d, clnn.max_pool2d_backward),
+                           ("avg", clnn.avg_pool2d, clnn.avg_pool2d_backward)):
+        y_ref, backward = pool2d_ref(x, (3, 2), (2, 2), (1, 1), mode)
+        close(fwd(X, (3, 2), 2, 1).get(), y_ref)
+        g = rng.standard_normal(y_ref.shape).astype(np.float32)
+        close(bwd(clnn.asarray(g), X, (3, 2), 2, 1).get(), backward(g))
+    print(f"checked {checked} GEMM variants for convolution, and pooling")
+
+
 def bad():
     """An out-of-bounds write that Oclgrind must report (proves the gate can fail)."""
     import pyopencl as cl
@@ -87,6 +121,6 @@ def bad():
 
 
 if __name__ == "__main__":
-    {"ops": ops, "gemm": gemm, "bad": bad}[sys.argv[1] if len(sys.argv) > 1 else "ops"]()
+    {"ops": ops, "gemm": gemm, "conv": conv, "bad": bad}[sys.argv[1] if len(sys.argv) > 1 else "ops"]()
     clnn.device().finish()
     print("battery passed")

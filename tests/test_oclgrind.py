@@ -50,6 +50,13 @@ def test_gemm_variants_run_clean_under_oclgrind(tmp_path):
     assert log.strip() == "", "Oclgrind reported:\n" + log
 
 
+def test_convolution_and_pooling_run_clean_under_oclgrind(tmp_path):
+    res, log = run_battery(tmp_path, "conv")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "checked" in res.stdout
+    assert log.strip() == "", "Oclgrind reported:\n" + log
+
+
 def test_oclgrind_reports_an_out_of_bounds_write(tmp_path):
     res, log = run_battery(tmp_path, "bad")
     assert "Invalid write" in log or "out-of-bounds" in log.lower(), log

@@ -1,0 +1,113 @@
+## pool.cl: 2-D max and average pooling, forward and backward.
+## Parameters:  dtype  float32 | float64 | float16
+##              mode   "max" | "avg"
+## Used by clnn/ops/pool.py.
+<%include file="_common.cl"/>
+//
+// x (N, C, H, W) -> y (N, C, P, Q) over KH x KW windows with stride (SH, SW) and zero
+// padding (PH, PW); planes = N * C. One work-item per output element forward, one per
+// input element backward (a gather over the windows that contain it), so nothing is
+// written twice and no atomics are needed.
+% if mode == "max":
+// Max pooling ignores padding; a window's maximum is its first maximal element in
+// row-major order, the same rule forward and backward, so ties route the gradient to
+// exactly one input, deterministically.
+% else:
+// Average pooling divides by KH * KW, padding included (PyTorch's default).
+% endif
+//
+<%
+    pool_args = ("const int planes, const int H, const int W, const int P, const int Q,\n"
+                 "        const int KH, const int KW, const int SH, const int SW, const int PH,\n"
+                 "        const int PW")
+%>
+% if mode == "max":
+// the flat index (h * W + w) of the maximum of window (p, q) of one plane, or -1
+inline int clnn_argmax(__global const real_t *x, const int H, const int W, const int p,
+                       const int q, const int KH, const int KW, const int SH, const int SW,
+                       const int PH, const int PW)
+{
+    int best = -1;
+    acc_t v_best = (acc_t)0;
+    for (int r = 0; r < KH; ++r) {
+        const int h = p * SH + r - PH;
+        if (h < 0 || h >= H)
+            continue;
+        for (int s = 0; s < KW; ++s) {
+            const int w = q * SW + s - PW;
+            if (w < 0 || w >= W)
+                continue;
+            const acc_t v = CLNN_LOAD(x, h * W + w);
+            if (best < 0 || v > v_best || (isnan(v) && !isnan(v_best))) {
+                best = h * W + w;
+                v_best = v;
+            }
+        }
+    }
+    return best;
+}
+% endif
+
+__kernel void clnn_pool_forward(
+        ${pool_args},
+                                __global const real_t *x, const int x_off,
+                                __global real_t *y, const int y_off)
+{
+    const int total = planes * P * Q;
+    for (int i = (int)get_global_id(0); i < total; i += (int)get_global_size(0)) {
+        const int plane = i / (P * Q), p = (i / Q) % P, q = i % Q;
+        __global const real_t *xp = x + x_off + plane * H * W;
+% if mode == "max":
+        const int best = clnn_argmax(xp, H, W, p, q, KH, KW, SH, SW, PH, PW);
+        CLNN_STORE(best < 0 ? (acc_t)0 : CLNN_LOAD(xp, best), y, y_off + i);
+% else:
+        acc_t sum = (acc_t)0;
+        for (int r = 0; r < KH; ++r) {
+            const int h = p * SH + r - PH;
+            for (int s = 0; s < KW; ++s) {
+                const int w = q * SW + s - PW;
+                if (h >= 0 && h < H && w >= 0 && w < W)
+                    sum += CLNN_LOAD(xp, h * W + w);
+            }
+        }
+        CLNN_STORE(sum / (acc_t)(KH * KW), y, y_off + i);
+% endif
+    }
+}
+
+// dx[plane, h, w] = sum of dy over the windows (p, q) that contain (h, w)
+% if mode == "max":
+//                   and whose maximum it is.
+% else:
+//                   each divided by KH * KW.
+% endif
+__kernel void clnn_pool_backward(
+        ${pool_args},
+                                 __global const real_t *x, const int x_off,
+                                 __global const real_t *dy, const int dy_off,
+                                 __global real_t *dx, const int dx_off)
+{
+    const int total = planes * H * W;
+    for (int i = (int)get_global_id(0); i < total; i += (int)get_global_size(0)) {
+        const int plane = i / (H * W), h = (i / W) % H, w = i % W;
+        // windows p with p * SH - PH <= h < p * SH - PH + KH
+        const int p0 = max(0, (h + PH - KH + SH) / SH), p1 = min(P - 1, (h + PH) / SH);
+        const int q0 = max(0, (w + PW - KW + SW) / SW), q1 = min(Q - 1, (w + PW) / SW);
+        acc_t g = (acc_t)0;
+        for (int p = p0; p <= p1; ++p) {
+            for (int q = q0; q <= q1; ++q) {
+% if mode == "max":
+                if (clnn_argmax(x + x_off + plane * H * W, H, W, p, q, KH, KW, SH, SW, PH,
+                                PW) == h * W + w)
+                    g += CLNN_LOAD(dy, dy_off + (plane * P + p) * Q + q);
+% else:
+                g += CLNN_LOAD(dy, dy_off + (plane * P + p) * Q + q);
+% endif
+            }
+        }
+% if mode == "avg":
+        g /= (acc_t)(KH * KW);
+% endif
+        CLNN_STORE(g, dx, dx_off + i);
+    }
+}

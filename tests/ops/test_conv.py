@@ -1,0 +1,121 @@
+"""Convolution forward and both gradients against the lecture's loops in float64."""
+
+import contextlib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import clnn
+from clnn import tuning
+from conftest import Guarded, eps, float_dtypes, guarded_input
+from reference import conv2d_backward_ref, conv2d_ref
+
+RNG = np.random.default_rng(31)
+VARIANTS = {"cpu": None, "gpu": tuning.GEMM_TABLE["type"]["GPU"],
+            "gpu-odd": {"variant": "local", "MWG": 12, "NWG": 8, "KWG": 5, "MDIMC": 4,
+                        "NDIMC": 2}}
+LENET = {"C1": (1, 32, 32, 6, 5, 5), "C3": (6, 14, 14, 16, 5, 5), "C5": (16, 5, 5, 120, 5, 5)}
+
+
+def within(got, ref, scale, k, dtype):
+    bound = 4 * (k + 2) * eps(dtype) * (scale + 1e-30)
+    err = np.abs(got - ref)
+    assert np.all(err <= bound), f"max error {err.max()}, bound there {bound.flat[err.argmax()]}"
+
+
+def check_conv(N, C, H, W, M, R, S, stride, padding, dtype=np.float32, act=None):
+    x = RNG.standard_normal((N, C, H, W)).astype(dtype)
+    w = RNG.standard_normal((M, C, R, S)).astype(dtype)
+    b = RNG.standard_normal(M).astype(dtype)
+    X, Wd, B = guarded_input(clnn.device(), x), guarded_input(clnn.device(), w), \
+        guarded_input(clnn.device(), b)
+    ref = conv2d_ref(x, w, b, stride, padding)
+    scale = conv2d_ref(np.abs(x), np.abs(w), np.abs(b), stride, padding)
+    y = Guarded(clnn.device(), ref.shape, dtype)
+    clnn.conv2d(X, Wd, B, stride=stride, padding=padding, out=y.view, activation=act)
+    if act == "relu":
+        ref = np.maximum(ref, 0)
+    within(y.check(), ref, scale, C * R * S, dtype)
+
+    dy = RNG.standard_normal(ref.shape).astype(dtype)
+    dx_ref, dw_ref = conv2d_backward_ref(dy, x, w, stride, padding)
+    dx_scale, dw_scale = conv2d_backward_ref(np.abs(dy), np.abs(x), np.abs(w), stride,
+                                             padding)
+    dx = Guarded(clnn.device(), x.shape, dtype)
+    clnn.conv2d_backward_data(guarded_input(clnn.device(), dy), Wd, x.shape, stride=stride,
+                              padding=padding, out=dx.view)
+    within(dx.check(), dx_ref, dx_scale, M * R * S, dtype)
+    dw = Guarded(clnn.device(), w.shape, dtype)
+    clnn.conv2d_backward_weight(guarded_input(clnn.device(), dy), X, w.shape, stride=stride,
+                                padding=padding, out=dw.view)
+    within(dw.check(), dw_ref, dw_scale, N * ref.shape[2] * ref.shape[3], dtype)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@settings(max_examples=25, deadline=None)
+@given(N=st.integers(1, 5), C=st.integers(1, 5), M=st.integers(1, 5), H=st.integers(1, 12),
+       W=st.integers(1, 12), R=st.integers(1, 5), S=st.integers(1, 5),
+       sh=st.integers(1, 3), sw=st.integers(1, 3), ph=st.integers(0, 2), pw=st.integers(0, 2))
+def test_conv_forward_and_gradients(variant, N, C, M, H, W, R, S, sh, sw, ph, pw):
+    if R > H + 2 * ph or S > W + 2 * pw:
+        with pytest.raises(clnn.ShapeError, match="bigger than the padded"):
+            clnn.conv2d(clnn.zeros((N, C, H, W)), clnn.zeros((M, C, R, S)),
+                        padding=(ph, pw))
+        return
+    ctx = tuning.override("gemm", VARIANTS[variant]) if VARIANTS[variant] else \
+        contextlib.nullcontext()
+    with ctx:
+        check_conv(N, C, H, W, M, R, S, (sh, sw), (ph, pw))
+
+
+@pytest.mark.parametrize("layer", LENET)
+def test_lenet5_layers(layer):
+    C, H, W, M, R, S = LENET[layer]
+    check_conv(3, C, H, W, M, R, S, (1, 1), (0, 0), act="relu")
+
+
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+def test_dtypes(dtype):
+    check_conv(2, 3, 9, 8, 4, 3, 3, (2, 1), (1, 1), dtype=dtype)
+
+
+def test_deterministic():
+    x = clnn.asarray(RNG.standard_normal((8, 6, 14, 14)).astype(np.float32))
+    w = clnn.asarray(RNG.standard_normal((16, 6, 5, 5)).astype(np.float32))
+    dy = clnn.asarray(RNG.standard_normal((8, 16, 10, 10)).astype(np.float32))
+    first = (clnn.conv2d_backward_weight(dy, x, w.shape).get(),
+             clnn.conv2d_backward_data(dy, w, x.shape).get())
+    for _ in range(3):
+        again = (clnn.conv2d_backward_weight(dy, x, w.shape).get(),
+                 clnn.conv2d_backward_data(dy, w, x.shape).get())
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(first, again))
+
+
+def test_weight_gradient_accumulates_with_alpha_beta():
+    x = RNG.standard_normal((2, 3, 6, 6)).astype(np.float32)
+    dy = RNG.standard_normal((2, 4, 4, 4)).astype(np.float32)
+    v = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    V = clnn.asarray(v)
+    clnn.conv2d_backward_weight(clnn.asarray(dy), clnn.asarray(x), v.shape, out=V,
+                                alpha=-0.5, beta=0.9)
+    _, dw = conv2d_backward_ref(dy, x, v, (1, 1), (0, 0))
+    np.testing.assert_allclose(V.get(), 0.9 * v - 0.5 * dw, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_shapes():
+    x, w = clnn.zeros((2, 3, 8, 8)), clnn.zeros((4, 3, 3, 3))
+    out = Guarded(clnn.device(), (2, 4, 6, 6), np.float32, fill=np.ones((2, 4, 6, 6)))
+    for call in [lambda: clnn.conv2d(x, clnn.zeros((4, 2, 3, 3)), out=out.view),
+                 lambda: clnn.conv2d(x, clnn.zeros((4, 3, 9, 3)), out=out.view),
+                 lambda: clnn.conv2d(x, w, clnn.zeros(3), out=out.view),
+                 lambda: clnn.conv2d(x, w, stride=0, out=out.view),
+                 lambda: clnn.conv2d(x, w, padding=-1, out=out.view),
+                 lambda: clnn.conv2d(x, w, stride=2, out=out.view),
+                 lambda: clnn.conv2d(clnn.zeros((2, 3, 8)), w),
+                 lambda: clnn.conv2d_backward_data(clnn.zeros((2, 4, 5, 5)), w, x.shape),
+                 lambda: clnn.conv2d_backward_weight(clnn.zeros((2, 4, 6, 6)), x,
+                                                     (4, 3, 3, 3), beta=1.0)]:
+        with pytest.raises(clnn.ShapeError):
+            call()
+        assert np.all(out.check() == 1)
