@@ -1,17 +1,58 @@
-"""Layers. A layer is built (given its input width, device, dtype and a generator)
-when the network that holds it is made."""
+"""Layers. A layer is built (given its input shape per example, device, dtype and a
+generator) when the network that holds it is made.
+
+The protocol a network drives, batch-first, for output a = f(z):
+    forward(x, out, logits)        out = a (or z for a softmax output when ``logits``)
+    backward_activation(delta, a)  delta = dL/da -> dL/dz, in place
+    backward_input(delta, x, dx)   dx = dL/dx from delta = dL/dz (the layer's linear part)
+    update(delta, x, step, momentum, velocity)
+                                   v = momentum v + step * dL/dparams * batch; params += v
+Layers without parameters return [] from ``parameters()``; a ``view`` layer (Flatten)
+has an output that is a reshaped view of its input.
+"""
 
 import numpy as np
 
 import clnn
-from ..errors import ArgumentError
+from ..errors import ArgumentError, ShapeError
 from ..ops.elementwise import ACTIVATIONS, ACTIVATION_PARAMS
 
 # He initialisation for the relu family, Xavier/Glorot for the saturating ones.
 _HE = ("relu", "leaky_relu", "elu", "softplus")
 
 
-class Dense:
+def _check_activation(activation):
+    if activation not in ACTIVATIONS + ("softmax",):
+        raise ArgumentError(f"unknown activation {activation!r}; choose from "
+                            f"{', '.join(ACTIVATIONS + ('softmax',))}")
+
+
+def _init(rng, activation, shape, fan_in, fan_out, dtype, device):
+    if activation in _HE:
+        w = rng.normal(0.0, np.sqrt(2.0 / fan_in), shape)
+    else:
+        limit = np.sqrt(6.0 / (fan_in + fan_out))
+        w = rng.uniform(-limit, limit, shape)
+    return clnn.asarray(w.astype(dtype), device=device)
+
+
+class Layer:
+    view = False
+    activation = "identity"
+
+    def parameters(self):
+        return []
+
+    def backward_activation(self, delta, a):
+        if self.activation not in ("identity", "softmax"):
+            clnn.activation_backward(self.activation, delta, a=a, out=delta,
+                                     param=self.param)
+
+    def update(self, delta, x, step, momentum, velocity):
+        pass
+
+
+class Dense(Layer):
     """a = f(x @ weight.T + bias): weight (out, in) and bias (out,), PyTorch's shapes.
 
     ``activation``: identity, sigmoid, tanh, relu, leaky_relu, elu, softplus, or softmax
@@ -21,9 +62,7 @@ class Dense:
     def __init__(self, out_features, activation="sigmoid", param=None):
         if not isinstance(out_features, (int, np.integer)) or out_features < 1:
             raise ArgumentError(f"out_features must be a positive int, got {out_features!r}")
-        if activation not in ACTIVATIONS + ("softmax",):
-            raise ArgumentError(f"unknown activation {activation!r}; choose from "
-                                f"{', '.join(ACTIVATIONS + ('softmax',))}")
+        _check_activation(activation)
         self.out_features = int(out_features)
         self.activation = activation
         self.param = ACTIVATION_PARAMS.get(activation) if param is None else float(param)
@@ -38,16 +77,19 @@ class Dense:
         return {"type": "Dense", "out_features": self.out_features,
                 "activation": self.activation, "param": self.param}
 
-    def build(self, in_features, device, dtype, rng):
-        self.in_features = int(in_features)
+    def build(self, in_shape, device, dtype, rng):
+        if len(in_shape) != 1:
+            raise ShapeError(f"Dense takes flat inputs, got {in_shape} per example: put a "
+                             "Flatten() before it")
+        self.in_features = int(in_shape[0])
         fan_in, fan_out = self.in_features, self.out_features
-        if self.activation in _HE:
-            w = rng.normal(0.0, np.sqrt(2.0 / fan_in), (fan_out, fan_in))
-        else:
-            limit = np.sqrt(6.0 / (fan_in + fan_out))
-            w = rng.uniform(-limit, limit, (fan_out, fan_in))
-        self.weight = clnn.asarray(w.astype(dtype), device=device)
+        self.weight = _init(rng, self.activation, (fan_out, fan_in), fan_in, fan_out, dtype,
+                            device)
         self.bias = clnn.zeros((fan_out,), dtype, device=device)
+        self.out_shape = (self.out_features,)
+
+    def parameters(self):
+        return [self.weight, self.bias]
 
     def forward(self, x, out, logits=False):
         """out = f(x W^T + b) in one GEMM with a fused epilogue; ``logits`` stops before
@@ -60,8 +102,154 @@ class Dense:
             clnn.softmax(out, out=out)
         return out
 
-    def backward_activation(self, delta, a):
-        """delta *= f'(z), from the layer's output a = f(z), in place."""
-        if self.activation != "identity":
-            clnn.activation_backward(self.activation, delta, a=a, out=delta,
-                                     param=self.param)
+    def backward_input(self, delta, x, dx):
+        clnn.gemm(delta, self.weight, out=dx)
+
+    def update(self, delta, x, step, momentum, velocity):
+        v_w, v_b, ones = velocity
+        # v = momentum v - lr/batch delta^T x;  W += v   (the weight-update buffer)
+        clnn.gemm(delta, x, out=v_w, trans_a=True, alpha=step, beta=momentum)
+        clnn.axpy(1.0, v_w, self.weight)
+        # v_b = momentum v_b - lr/batch sum_batch delta  (delta^T 1: no broadcast copy)
+        clnn.gemv(delta, ones, v_b, alpha=step, beta=momentum, trans_a=True)
+        clnn.axpy(1.0, v_b, self.bias)
+
+
+class Conv2d(Layer):
+    """a = f(conv(x, weight) + bias): weight (M, C, R, S), bias (M,), on (C, H, W) inputs."""
+
+    def __init__(self, out_channels, kernel_size, stride=1, padding=0, activation="relu",
+                 param=None):
+        if not isinstance(out_channels, (int, np.integer)) or out_channels < 1:
+            raise ArgumentError(f"out_channels must be a positive int, got {out_channels!r}")
+        _check_activation(activation)
+        if activation == "softmax":
+            raise ArgumentError("softmax belongs on a Dense output layer")
+        self.out_channels = int(out_channels)
+        k = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
+        self.kernel_size, self.stride, self.padding = k, stride, padding
+        self.activation = activation
+        self.param = ACTIVATION_PARAMS.get(activation) if param is None else float(param)
+        self.weight = self.bias = None
+
+    def __repr__(self):
+        return (f"Conv2d({self.in_shape} -> {self.out_shape}, {self.kernel_size[0]}x"
+                f"{self.kernel_size[1]}, {self.activation})")
+
+    def config(self):
+        return {"type": "Conv2d", "out_channels": self.out_channels,
+                "kernel_size": list(self.kernel_size), "stride": self.stride,
+                "padding": self.padding, "activation": self.activation, "param": self.param}
+
+    def build(self, in_shape, device, dtype, rng):
+        from ..ops.conv import conv_geometry
+        if len(in_shape) != 3:
+            raise ShapeError(f"Conv2d takes (C, H, W) inputs, got {in_shape} per example")
+        C = in_shape[0]
+        R, S = self.kernel_size
+        _, _, _, _, M, _, _, P, Q, _, _ = conv_geometry((1,) + tuple(in_shape),
+                                                        (self.out_channels, C, R, S),
+                                                        self.stride, self.padding)
+        self.in_shape, self.out_shape = tuple(in_shape), (M, P, Q)
+        self.weight = _init(rng, self.activation, (M, C, R, S), C * R * S, M * R * S, dtype,
+                            device)
+        self.bias = clnn.zeros((M,), dtype, device=device)
+
+    def parameters(self):
+        return [self.weight, self.bias]
+
+    def forward(self, x, out, logits=False):
+        fused = None if self.activation == "identity" else self.activation
+        return clnn.conv2d(x, self.weight, self.bias, stride=self.stride,
+                           padding=self.padding, activation=fused,
+                           activation_param=self.param, out=out)
+
+    def backward_input(self, delta, x, dx):
+        clnn.conv2d_backward_data(delta, self.weight, x.shape, stride=self.stride,
+                                  padding=self.padding, out=dx)
+
+    def update(self, delta, x, step, momentum, velocity):
+        v_w, v_b, db = velocity[:3]
+        clnn.conv2d_backward_weight(delta, x, self.weight.shape, stride=self.stride,
+                                    padding=self.padding, out=v_w, alpha=step,
+                                    beta=momentum)
+        clnn.axpy(1.0, v_w, self.weight)
+        clnn.bias_grad(delta, out=db)
+        clnn.scale(momentum, v_b, out=v_b)
+        clnn.axpy(step, db, v_b)
+        clnn.axpy(1.0, v_b, self.bias)
+
+
+class _Pool(Layer):
+    mode = None
+
+    def __init__(self, kernel_size, stride=None, padding=0):
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.kernel_size}, stride={self.stride})"
+
+    def config(self):
+        return {"type": type(self).__name__, "kernel_size": self.kernel_size,
+                "stride": self.stride, "padding": self.padding}
+
+    def build(self, in_shape, device, dtype, rng):
+        from ..ops.pool import pool_geometry
+        if len(in_shape) != 3:
+            raise ShapeError(f"{type(self).__name__} takes (C, H, W) inputs, got {in_shape}")
+        _, C, _, _, P, Q, _, _, _ = pool_geometry((1,) + tuple(in_shape), self.kernel_size,
+                                                  self.stride, self.padding)
+        self.in_shape, self.out_shape = tuple(in_shape), (C, P, Q)
+
+    def forward(self, x, out, logits=False):
+        fwd = clnn.max_pool2d if self.mode == "max" else clnn.avg_pool2d
+        return fwd(x, self.kernel_size, self.stride, self.padding, out=out)
+
+    def backward_input(self, delta, x, dx):
+        bwd = clnn.max_pool2d_backward if self.mode == "max" else clnn.avg_pool2d_backward
+        bwd(delta, x, self.kernel_size, self.stride, self.padding, out=dx)
+
+
+class MaxPool2d(_Pool):
+    """Max over k x k windows (stride defaults to k); ties go to the first maximum."""
+    mode = "max"
+
+
+class AvgPool2d(_Pool):
+    """Mean over k x k windows (stride defaults to k)."""
+    mode = "avg"
+
+
+class Flatten(Layer):
+    """(C, H, W) -> (C*H*W,): a reshaped view, no copy."""
+    view = True
+
+    def __repr__(self):
+        return "Flatten()"
+
+    def config(self):
+        return {"type": "Flatten"}
+
+    def build(self, in_shape, device, dtype, rng):
+        self.in_shape = tuple(in_shape)
+        self.out_shape = (int(np.prod(in_shape)),)
+
+    def forward(self, x, out=None, logits=False):
+        return x.reshape((x.shape[0],) + self.out_shape)
+
+    def backward_input(self, delta, x, dx):
+        pass              # dx is delta, seen with the input's shape
+
+
+LAYER_TYPES = {"Dense": Dense, "Conv2d": Conv2d, "MaxPool2d": MaxPool2d,
+               "AvgPool2d": AvgPool2d, "Flatten": Flatten}
+
+
+def from_config(cfg):
+    cfg = dict(cfg)
+    kind = LAYER_TYPES.get(cfg.pop("type", None))
+    if kind is None:
+        raise ArgumentError(f"unknown layer type in {cfg}")
+    if "kernel_size" in cfg and isinstance(cfg["kernel_size"], list):
+        cfg["kernel_size"] = tuple(cfg["kernel_size"])
+    return kind(**cfg)

@@ -21,7 +21,7 @@ import numpy as np
 import clnn
 from ..device import device as _device
 from ..errors import ArgumentError, ShapeError
-from .layers import Dense
+from .layers import Layer, from_config
 
 LOSSES = ("quadratic", "cross_entropy")
 
@@ -32,40 +32,67 @@ class _Workspace:
     def __init__(self, net, batch):
         dev, dt = net.device, net.dtype
         self.batch = batch
-        self.a = [clnn.empty((batch, l.out_features), dt, dev) for l in net.layers]
-        self.delta = [clnn.empty((batch, l.out_features), dt, dev) for l in net.layers]
+        self.a, self.delta = [], []
+        for i, layer in enumerate(net.layers):
+            shape = (batch,) + layer.out_shape
+            if layer.view and i > 0:
+                # Flatten: the same memory as the layer below, seen with another shape
+                self.a.append(self.a[-1].reshape(shape))
+                self.delta.append(self.delta[-1].reshape(shape))
+            else:
+                self.a.append(None if layer.view else clnn.empty(shape, dt, dev))
+                self.delta.append(clnn.empty(shape, dt, dev))
         self.ones = clnn.asarray(np.ones(batch, dt), device=dev)
 
 
 class Sequential:
-    """A stack of layers on one device: ``Sequential([Dense(64, "relu"), ...], 784)``."""
+    """A stack of layers on one device.
 
-    def __init__(self, layers, in_features, device=None, dtype=np.float32, seed=None):
+    ``Sequential([Dense(64, "relu"), Dense(10, "softmax")], in_features=784)`` for flat
+    inputs, or ``in_shape=(C, H, W)`` for images (with Conv2d, pooling and Flatten).
+    """
+
+    def __init__(self, layers, in_features=None, device=None, dtype=np.float32, seed=None,
+                 in_shape=None):
         self.device = _device(device)
         self.dtype = self.device.check_dtype(dtype, "network")
         self.layers = list(layers)
-        self.in_features = int(in_features)
+        if (in_features is None) == (in_shape is None):
+            raise ArgumentError("give in_features (flat inputs) or in_shape=(C, H, W)")
+        self.in_shape = (int(in_features),) if in_shape is None else \
+            tuple(int(v) for v in in_shape)
         if not self.layers:
             raise ArgumentError("a network needs at least one layer")
         for i, layer in enumerate(self.layers):
-            if not isinstance(layer, Dense):
+            if not isinstance(layer, Layer):
                 raise ArgumentError(f"layer {i} is a {type(layer).__name__}, not a layer")
             if layer.activation == "softmax" and i != len(self.layers) - 1:
                 raise ArgumentError("softmax is for the output layer only")
         rng = np.random.default_rng(seed)
-        width = self.in_features
+        shape = self.in_shape
         for layer in self.layers:
-            layer.build(width, self.device, self.dtype, rng)
-            width = layer.out_features
-        self.out_features = width
+            layer.build(shape, self.device, self.dtype, rng)
+            shape = layer.out_shape
+        self.out_shape = shape
+        self.out_features = int(np.prod(shape))
+        trainable = [i for i, l in enumerate(self.layers) if l.parameters()]
+        self._first_trainable = trainable[0] if trainable else len(self.layers)
         self._infer = {}            # batch -> two ping-pong buffers
         self._train = {}            # batch -> _Workspace
-        self._velocity = None       # per layer: (weight-update buffer, bias-update buffer)
+        self._velocity = None       # per layer: update buffers
+
+    @property
+    def in_features(self):
+        return int(np.prod(self.in_shape))
 
     def __repr__(self):
-        return (f"Sequential({self.in_features} -> "
-                f"{' -> '.join(str(l.out_features) + ' ' + l.activation for l in self.layers)}"
-                f", {self.dtype.name} on {self.device.name})")
+        def step(l):
+            shape = "x".join(map(str, l.out_shape))
+            return f"{shape} {l.activation}" if l.parameters() else \
+                f"{shape} ({type(l).__name__})"
+        return (f"Sequential({'x'.join(map(str, self.in_shape))} -> "
+                f"{' -> '.join(step(l) for l in self.layers)}, {self.dtype.name} on "
+                f"{self.device.name})")
 
     # ------------------------------------------------------------ inputs
     def _input(self, x, name="x"):
@@ -84,8 +111,9 @@ class Sequential:
                 raise clnn.DTypeError(f"{name} must hold numbers, has dtype {host.dtype}")
             arr = None
         shape = arr.shape if arr is not None else host.shape
-        if len(shape) != 2 or shape[1] != self.in_features or shape[0] < 1:
-            raise ShapeError(f"{name} must have shape (batch, {self.in_features}), has {shape}")
+        if tuple(shape[1:]) != self.in_shape or len(shape) < 2 or shape[0] < 1:
+            raise ShapeError(f"{name} must have shape (batch, "
+                             f"{', '.join(map(str, self.in_shape))}), has {shape}")
         if arr is None:
             if not np.all(np.isfinite(host)):
                 raise ArgumentError(f"{name} contains NaN or infinite values")
@@ -127,16 +155,24 @@ class Sequential:
         x = self._input(x)
         batch = x.shape[0]
         if batch not in self._infer:
-            width = max([l.out_features for l in self.layers[:-1]] + [1])
+            width = max([int(np.prod(l.out_shape)) for l in self.layers[:-1] if not l.view]
+                        + [1])
             self._infer = {batch: [clnn.empty((batch * width,), self.dtype, self.device)
                                    for _ in range(2)]}
         bufs = self._infer[batch]
-        h = x
+        h, holder = x, 1          # holder: the buffer h lives in (x: neither, start with 0)
         for i, layer in enumerate(self.layers):
+            shape = (batch,) + layer.out_shape
+            if layer.view:
+                h = layer.forward(h)
+                if i == len(self.layers) - 1:
+                    h = clnn.copy(h)
+                continue
             if i == len(self.layers) - 1:
-                out = clnn.empty((batch, layer.out_features), self.dtype, self.device)
+                out = clnn.empty(shape, self.dtype, self.device)
             else:
-                out = bufs[i % 2][:batch * layer.out_features].reshape(batch, layer.out_features)
+                holder = 1 - holder
+                out = bufs[holder][:int(np.prod(shape))].reshape(shape)
             h = layer.forward(h, out)
         return h
 
@@ -146,6 +182,9 @@ class Sequential:
 
     # ------------------------------------------------------------ training
     def _check_loss(self, loss):
+        if len(self.out_shape) != 1:
+            raise ArgumentError(f"the network's output is {self.out_shape} per example; "
+                                "losses take flat outputs (end with Dense)")
         if loss not in LOSSES:
             raise ArgumentError(f"unknown loss {loss!r}; choose from {', '.join(LOSSES)}")
         last = self.layers[-1].activation
@@ -160,9 +199,13 @@ class Sequential:
         if ws is None:
             ws = self._train[batch] = _Workspace(self, batch)
         if self._velocity is None:
-            self._velocity = [(clnn.zeros(l.weight.shape, self.dtype, self.device),
-                               clnn.zeros(l.bias.shape, self.dtype, self.device))
-                              for l in self.layers]
+            self._velocity = []
+            for layer in self.layers:
+                bufs = [clnn.zeros(p.shape, self.dtype, self.device)
+                        for p in layer.parameters()]
+                if bufs and len(layer.out_shape) == 3:
+                    bufs.append(clnn.empty(layer.bias.shape, self.dtype, self.device))  # db
+                self._velocity.append(bufs)
         return ws
 
     def train_step(self, x, y, lr, momentum=0.0, loss="quadratic"):
@@ -175,8 +218,12 @@ class Sequential:
         ws = self._workspace(batch)
         xent = loss == "cross_entropy"
         L = len(self.layers)
-        inputs = [x] + ws.a[:-1]            # the first layer reads the user's x, never writes it
+        # the first layer reads the user's x and never writes it
+        inputs = [x] + ws.a[:-1]
         for i, layer in enumerate(self.layers):
+            if layer.view:
+                inputs[i + 1:i + 2] = [layer.forward(inputs[i])] if i + 1 < L else []
+                continue
             layer.forward(inputs[i], ws.a[i], logits=xent and i == L - 1)
         if xent:
             value, _ = clnn.softmax_cross_entropy(ws.a[-1], y, dz=ws.delta[-1], grad_scale=1.0)
@@ -186,18 +233,13 @@ class Sequential:
         step = -float(lr) / batch
         for i in range(L - 1, -1, -1):
             layer = self.layers[i]
-            if i > 0:
+            if i - 1 >= self._first_trainable:
                 # delta of the layer below, from this layer's weights before they change
-                clnn.gemm(ws.delta[i], layer.weight, out=ws.delta[i - 1])
-                self.layers[i - 1].backward_activation(ws.delta[i - 1], ws.a[i - 1])
-            v_w, v_b = self._velocity[i]
-            # v = momentum v - lr/batch delta^T a_prev;  W += v   (the update buffer)
-            clnn.gemm(ws.delta[i], inputs[i], out=v_w, trans_a=True, alpha=step,
-                      beta=momentum)
-            clnn.axpy(1.0, v_w, layer.weight)
-            # v_b = momentum v_b - lr/batch sum_batch delta  (delta^T 1: no broadcast copy)
-            clnn.gemv(ws.delta[i], ws.ones, v_b, alpha=step, beta=momentum, trans_a=True)
-            clnn.axpy(1.0, v_b, layer.bias)
+                layer.backward_input(ws.delta[i], inputs[i], ws.delta[i - 1])
+                self.layers[i - 1].backward_activation(ws.delta[i - 1], inputs[i])
+            if self._velocity[i]:
+                layer.update(ws.delta[i], inputs[i], step, momentum,
+                             self._velocity[i] + [ws.ones])
         return value
 
     def _train_args(self, x, y, loss, lr, momentum):
@@ -296,12 +338,12 @@ class Sequential:
     # ------------------------------------------------------------ persistence
     def save(self, path):
         """Architecture and parameters to an .npz file, written atomically."""
-        arch = {"in_features": self.in_features, "dtype": self.dtype.name,
+        arch = {"in_shape": list(self.in_shape), "dtype": self.dtype.name,
                 "layers": [l.config() for l in self.layers]}
         arrays = {"architecture": np.frombuffer(json.dumps(arch).encode(), np.uint8)}
         for i, l in enumerate(self.layers):
-            arrays[f"layer{i}.weight"] = l.weight.get()
-            arrays[f"layer{i}.bias"] = l.bias.get()
+            for name, p in zip(("weight", "bias"), l.parameters()):
+                arrays[f"layer{i}.{name}"] = p.get()
         folder = os.path.dirname(os.path.abspath(path))
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".clnn-save-", suffix=".npz")
         try:
@@ -321,19 +363,16 @@ def load(path, device=None):
     """A network saved by ``Sequential.save``, on ``device``."""
     with np.load(path) as f:
         arch = json.loads(bytes(f["architecture"]).decode())
-        layers = []
-        for cfg in arch["layers"]:
-            if cfg.get("type") != "Dense":
-                raise ArgumentError(f"{path}: unknown layer type {cfg.get('type')!r}")
-            layers.append(Dense(cfg["out_features"], cfg["activation"], cfg.get("param")))
-        net = Sequential(layers, arch["in_features"], device=device, dtype=arch["dtype"])
+        layers = [from_config(cfg) for cfg in arch["layers"]]
+        net = Sequential(layers, in_shape=arch["in_shape"], device=device,
+                         dtype=arch["dtype"])
         for i, layer in enumerate(net.layers):
-            w, b = f[f"layer{i}.weight"], f[f"layer{i}.bias"]
-            if w.shape != layer.weight.shape or b.shape != layer.bias.shape:
-                raise ShapeError(f"{path}: layer {i} parameters have shapes {w.shape}, "
-                                 f"{b.shape}")
-            layer.weight.set(np.ascontiguousarray(w))
-            layer.bias.set(np.ascontiguousarray(b))
+            for name, p in zip(("weight", "bias"), layer.parameters()):
+                value = f[f"layer{i}.{name}"]
+                if value.shape != p.shape:
+                    raise ShapeError(f"{path}: layer {i} {name} has shape {value.shape}, "
+                                     f"expected {p.shape}")
+                p.set(np.ascontiguousarray(value))
     return net
 
 
