@@ -66,12 +66,11 @@ def _selfcheck(args):
 
 def _train(args):
     from . import train
-    if args.task == "mnist":
-        _, _, acc = train.mnist(epochs=args.epochs, seed=args.seed, out=args.out,
-                                device=args.device,
-                                progress=False if args.no_progress else None)
-        return 0
-    return 2
+    job = {"mnist": train.mnist, "lenet5": train.lenet5}[args.task]
+    kw = {} if args.epochs is None else {"epochs": args.epochs}
+    job(seed=args.seed, out=args.out, device=args.device,
+        progress=False if args.no_progress else None, **kw)
+    return 0
 
 
 def main(argv=None):
@@ -86,9 +85,10 @@ def main(argv=None):
                         "names (MWG=64) set tile parameters")
     p = sub.add_parser("selfcheck", help="check every op against numpy, with timings")
     p.add_argument("--quick", action="store_true", help="small sizes only")
-    p = sub.add_parser("train", help="train a network on real data (MNIST)")
-    p.add_argument("task", choices=["mnist"])
-    p.add_argument("--epochs", type=int, default=20)
+    p = sub.add_parser("train", help="train a network on real data: mnist (dense), "
+                                     "lenet5 (convolutional)")
+    p.add_argument("task", choices=["mnist", "lenet5"])
+    p.add_argument("--epochs", type=int, help="default: 20 for mnist, 15 for lenet5")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="results", help="folder for the model and the PNG")
     p.add_argument("--device", help="device spec (default: CLNN_DEVICE, else GPU, else PoCL)")

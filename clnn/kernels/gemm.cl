@@ -158,14 +158,16 @@ inline void clnn_epilogue(__global real_t *c, const int idx, const int m, const 
     comps = "0123456789abcdef"
 %>
 // ---- packing: the CPU variant first copies A and B into panels, like BLIS does.
-// A panel holds MWI rows of op(A) interleaved along k, a B panel NWI columns of op(B):
-//   a_pk[((batch * Mb + mb) * K + k) * MWI + i] = op(A)(mb * MWI + i, k)
-//   b_pk[((batch * Nb + nb) * K + k) * NWI + j] = op(B)(k, nb * NWI + j)
+// A panel holds MWI rows of op(A) interleaved along k, a B panel NWI columns of op(B),
+// for K rows of the reduction starting at k0 (the routine bounds the workspace by
+// packing a group of batches or a slice of K at a time):
+//   a_pk[((batch * Mb + mb) * K + k) * MWI + i] = op(A)(mb * MWI + i, k0 + k)
+//   b_pk[((batch * Nb + nb) * K + k) * NWI + j] = op(B)(k0 + k, nb * NWI + j)
 // zero past the edges of the matrices. The micro-kernel then streams two contiguous
 // panels (the prefetcher's best case, no cache-set conflicts for power-of-two leading
 // dimensions), needs no edge checks, and transposes cost nothing extra. Panels hold
 // acc_t, so half inputs are converted once here.
-__kernel void clnn_pack_a(const int M, const int K, const int Mb,
+__kernel void clnn_pack_a(const int M, const int K, const int Mb, const int k0,
                           __global const real_t *a, const int a_off, const int lda,
                           const int a_bstride, __global acc_t *a_pk${conv_sig})
 {
@@ -178,11 +180,11 @@ __kernel void clnn_pack_a(const int M, const int K, const int Mb,
     __global acc_t *dst = a_pk + ((batch * Mb + mb) * K + k) * MWI;
     for (int i = 0; i < MWI; ++i) {
         const int m = mb * MWI + i;
-        dst[i] = m < M ? CLNN_A(m, k) : (acc_t)0;
+        dst[i] = m < M ? CLNN_A(m, k0 + k) : (acc_t)0;
     }
 }
 
-__kernel void clnn_pack_b(const int N, const int K, const int Nb,
+__kernel void clnn_pack_b(const int N, const int K, const int Nb, const int k0,
                           __global const real_t *b, const int b_off, const int ldb,
                           const int b_bstride, __global acc_t *b_pk${conv_sig})
 {
@@ -195,7 +197,7 @@ __kernel void clnn_pack_b(const int N, const int K, const int Nb,
     __global acc_t *dst = b_pk + ((batch * Nb + nb) * K + k) * NWI;
     for (int j = 0; j < NWI; ++j) {
         const int n = nb * NWI + j;
-        dst[j] = n < N ? CLNN_B(k, n) : (acc_t)0;
+        dst[j] = n < N ? CLNN_B(k0 + k, n) : (acc_t)0;
     }
 }
 

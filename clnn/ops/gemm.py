@@ -179,6 +179,12 @@ def run_gemm(dev, dt, *, M, N, K, nbatch, alpha, beta, act, act_p, bias, bias_mo
     return kern(gsize, lsize, **a_args, **b_args, **common, **geometry)
 
 
+# Bound on the packed-panel workspace of one launch: batches are packed in groups and,
+# when even one batch does not fit, K in slices, so a convolution never holds an
+# unrolled copy of its whole input (and a big GEMM's panels stay a bounded size).
+PANEL_BYTES = 32 << 20
+
+
 def _gemm_packed(dev, dt, prm, params, a_args, a_batches, b_args, b_batches, nbatch,
                  common, geometry):
     """The CPU variant: pack op(A) and op(B) into pool workspace, then multiply."""
@@ -186,22 +192,48 @@ def _gemm_packed(dev, dt, prm, params, a_args, a_batches, b_args, b_batches, nba
     mwi, nwi, wgm = params["MWI"], params["NWI"], params["WGM"]
     Mb, Nb = -(-M // mwi), -(-N // nwi)
     acc = programs.acc_dtype(dt)
-    a_pk = dev_empty(dev, (max(a_batches * Mb * mwi * K, 1),), acc)
-    b_pk = dev_empty(dev, (max(b_batches * Nb * nwi * K, 1),), acc)
-    if K:
-        pack_wg = min(64, dev.facts.max_work_group_size)
-        kpad = -(-K // pack_wg) * pack_wg
-        pack_a = programs.get_kernel(dev, "gemm", "clnn_pack_a", prm)
-        pack_a((kpad, Mb, a_batches), (pack_wg, 1, 1), M=M, K=K, Mb=Mb, a_pk=a_pk,
-               **a_args, **geometry)
-        pack_b = programs.get_kernel(dev, "gemm", "clnn_pack_b", prm)
-        pack_b((kpad, Nb, b_batches), (pack_wg, 1, 1), N=N, K=K, Nb=Nb, b_pk=b_pk,
-               **b_args, **geometry)
+    cap = min(PANEL_BYTES, dev.pool.budget // 8)
+
+    def panel_bytes(group, kc):
+        return ((group if a_batches > 1 else 1) * Mb * mwi +
+                (group if b_batches > 1 else 1) * Nb * nwi) * max(kc, 1) * acc.itemsize
+    group = nbatch
+    while group > 1 and panel_bytes(group, K) > cap:
+        group = -(-group // 2)
+    kc = K
+    if panel_bytes(group, K) > cap and prm["act"] == "none" and prm["bias"] == "none":
+        # slices of K accumulate into C (beta = 1 after the first), so only a GEMM
+        # without a bias or activation epilogue may be sliced
+        kc = max(1, cap // panel_bytes(1, 1))
+    pack_a = programs.get_kernel(dev, "gemm", "clnn_pack_a", prm)
+    pack_b = programs.get_kernel(dev, "gemm", "clnn_pack_b", prm)
     kern = programs.get_kernel(dev, "gemm", "clnn_gemm", prm)
+    pack_wg = min(64, dev.facts.max_work_group_size)
     wg = min(wgm, dev.facts.max_work_group_size)
-    return kern((-(-Mb // wg) * wg, Nb, nbatch), (wg, 1, 1), Mb=Mb, Nb=Nb,
-                a_batched=int(a_batches > 1), b_batched=int(b_batches > 1), a_pk=a_pk,
-                b_pk=b_pk, **common)
+    evt = None
+    for g0 in range(0, nbatch, group):
+        gn = min(group, nbatch - g0)
+        ga, gb = (gn if a_batches > 1 else 1), (gn if b_batches > 1 else 1)
+        a_g = dict(a_args, a_off=a_args["a_off"] + (g0 * a_args["a_bstride"]
+                                                     if a_batches > 1 else 0))
+        b_g = dict(b_args, b_off=b_args["b_off"] + (g0 * b_args["b_bstride"]
+                                                     if b_batches > 1 else 0))
+        for k0 in range(0, max(K, 1), max(kc, 1)):
+            kn = min(kc, K - k0)
+            a_pk = dev_empty(dev, (max(ga * Mb * mwi * kn, 1),), acc)
+            b_pk = dev_empty(dev, (max(gb * Nb * nwi * kn, 1),), acc)
+            if kn:
+                kpad = -(-kn // pack_wg) * pack_wg
+                pack_a((kpad, Mb, ga), (pack_wg, 1, 1), M=M, K=kn, Mb=Mb, k0=k0, a_pk=a_pk,
+                       **a_g, **geometry)
+                pack_b((kpad, Nb, gb), (pack_wg, 1, 1), N=N, K=kn, Nb=Nb, k0=k0, b_pk=b_pk,
+                       **b_g, **geometry)
+            step = dict(common, K=kn, beta=common["beta"] if k0 == 0 else 1.0,
+                        c_off=common["c_off"] + g0 * common["c_bstride"])
+            evt = kern((-(-Mb // wg) * wg, Nb, gn), (wg, 1, 1), Mb=Mb, Nb=Nb,
+                       a_batched=int(ga > 1), b_batched=int(gb > 1), a_pk=a_pk, b_pk=b_pk,
+                       **step)
+    return evt
 
 
 def gemv(a, x, y=None, *, alpha=1.0, beta=0.0, trans_a=False):

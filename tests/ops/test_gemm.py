@@ -236,3 +236,14 @@ def test_every_variant_with_gpu_sized_work_groups_on_pocl(tmp_path):
                          env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "checked" in res.stdout
+
+
+def test_bounded_panels_split_batches_and_k(monkeypatch):
+    """With a tiny panel budget the CPU variant packs a few batches, or a slice of K, at
+    a time; results stay right (and bias/activation GEMMs are never sliced along K)."""
+    import sys
+    monkeypatch.setattr(sys.modules["clnn.ops.gemm"], "PANEL_BYTES", 4096)
+    with tuning.override("gemm", VARIANTS["cpu-default"]):
+        check_gemm(13, 21, 300, False, True, -1.5, 1.0, np.float32)
+        check_gemm(13, 21, 170, True, False, 1.0, 0.0, np.float32, batch=5)
+        check_gemm(9, 30, 200, False, False, 1.0, 0.0, np.float32, bias=True, act="tanh")
