@@ -1,4 +1,4 @@
-"""The ``clnn`` command: devices, render, selfcheck, train."""
+"""The ``clnn`` command: devices, render, selfcheck, train, tune."""
 
 import argparse
 import sys
@@ -73,6 +73,14 @@ def _train(args):
     return 0
 
 
+def _tune(args):
+    from .tuner import tune
+    kernels = ("gemm", "conv") if args.what == "all" else (args.what,)
+    tune(kernels, device=args.device, quick=args.quick,
+         progress=not args.no_progress)
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="clnn", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -93,9 +101,15 @@ def main(argv=None):
     p.add_argument("--out", default="results", help="folder for the model and the PNG")
     p.add_argument("--device", help="device spec (default: CLNN_DEVICE, else GPU, else PoCL)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p = sub.add_parser("tune", help="search GEMM/convolution tile parameters for this "
+                                    "device and store them in the user's tuning database")
+    p.add_argument("what", nargs="?", default="all", choices=["gemm", "conv", "all"])
+    p.add_argument("--device", help="device spec (default: CLNN_DEVICE, else GPU, else PoCL)")
+    p.add_argument("--quick", action="store_true", help="fewer candidates, smaller problems")
+    p.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     handler = {"devices": _devices, "render": _render, "selfcheck": _selfcheck,
-               "train": _train}[args.command]
+               "train": _train, "tune": _tune}[args.command]
     from .errors import ClnnError
     try:
         return handler(args)

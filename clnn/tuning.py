@@ -1,13 +1,22 @@
-"""Per-device tuning parameters, their constraints, and the override knob.
+"""Per-device tuning parameters, their constraints, the user's tuning database, and
+the override knob.
 
 Tuning data is data: ``GEMM_TABLE`` holds literal parameter sets keyed by exact device
 name, then by (vendor, type), then by type, with a "default" at the end of every
 lookup. Every row is checked against the kernel's constraints (tests/test_tuning.py),
 and before a build the chosen row is checked against the device's real limits.
+
+Lookup order: an ``override`` in force, then the user's database written by
+``clnn tune`` (per device name, driver version, dtype and shape class), then the table.
+A database entry that is malformed or no longer fits the device is ignored with a
+warning, never a crash.
 """
 
 import contextlib
+import json
+import os
 import threading
+import warnings
 
 import numpy as np
 
@@ -135,14 +144,94 @@ def override(kernel, params):
         _override.stack = stack
 
 
-def gemm_params(facts, itemsize=4):
-    """The GEMM parameters for a device: the override, else the first valid table row."""
+def shape_class(M, N, K, trans_a=False, trans_b=False):
+    """The tuning class of a GEMM: transposes and aspect ("square", "tall", "wide")."""
+    t = ("T" if trans_a else "N") + ("T" if trans_b else "N")
+    aspect = "tall" if M >= 4 * N else "wide" if N >= 4 * M else "square"
+    return f"{t}-{aspect}"
+
+
+# ---------------------------------------------------------------- the user's database
+
+def db_path():
+    """Where ``clnn tune`` stores its results: CLNN_TUNING_DB, else the user cache."""
+    env = os.environ.get("CLNN_TUNING_DB")
+    if env:
+        return env
+    import platformdirs
+    return os.path.join(platformdirs.user_cache_dir("clnn"), "tuning.json")
+
+
+_db_cache = {"path": None, "mtime": None, "entries": {}}
+
+
+def db_key(facts, dtype, klass, kernel="gemm"):
+    return f"{kernel}|{facts.name}|{facts.driver_version}|{np.dtype(dtype).name}|{klass}"
+
+
+def load_db():
+    """{key: entry} from the database file (re-read when it changes); {} when unusable."""
+    path = db_path()
+    try:
+        mtime = os.path.getmtime(path)
+    except OSError:
+        return {}
+    if _db_cache["path"] == path and _db_cache["mtime"] == mtime:
+        return _db_cache["entries"]
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        entries = data["entries"]
+        if not isinstance(entries, dict):
+            raise ValueError("entries is not a mapping")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        warnings.warn(f"ignoring the tuning database {path}: {exc}", RuntimeWarning)
+        entries = {}
+    _db_cache.update(path=path, mtime=mtime, entries=entries)
+    return entries
+
+
+def save_db_entries(new_entries):
+    """Merge ``new_entries`` into the database file, atomically."""
+    path = db_path()
+    entries = dict(load_db())
+    entries.update(new_entries)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"version": 1, "entries": entries}, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+    _db_cache["mtime"] = None
+    return path
+
+
+def _from_db(facts, itemsize, dtype, klass):
+    entry = load_db().get(db_key(facts, dtype, klass))
+    if entry is None:
+        return None
+    params = entry.get("params") if isinstance(entry, dict) else None
+    probs = ["not a parameter set"] if not isinstance(params, dict) else \
+        gemm_problems(params, facts, itemsize)
+    if probs:
+        warnings.warn(f"ignoring stale tuning entry for {facts.name} {klass}: "
+                      + "; ".join(probs) + " (run clnn tune again)", RuntimeWarning)
+        return None
+    return params
+
+
+def gemm_params(facts, itemsize=4, dtype="float32", klass=None):
+    """The GEMM parameters for a device: the override, else the user's database entry
+    for ``klass`` (see shape_class), else the first table row that fits."""
     for kernel, params in reversed(getattr(_override, "stack", [])):
         if kernel == "gemm":
             probs = gemm_problems(params, facts, itemsize)
             if probs:
                 raise ArgumentError(f"GEMM override {params} is invalid here: "
                                     + "; ".join(probs))
+            return params
+    if klass is not None:
+        params = _from_db(facts, itemsize, dtype, klass)
+        if params is not None:
             return params
     for params in _lookup_chain(facts):
         if not gemm_problems(params, facts, itemsize):

@@ -4,11 +4,16 @@ The device comes from CLNN_TEST_DEVICE (default "pocl", the driver-free CPU devi
 """
 
 import os
+import tempfile
 
 import numpy as np
 import pytest
 
-import clnn
+# Tests never read the developer's own tuning database (clnn tune writes one).
+os.environ.setdefault("CLNN_TUNING_DB", os.path.join(tempfile.mkdtemp(prefix="clnn-tests-"),
+                                                     "tuning.json"))
+
+import clnn  # noqa: E402
 
 CANARY = -12345.5          # exactly representable in float16, float32 and float64
 PAD = 17                   # canary elements on each side of a guarded output

@@ -73,3 +73,70 @@ def test_float64_vectors_hold_the_same_bytes():
     row = {"variant": "reg", "MWI": 4, "NWI": 32, "VW": 8, "WGM": 16}
     assert dict(tuning.template_tuning(row, "float64"))["VW"] == 4
     assert dict(tuning.template_tuning(row, "float32"))["VW"] == 8
+
+
+# ---------------------------------------------------------------- the user's database
+
+@pytest.fixture
+def db(tmp_path, monkeypatch):
+    path = tmp_path / "tuning.json"
+    monkeypatch.setenv("CLNN_TUNING_DB", str(path))
+    return path
+
+
+def write_db(path, entries):
+    import json
+    path.write_text(json.dumps({"version": 1, "entries": entries}))
+    tuning._db_cache["mtime"] = None
+
+
+def test_database_entry_wins_over_the_table_and_override_over_both(db):
+    f = facts()
+    row = {"variant": "local", "MWG": 16, "NWG": 32, "KWG": 8, "MDIMC": 4, "NDIMC": 8}
+    write_db(db, {tuning.db_key(f, "float32", "NN-square"): {"params": row}})
+    assert tuning.gemm_params(f, 4, "float32", "NN-square") == row
+    assert tuning.gemm_params(f, 4, "float32", "NT-wide") is tuning.GEMM_TABLE["type"]["GPU"]
+    assert tuning.gemm_params(f, 4, "float64", "NN-square") is tuning.GEMM_TABLE["type"]["GPU"]
+    other = facts(driver_version="2")
+    assert tuning.gemm_params(other, 4, "float32", "NN-square") is \
+        tuning.GEMM_TABLE["type"]["GPU"]
+    forced = {"variant": "local", "MWG": 8, "NWG": 8, "KWG": 4, "MDIMC": 2, "NDIMC": 4}
+    with tuning.override("gemm", forced):
+        assert tuning.gemm_params(f, 4, "float32", "NN-square") == forced
+
+
+def test_stale_and_corrupt_entries_are_ignored_with_a_warning(db):
+    f = facts()
+    write_db(db, {tuning.db_key(f, "float32", "NN-square"):
+                  {"params": {"variant": "local", "MWG": 64, "NWG": 64, "KWG": 16,
+                              "MDIMC": 32, "NDIMC": 32}},
+                  tuning.db_key(f, "float32", "NT-wide"): {"params": "garbage"}})
+    for klass in ("NN-square", "NT-wide"):
+        with pytest.warns(RuntimeWarning, match="stale tuning entry"):
+            assert tuning.gemm_params(f, 4, "float32", klass) is \
+                tuning.GEMM_TABLE["type"]["GPU"]
+    db.write_text("{ not json")
+    tuning._db_cache["mtime"] = None
+    with pytest.warns(RuntimeWarning, match="ignoring the tuning database"):
+        assert tuning.gemm_params(f, 4, "float32", "NN-square") is \
+            tuning.GEMM_TABLE["type"]["GPU"]
+
+
+def test_shape_classes():
+    assert tuning.shape_class(1000, 5000, 2000, False, True) == "NT-wide"
+    assert tuning.shape_class(5000, 1000, 10, True, False) == "TN-tall"
+    assert tuning.shape_class(64, 64, 64) == "NN-square"
+
+
+def test_tuner_stores_validated_winners(db, monkeypatch):
+    from clnn import tuner
+    monkeypatch.setattr(tuner, "GEMM_CLASSES", {"NT-wide": ((24, 100, 40), None)})
+    monkeypatch.setattr(tuner, "candidates", lambda f, q: [
+        {"variant": "reg", "MWI": 2, "NWI": 8, "VW": 8, "WGM": 4},
+        {"variant": "local", "MWG": 8, "NWG": 8, "KWG": 4, "MDIMC": 2, "NDIMC": 4}])
+    results = tuner.tune(("gemm",), quick=True, progress=False, log=lambda *a: None)
+    best, gflops, _ = results["NT-wide"]
+    assert gflops > 0
+    dev = clnn.device()
+    assert tuning.gemm_params(dev.facts, 4, "float32", "NT-wide") == best
+    assert db.exists()

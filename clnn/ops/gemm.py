@@ -155,7 +155,9 @@ def run_gemm(dev, dt, *, M, N, K, nbatch, alpha, beta, act, act_p, bias, bias_mo
              geometry=None):
     """Launch a validated GEMM (plain, or a convolution's implicit GEMM when ``conv``
     names its loaders and ``geometry`` holds the cv_* sizes). Returns the last event."""
-    params = tuning.gemm_params(dev.facts, dt.itemsize)
+    klass = f"conv-{conv}" if conv != "none" else \
+        tuning.shape_class(M, N, K, trans_a, trans_b)
+    params = tuning.gemm_params(dev.facts, dt.itemsize, dt, klass)
     prm = {"dtype": dt.name, "variant": params["variant"], "trans_a": bool(trans_a),
            "trans_b": bool(trans_b), "act": act,
            "bias": bias_mode if bias is not None else "none", "conv": conv,
