@@ -20,6 +20,16 @@ from clnn.device import all_devices
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
+def arg_parser(doc):
+    """The options every benchmark takes: --device, --repeats, --json."""
+    import argparse
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--device", help="one clnn device spec (default: every device found)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", help="result file (default benchmarks/results/NAME.json)")
+    return ap
+
+
 def median_time(fn, repeats=5, warmup=1, sync=None):
     """Median seconds of ``fn()`` (followed by ``sync()``) after ``warmup`` calls."""
     for _ in range(warmup):

@@ -9,7 +9,6 @@ the float64 loops of tests/reference.py for the LeNet layers) before timing. Wri
 benchmarks/results/bench_conv.json.
 """
 
-import argparse
 import os
 import sys
 
@@ -46,10 +45,7 @@ def close(name, got, ref):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--json")
+    ap = _common.arg_parser(__doc__)
     args = ap.parse_args(argv)
     torch = _common.torch_or_none()
     rows = []

@@ -9,7 +9,6 @@ it is timed. Prints GFLOP/s and the ratio of clnn to each reference; writes JSON
 benchmarks/results/bench_gemm.json.
 """
 
-import argparse
 import os
 import subprocess
 import sys
@@ -128,12 +127,9 @@ def bench_tinygrad(shapes):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", help="one clnn device spec (default: every device found)")
+    ap = _common.arg_parser(__doc__)
     ap.add_argument("--sizes", default="512,1024,2048")
     ap.add_argument("--no-dense", action="store_true", help="skip the dense-layer shapes")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--json", help="result file (default benchmarks/results/bench_gemm.json)")
     args = ap.parse_args(argv)
 
     shapes = [(f"square n={n}", n, n, n, False, False) for n in map(int, args.sizes.split(","))]

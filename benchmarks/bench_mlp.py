@@ -9,7 +9,6 @@ with PyTorch's (loss and updated weights). Also reports the pool's peak memory a
 the bytes the network's own buffers need. Writes benchmarks/results/bench_mlp.json.
 """
 
-import argparse
 import os
 import sys
 
@@ -62,10 +61,7 @@ def buffers_needed(net):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device")
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--json")
+    ap = _common.arg_parser(__doc__)
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     x = rng.random((BATCH, IN), dtype=np.float32)

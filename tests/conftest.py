@@ -109,3 +109,14 @@ def pytest_runtest_setup(item):
         if os.environ.get("CLNN_REQUIRE_GATES"):
             pytest.fail(reason + ", and CLNN_REQUIRE_GATES is set")
         pytest.skip(reason)
+
+
+def assert_steps_allocate_nothing(dev, net, x, y, loss, steps=100):
+    """After one step has built the workspace, ``steps`` more make no real allocation."""
+    net.train_step(x, y, 0.1, 0.9, loss)
+    dev.finish()
+    allocations = dev.pool.allocations
+    for _ in range(steps):
+        net.train_step(x, y, 0.1, 0.9, loss)
+    dev.finish()
+    assert dev.pool.allocations == allocations

@@ -100,3 +100,14 @@ def pool2d_ref(x, k, stride, padding, mode):
                         g[:, :, None, None] / (kh * kw)
         return dxp[:, :, ph:ph + H, pw:pw + W]
     return y, backward
+
+
+def numeric_grad(loss, x, h=1e-6):
+    """Central finite differences of the scalar ``loss(x)`` (float64 numpy in and out)."""
+    g = np.zeros_like(x, dtype=np.float64)
+    for idx in np.ndindex(x.shape):
+        xp, xm = x.copy(), x.copy()
+        xp[idx] += h
+        xm[idx] -= h
+        g[idx] = (loss(xp) - loss(xm)) / (2 * h)
+    return g

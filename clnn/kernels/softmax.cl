@@ -24,34 +24,25 @@ inline void clnn_row_stats(__global const real_t *x, const int base, const int c
     *lse_out = log(s);
 }
 
+<%def name="rowwise(entry, value)">
+__kernel void ${entry}(const int rows, const int cols,
+                       __global const real_t *x, const int x_off,
+                       __global real_t *out, const int out_off)
+{
+    CLNN_FOR_EACH_ROW(r, rows) {
+        acc_t m, lse;
+        clnn_row_stats(x, x_off + r * cols, cols, &m, &lse);
+        for (int j = 0; j < cols; ++j) {
+            const acc_t v = CLNN_LOAD(x, x_off + r * cols + j);
+            CLNN_STORE(${value}, out, out_off + r * cols + j);
+        }
+    }
+}
+</%def>
 // out = exp(x - max) / sum(exp(x - max)) along each row
-__kernel void clnn_softmax(const int rows, const int cols,
-                           __global const real_t *x, const int x_off,
-                           __global real_t *out, const int out_off)
-{
-    CLNN_FOR_EACH_ROW(r, rows) {
-        acc_t m, lse;
-        clnn_row_stats(x, x_off + r * cols, cols, &m, &lse);
-        for (int j = 0; j < cols; ++j)
-            CLNN_STORE(exp(CLNN_LOAD(x, x_off + r * cols + j) - m - lse), out,
-                       out_off + r * cols + j);
-    }
-}
-
+${rowwise("clnn_softmax", "exp(v - m - lse)")}
 // out = x - max - log(sum(exp(x - max))) along each row
-__kernel void clnn_log_softmax(const int rows, const int cols,
-                               __global const real_t *x, const int x_off,
-                               __global real_t *out, const int out_off)
-{
-    CLNN_FOR_EACH_ROW(r, rows) {
-        acc_t m, lse;
-        clnn_row_stats(x, x_off + r * cols, cols, &m, &lse);
-        for (int j = 0; j < cols; ++j)
-            CLNN_STORE(CLNN_LOAD(x, x_off + r * cols + j) - m - lse, out,
-                       out_off + r * cols + j);
-    }
-}
-
+${rowwise("clnn_log_softmax", "v - m - lse")}
 // Softmax cross-entropy of logits z against target distributions y, fused with its
 // gradient:  loss_row[r] = sum_j y[r,j] * (logsumexp(z[r]) - z[r,j])
 //            dz[r,j]     = (softmax(z[r])_j - y[r,j]) * grad_scale   (1/batch for a mean)

@@ -11,26 +11,30 @@ from .reduce import reduce3
 programs.register("loss", {})
 
 
-def loss_operands(dev, a, y, name_a, grad):
-    """Check a batch of predictions and targets; returns (dtype, rows, cols, grad)."""
-    dt = check(a, name_a, dev, ndim=2)
-    check(y, "y", dev, dtype=dt, shape=a.shape)
-    if a.shape[0] == 0:
+def fused_loss(stem, entry, pred, y, grad, grad_scale, names):
+    """Run a loss kernel that writes each row's loss and the gradient in one pass, then
+    average the rows: returns (0-d loss, grad). ``names`` are the kernel's names for
+    the prediction and the gradient, e.g. ("a", "da")."""
+    p, g = names
+    dev = common_device(**{p: pred, "y": y, g: grad})
+    dt = check(pred, p, dev, ndim=2)
+    check(y, "y", dev, dtype=dt, shape=pred.shape)
+    rows, cols = pred.shape
+    if rows == 0:
         raise ShapeError("a loss over an empty batch is undefined")
-    grad = check_out(grad, a.shape, dt, dev, inputs=(a, y))
-    return dt, a.shape[0], a.shape[1], grad
-
-
-def row_launch(dev, rows):
+    grad = check_out(grad, pred.shape, dt, dev, inputs=(pred, y))
+    gs = 1.0 / rows if grad_scale is None else finite(grad_scale, "grad_scale")
+    loss_rows = dev_empty(dev, (rows,), programs.acc_dtype(dt))
+    kern = programs.get_kernel(dev, stem, entry, {"dtype": dt.name})
     wg = min(64, dev.facts.max_work_group_size)
-    return (-(-rows // wg) * wg,), (wg,)
-
-
-def mean_of_rows(dev, dt, loss_rows, rows):
-    """The mean over the batch of per-row losses kept in the arithmetic type."""
+    grad.add_event(kern((-(-rows // wg) * wg,), (wg,), rows=rows, cols=cols, grad_scale=gs,
+                        y=y, y_off=offset(y), loss_row=loss_rows,
+                        **{p: pred, p + "_off": offset(pred), g: grad,
+                           g + "_off": offset(grad)}))
+    # the mean over the batch of the per-row losses, kept in the arithmetic type
     loss = dev_empty(dev, (), dt)
     return reduce3(dev, dt, loss_rows, (1, rows, 1), loss, final="scale", post=1.0 / rows,
-                   inp="acc")
+                   inp="acc"), grad
 
 
 def quadratic_loss(a, y, *, da=None, grad_scale=None):
@@ -41,12 +45,4 @@ def quadratic_loss(a, y, *, da=None, grad_scale=None):
     replaces the 1/batch of the gradient: clnn.nn passes 1 and folds 1/batch into the
     learning rate of its update GEMM, as the tutorial does.
     """
-    dev = common_device(a=a, y=y, da=da)
-    dt, rows, cols, da = loss_operands(dev, a, y, "a", da)
-    loss_rows = dev_empty(dev, (rows,), programs.acc_dtype(dt))
-    kern = programs.get_kernel(dev, "loss", "clnn_quadratic", {"dtype": dt.name})
-    g, l = row_launch(dev, rows)
-    gs = 1.0 / rows if grad_scale is None else finite(grad_scale, "grad_scale")
-    da.add_event(kern(g, l, rows=rows, cols=cols, grad_scale=gs, a=a, a_off=offset(a),
-                      y=y, y_off=offset(y), da=da, da_off=offset(da), loss_row=loss_rows))
-    return mean_of_rows(dev, dt, loss_rows, rows), da
+    return fused_loss("loss", "clnn_quadratic", a, y, da, grad_scale, ("a", "da"))

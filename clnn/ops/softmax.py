@@ -3,8 +3,8 @@ Kernel: clnn/kernels/softmax.cl.
 """
 
 from .. import programs
-from ._args import check, check_out, common_device, dev_empty, finite, offset
-from .loss import loss_operands, mean_of_rows, row_launch
+from ._args import check, check_out, common_device, launch_size, offset
+from .loss import fused_loss
 
 programs.register("softmax", {})
 
@@ -21,7 +21,7 @@ def _rowwise(entry, x, out):
     rows, cols = _rows(x)
     if rows and cols:
         kern = programs.get_kernel(dev, "softmax", entry, {"dtype": dt.name})
-        g, l = row_launch(dev, rows)
+        g, l = launch_size(dev, rows)
         out.add_event(kern(g, l, rows=rows, cols=cols, x=x, x_off=offset(x), out=out,
                            out_off=offset(out)))
     return out
@@ -45,12 +45,4 @@ def softmax_cross_entropy(z, y, *, dz=None, grad_scale=None):
     dL/dz = (softmax(z) - y) / batch goes to ``dz`` (allocated when None; may be z);
     ``grad_scale`` replaces its 1/batch (see quadratic_loss).
     """
-    dev = common_device(z=z, y=y, dz=dz)
-    dt, rows, cols, dz = loss_operands(dev, z, y, "z", dz)
-    loss_rows = dev_empty(dev, (rows,), programs.acc_dtype(dt))
-    kern = programs.get_kernel(dev, "softmax", "clnn_softmax_xent", {"dtype": dt.name})
-    g, l = row_launch(dev, rows)
-    gs = 1.0 / rows if grad_scale is None else finite(grad_scale, "grad_scale")
-    dz.add_event(kern(g, l, rows=rows, cols=cols, grad_scale=gs, z=z, z_off=offset(z),
-                      y=y, y_off=offset(y), dz=dz, dz_off=offset(dz), loss_row=loss_rows))
-    return mean_of_rows(dev, dt, loss_rows, rows), dz
+    return fused_loss("softmax", "clnn_softmax_xent", z, y, dz, grad_scale, ("z", "dz"))

@@ -6,6 +6,7 @@ import pytest
 
 import clnn
 from clnn import nn
+from conftest import assert_steps_allocate_nothing
 
 RNG = np.random.default_rng(123)
 
@@ -55,13 +56,7 @@ def test_cnn_step_allocates_nothing_after_the_first(dev):
     net = cnn(dtype=np.float32)
     x = clnn.asarray(RNG.standard_normal((5, 2, 7, 8)).astype(np.float32))
     y = clnn.asarray(RNG.random((5, 3)).astype(np.float32))
-    net.train_step(x, y, 0.1, 0.9, "quadratic")
-    dev.finish()
-    n = dev.pool.allocations
-    for _ in range(100):
-        net.train_step(x, y, 0.1, 0.9, "quadratic")
-    dev.finish()
-    assert dev.pool.allocations == n
+    assert_steps_allocate_nothing(dev, net, x, y, "quadratic")
 
 
 def test_cnn_save_load_and_inference(dev, tmp_path):

@@ -9,6 +9,7 @@ import pytest
 
 import clnn
 from clnn import nn
+from conftest import assert_steps_allocate_nothing
 from reference import df_ref, f_ref
 
 RNG = np.random.default_rng(77)
@@ -137,13 +138,7 @@ def test_a_step_allocates_nothing_after_the_first(dev):
     net = nn.Sequential([nn.Dense(32, "relu"), nn.Dense(10, "softmax")], 20, seed=0)
     x = clnn.asarray(RNG.random((16, 20)).astype(np.float32))
     y = clnn.asarray(np.eye(10, dtype=np.float32)[RNG.integers(0, 10, 16)])
-    net.train_step(x, y, 0.1, 0.9, "cross_entropy")
-    dev.finish()
-    allocations = dev.pool.allocations
-    for _ in range(100):
-        net.train_step(x, y, 0.1, 0.9, "cross_entropy")
-    dev.finish()
-    assert dev.pool.allocations == allocations
+    assert_steps_allocate_nothing(dev, net, x, y, "cross_entropy")
 
 
 def test_training_never_writes_the_input(dev):

@@ -3,6 +3,7 @@ import pytest
 
 import clnn
 from conftest import Guarded, assert_close, float_dtypes, guarded_input
+from reference import numeric_grad
 
 RNG = np.random.default_rng(11)
 
@@ -28,14 +29,7 @@ def test_quadratic_gradient_matches_finite_differences(dev):
     y = RNG.random((3, 4))
     Y = clnn.asarray(y)
     _, g = clnn.quadratic_loss(clnn.asarray(a), Y)
-    h = 1e-6
-    num = np.zeros_like(a)
-    for idx in np.ndindex(a.shape):
-        ap, am = a.copy(), a.copy()
-        ap[idx] += h
-        am[idx] -= h
-        num[idx] = (clnn.quadratic_loss(clnn.asarray(ap), Y)[0].get()
-                    - clnn.quadratic_loss(clnn.asarray(am), Y)[0].get()) / (2 * h)
+    num = numeric_grad(lambda v: float(clnn.quadratic_loss(clnn.asarray(v), Y)[0].get()), a)
     np.testing.assert_allclose(g.get(), num, atol=1e-8)
 
 
