@@ -195,10 +195,63 @@ __kernel void clnn_pack_b(const int N, const int K, const int Nb, const int k0,
         return;
     b += b_off + batch * b_bstride;
     __global acc_t *dst = b_pk + ((batch * Nb + nb) * K + k) * NWI;
+% if conv == "none":
     for (int j = 0; j < NWI; ++j) {
         const int n = nb * NWI + j;
         dst[j] = n < N ? CLNN_B(k0 + k, n) : (acc_t)0;
     }
+% else:
+    // The convolution loaders of CLNN_B, with the divisions hoisted: the row index k
+    // is split once per work-item, and the column index steps through the panel (the
+    // generic loader divides for every element, which cost 80% of the time here).
+    const int kk = k0 + k, n0 = nb * NWI;
+%   if conv == "fwd":
+    const int c = kk / (cv_R * cv_S), r = kk % (cv_R * cv_S) / cv_S, s = kk % cv_S;
+    __global const real_t *x_c = b + c * cv_H * cv_W;
+    int p = n0 / cv_Q, q = n0 % cv_Q;                       // column n0 + j is (p, q)
+    for (int j = 0; j < NWI; ++j) {
+        const int h = p * cv_sh + r - cv_ph, w = q * cv_sw + s - cv_pw;
+        dst[j] = (n0 + j < N && h >= 0 && h < cv_H && w >= 0 && w < cv_W)
+            ? CLNN_LOAD(x_c, h * cv_W + w) : (acc_t)0;
+        if (++q == cv_Q) { q = 0; ++p; }
+    }
+%   elif conv == "dgrad":
+    const int m = kk / (cv_R * cv_S), r = kk % (cv_R * cv_S) / cv_S, s = kk % cv_S;
+    __global const real_t *dy_m = b + m * cv_P * cv_Q;
+    int h = n0 / cv_W, w = n0 % cv_W;                       // column n0 + j is (h, w)
+    if (cv_sh == 1 && cv_sw == 1) {
+        // unit stride: (p, q) = (h + ph - r, w + pw - s), no divisions at all
+        for (int j = 0; j < NWI; ++j) {
+            const int p = h + cv_ph - r, q = w + cv_pw - s;
+            dst[j] = (n0 + j < N && p >= 0 && q >= 0 && p < cv_P && q < cv_Q)
+                ? CLNN_LOAD(dy_m, p * cv_Q + q) : (acc_t)0;
+            if (++w == cv_W) { w = 0; ++h; }
+        }
+        return;
+    }
+    for (int j = 0; j < NWI; ++j) {
+        const int hp = h + cv_ph - r, wq = w + cv_pw - s;   // p * sh, q * sw
+        acc_t v = (acc_t)0;
+        if (n0 + j < N && hp >= 0 && wq >= 0 && hp % cv_sh == 0 && wq % cv_sw == 0) {
+            const int p = hp / cv_sh, q = wq / cv_sw;
+            if (p < cv_P && q < cv_Q)
+                v = CLNN_LOAD(dy_m, p * cv_Q + q);
+        }
+        dst[j] = v;
+        if (++w == cv_W) { w = 0; ++h; }
+    }
+%   elif conv == "wgrad":
+    const int n = kk / (cv_P * cv_Q), p = kk % (cv_P * cv_Q) / cv_Q, q = kk % cv_Q;
+    __global const real_t *x_n = b + n * cv_C * cv_H * cv_W;
+    int c = n0 / (cv_R * cv_S), r = n0 % (cv_R * cv_S) / cv_S, s = n0 % cv_S;  // (c, r, s)
+    for (int j = 0; j < NWI; ++j) {
+        const int h = p * cv_sh + r - cv_ph, w = q * cv_sw + s - cv_pw;
+        dst[j] = (n0 + j < N && h >= 0 && h < cv_H && w >= 0 && w < cv_W)
+            ? CLNN_LOAD(x_n, (c * cv_H + h) * cv_W + w) : (acc_t)0;
+        if (++s == cv_S) { s = 0; if (++r == cv_R) { r = 0; ++c; } }
+    }
+%   endif
+% endif
 }
 
 typedef ${vec} vec_t;
