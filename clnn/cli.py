@@ -1,4 +1,4 @@
-"""The ``clnn`` command: devices, render, selfcheck, train, tune."""
+"""The ``clnn`` command: devices, render, selfcheck, train, tune, bench."""
 
 import argparse
 import sys
@@ -73,6 +73,30 @@ def _train(args):
     return 0
 
 
+def _bench(args):
+    """Run benchmarks/bench_{gemm,mlp,conv}.py and benchmarks/report.py from a checkout."""
+    import importlib.util
+    import os
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "benchmarks")
+    if not os.path.isdir(folder):
+        print("clnn bench runs the scripts in a source checkout's benchmarks/ folder, "
+              "which this installation lacks", file=sys.stderr)
+        return 2
+    from tqdm.auto import tqdm
+    names = ["bench_gemm", "bench_mlp", "bench_conv"]
+    dev = ["--device", args.device] if args.device else []
+    quick = {"bench_gemm": ["--sizes", "512,1024", "--no-dense", "--repeats", "3"],
+             "bench_mlp": ["--repeats", "3"], "bench_conv": ["--repeats", "3"]}
+    sys.path.insert(0, folder)
+    for name in tqdm(names + ["report"], unit="benchmark", disable=args.no_progress):
+        spec = importlib.util.spec_from_file_location(name, os.path.join(folder, name + ".py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        mod.main([] if name == "report" else dev + (quick[name] if args.quick else []))
+    return 0
+
+
 def _tune(args):
     from .tuner import tune
     kernels = ("gemm", "conv") if args.what == "all" else (args.what,)
@@ -107,9 +131,14 @@ def main(argv=None):
     p.add_argument("--device", help="device spec (default: CLNN_DEVICE, else GPU, else PoCL)")
     p.add_argument("--quick", action="store_true", help="fewer candidates, smaller problems")
     p.add_argument("--no-progress", action="store_true")
+    p = sub.add_parser("bench", help="run the GEMM, MLP and convolution benchmarks and "
+                                     "write JSON, a Markdown table and PNG plots")
+    p.add_argument("--device", help="one device (default: every device found)")
+    p.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
+    p.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     handler = {"devices": _devices, "render": _render, "selfcheck": _selfcheck,
-               "train": _train, "tune": _tune}[args.command]
+               "train": _train, "tune": _tune, "bench": _bench}[args.command]
     from .errors import ClnnError
     try:
         return handler(args)
