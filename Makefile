@@ -40,7 +40,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pip install -q -e '.[pocl,bench]'
 	-$(PY) -m pip install -q -e '.[clblast]' || echo "pyclblast not built: apt-get install libclblast-dev"
-	$(PY) benchmarks/bench_gemm.py
+	$(PY) -m clnn bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
