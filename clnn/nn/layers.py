@@ -5,8 +5,9 @@ The protocol a network drives, batch-first, for output a = f(z):
     forward(x, out, logits)        out = a (or z for a softmax output when ``logits``)
     backward_activation(delta, a)  delta = dL/da -> dL/dz, in place
     backward_input(delta, x, dx)   dx = dL/dx from delta = dL/dz (the layer's linear part)
-    update(delta, x, step, momentum, velocity)
-                                   v = momentum v + step * dL/dparams * batch; params += v
+    update(delta, x, step, momentum, buffers)
+                                   v = momentum v + step * batch * dL/dparams; params += v,
+                                   with step = -lr/batch and buffers from update_buffers()
 Layers without parameters return [] from ``parameters()``; a ``view`` layer (Flatten)
 has an output that is a reshaped view of its input.
 """
@@ -42,6 +43,11 @@ class Layer:
 
     def parameters(self):
         return []
+
+    def update_buffers(self):
+        """The buffers ``update`` keeps between steps: one update (momentum) buffer
+        per parameter, zero at the start."""
+        return [clnn.zeros(p.shape, p.dtype, clnn.device_of(p)) for p in self.parameters()]
 
     def backward_activation(self, delta, a):
         if self.activation not in ("identity", "softmax"):
@@ -157,6 +163,11 @@ class Conv2d(Layer):
 
     def parameters(self):
         return [self.weight, self.bias]
+
+    def update_buffers(self):
+        # plus one for the bias gradient, summed over batch and positions
+        return super().update_buffers() + [clnn.empty(self.bias.shape, self.bias.dtype,
+                                                      clnn.device_of(self.bias))]
 
     def forward(self, x, out, logits=False):
         fused = None if self.activation == "identity" else self.activation

@@ -160,7 +160,7 @@ class Sequential:
             self._infer = {batch: [clnn.empty((batch * width,), self.dtype, self.device)
                                    for _ in range(2)]}
         bufs = self._infer[batch]
-        h, holder = x, 1          # holder: the buffer h lives in (x: neither, start with 0)
+        h, nxt = x, 0             # nxt: the work buffer the next layer writes into
         for i, layer in enumerate(self.layers):
             shape = (batch,) + layer.out_shape
             if layer.view:
@@ -171,8 +171,8 @@ class Sequential:
             if i == len(self.layers) - 1:
                 out = clnn.empty(shape, self.dtype, self.device)
             else:
-                holder = 1 - holder
-                out = bufs[holder][:int(np.prod(shape))].reshape(shape)
+                out = bufs[nxt][:int(np.prod(shape))].reshape(shape)
+                nxt = 1 - nxt
             h = layer.forward(h, out)
         return h
 
@@ -199,13 +199,7 @@ class Sequential:
         if ws is None:
             ws = self._train[batch] = _Workspace(self, batch)
         if self._velocity is None:
-            self._velocity = []
-            for layer in self.layers:
-                bufs = [clnn.zeros(p.shape, self.dtype, self.device)
-                        for p in layer.parameters()]
-                if bufs and len(layer.out_shape) == 3:
-                    bufs.append(clnn.empty(layer.bias.shape, self.dtype, self.device))  # db
-                self._velocity.append(bufs)
+            self._velocity = [layer.update_buffers() for layer in self.layers]
         return ws
 
     def train_step(self, x, y, lr, momentum=0.0, loss="quadratic"):
@@ -390,7 +384,10 @@ def sgd(net, x, y, loss="quadratic", epochs=1, lr=0.1, momentum=0.0, schedule=No
         if not isinstance(e, (int, np.integer)) or e < 1:
             raise ArgumentError(f"epochs must be positive ints, got {e!r}")
     for _, r in entries:          # check every learning rate before the first update
-        xd, yd, _, momentum = net._train_args(x, y, loss, r, momentum)
+        r = float(r)
+        if not (np.isfinite(r) and r > 0):
+            raise ArgumentError(f"lr must be a positive number, got {r}")
+    xd, yd, _, momentum = net._train_args(x, y, loss, entries[0][1], momentum)
     losses = []
     for e, r in entries:
         value = None
