@@ -17,6 +17,7 @@ import tempfile
 import time
 
 import numpy as np
+import pyopencl.array as cla
 
 import clnn
 from ..device import device as _device
@@ -97,8 +98,7 @@ class Sequential:
     # ------------------------------------------------------------ inputs
     def _input(self, x, name="x"):
         """x as a device array of shape (batch, in_features), checked for NaN/inf."""
-        if isinstance(x, clnn.ops._args.cla.Array):
-            clnn.ops._args.common_device(**{name: x})
+        if isinstance(x, cla.Array):
             if clnn.device_of(x) is not self.device:
                 raise clnn.DeviceError(f"{name} is on {clnn.device_of(x).name}, the network "
                                        f"on {self.device.name}")
@@ -126,7 +126,7 @@ class Sequential:
 
     def _targets(self, y, batch):
         """y as a device (batch, out_features) array: targets, or int class labels."""
-        if isinstance(y, clnn.ops._args.cla.Array):
+        if isinstance(y, cla.Array):
             if y.shape != (batch, self.out_features) or y.dtype != self.dtype:
                 raise ShapeError(f"y must be a ({batch}, {self.out_features}) {self.dtype} "
                                  f"array, is {y.shape} {y.dtype}")
