@@ -51,6 +51,9 @@
 % endif
 
 <% conv_sig = "" %>
+% if conv in ("none", "wgrad"):
+#define CLNN_C_IDX(m, n) ((m) * ldc + (n))
+% endif
 % if conv == "none":
 %   if trans_a:
 #define CLNN_A(m, k) CLNN_LOAD(a, (k) * lda + (m))
@@ -74,7 +77,8 @@
 // x is (N, C, H, W), w is (M, C, R, S), y is (N, M, P, Q), with
 //   h = p * sh + r - ph,  w = q * sw + s - pw   (the lecture's loops, with stride and padding)
 %   if conv == "fwd":
-// y[n] (M x PQ) = w (M x CRS) @ unroll(x[n]) (CRS x PQ); one image per batch index.
+// y (M x NPQ) = w (M x CRS) @ unroll(x) (CRS x NPQ): the columns run over every image
+// and output position, so a layer with few positions still makes one wide GEMM.
 #define CLNN_A(m, k) CLNN_LOAD(a, (m) * lda + (k))
 inline acc_t clnn_unrolled_x(__global const real_t *x, const int k, const int j,
                              const int cv_C, const int cv_H, const int cv_W,
@@ -88,11 +92,14 @@ inline acc_t clnn_unrolled_x(__global const real_t *x, const int k, const int j,
     return (h >= 0 && h < cv_H && w >= 0 && w < cv_W) ? CLNN_LOAD(x, (c * cv_H + h) * cv_W + w)
                                                    : (acc_t)0;
 }
-#define CLNN_B(k, j) clnn_unrolled_x(b, k, j, cv_C, cv_H, cv_W, cv_Q, cv_R, cv_S, cv_sh, cv_sw, cv_ph, cv_pw)
+#define CLNN_B(k, j) clnn_unrolled_x(b + (j) / (cv_P * cv_Q) * (cv_C * cv_H * cv_W), k, (j) % (cv_P * cv_Q), cv_C, cv_H, cv_W, cv_Q, cv_R, cv_S, cv_sh, cv_sw, cv_ph, cv_pw)
+// column j = (n, p, q) of C is y[n, m, p, q]
+#define CLNN_C_IDX(m, j) (((j) / (cv_P * cv_Q) * M + (m)) * (cv_P * cv_Q) + (j) % (cv_P * cv_Q))
 %   elif conv == "dgrad":
-// dx[n] (C x HW) = A (C x MRS) @ B (MRS x HW) with A(c, (m,r,s)) = w[m, c, r, s] and
-// B((m,r,s), (h,w)) = dy[n, m, p, q] where h = p sh + r - ph and w = q sw + s - pw, zero
-// where no such (p, q) exists: every dx element gathers what it received, no atomics.
+// dx (C x NHW) = A (C x MRS) @ B (MRS x NHW) with A(c, (m,r,s)) = w[m, c, r, s] and
+// B((m,r,s), (n,h,w)) = dy[n, m, p, q] where h = p sh + r - ph and w = q sw + s - pw,
+// zero where no such (p, q) exists: every dx element gathers what it received, no
+// atomics.
 #define CLNN_A(c, k) CLNN_LOAD(a, ((k) / (cv_R * cv_S) * cv_C + (c)) * cv_R * cv_S + (k) % (cv_R * cv_S))
 inline acc_t clnn_gathered_dy(__global const real_t *dy, const int k, const int j,
                               const int cv_W, const int cv_P, const int cv_Q,
@@ -107,7 +114,9 @@ inline acc_t clnn_gathered_dy(__global const real_t *dy, const int k, const int 
     const int p = hp / cv_sh, q = wq / cv_sw;
     return (p < cv_P && q < cv_Q) ? CLNN_LOAD(dy, (m * cv_P + p) * cv_Q + q) : (acc_t)0;
 }
-#define CLNN_B(k, j) clnn_gathered_dy(b, k, j, cv_W, cv_P, cv_Q, cv_R, cv_S, cv_sh, cv_sw, cv_ph, cv_pw)
+#define CLNN_B(k, j) clnn_gathered_dy(b + (j) / (cv_H * cv_W) * (cv_M * cv_P * cv_Q), k, (j) % (cv_H * cv_W), cv_W, cv_P, cv_Q, cv_R, cv_S, cv_sh, cv_sw, cv_ph, cv_pw)
+// column j = (n, h, w) of C is dx[n, c, h, w]
+#define CLNN_C_IDX(c, j) (((j) / (cv_H * cv_W) * M + (c)) * (cv_H * cv_W) + (j) % (cv_H * cv_W))
 %   elif conv == "wgrad":
 // dw (M x CRS) = A (M x NPQ) @ B (NPQ x CRS) with A(m, (n,p,q)) = dy[n, m, p, q] and
 // B((n,p,q), (c,r,s)) = x[n, c, h, w]: the sum over images and positions runs inside one
@@ -185,6 +194,7 @@ __kernel void clnn_pack_a(const int M, const int K, const int Mb, const int k0,
 }
 
 __kernel void clnn_pack_b(const int N, const int K, const int Nb, const int k0,
+                          const int n_base,
                           __global const real_t *b, const int b_off, const int ldb,
                           const int b_bstride, __global acc_t *b_pk${conv_sig})
 {
@@ -197,35 +207,43 @@ __kernel void clnn_pack_b(const int N, const int K, const int Nb, const int k0,
     __global acc_t *dst = b_pk + ((batch * Nb + nb) * K + k) * NWI;
 % if conv == "none":
     for (int j = 0; j < NWI; ++j) {
-        const int n = nb * NWI + j;
+        const int n = n_base + nb * NWI + j;
         dst[j] = n < N ? CLNN_B(k0 + k, n) : (acc_t)0;
     }
 % else:
     // The convolution loaders of CLNN_B, with the divisions hoisted: the row index k
     // is split once per work-item, and the column index steps through the panel (the
     // generic loader divides for every element, which cost 80% of the time here).
-    const int kk = k0 + k, n0 = nb * NWI;
+    const int kk = k0 + k, n0 = n_base + nb * NWI;
 %   if conv == "fwd":
     const int c = kk / (cv_R * cv_S), r = kk % (cv_R * cv_S) / cv_S, s = kk % cv_S;
-    __global const real_t *x_c = b + c * cv_H * cv_W;
-    int p = n0 / cv_Q, q = n0 % cv_Q;                       // column n0 + j is (p, q)
+    // column n0 + j is (image, p, q)
+    __global const real_t *x_c = b + (n0 / (cv_P * cv_Q) * cv_C + c) * cv_H * cv_W;
+    int p = n0 % (cv_P * cv_Q) / cv_Q, q = n0 % cv_Q;
     for (int j = 0; j < NWI; ++j) {
         const int h = p * cv_sh + r - cv_ph, w = q * cv_sw + s - cv_pw;
         dst[j] = (n0 + j < N && h >= 0 && h < cv_H && w >= 0 && w < cv_W)
             ? CLNN_LOAD(x_c, h * cv_W + w) : (acc_t)0;
-        if (++q == cv_Q) { q = 0; ++p; }
+        if (++q == cv_Q) {
+            q = 0;
+            if (++p == cv_P) { p = 0; x_c += cv_C * cv_H * cv_W; }   // the next image
+        }
     }
 %   elif conv == "dgrad":
     const int m = kk / (cv_R * cv_S), r = kk % (cv_R * cv_S) / cv_S, s = kk % cv_S;
-    __global const real_t *dy_m = b + m * cv_P * cv_Q;
-    int h = n0 / cv_W, w = n0 % cv_W;                       // column n0 + j is (h, w)
+    // column n0 + j is (image, h, w)
+    __global const real_t *dy_m = b + (n0 / (cv_H * cv_W) * cv_M + m) * cv_P * cv_Q;
+    int h = n0 % (cv_H * cv_W) / cv_W, w = n0 % cv_W;
     if (cv_sh == 1 && cv_sw == 1) {
         // unit stride: (p, q) = (h + ph - r, w + pw - s), no divisions at all
         for (int j = 0; j < NWI; ++j) {
             const int p = h + cv_ph - r, q = w + cv_pw - s;
             dst[j] = (n0 + j < N && p >= 0 && q >= 0 && p < cv_P && q < cv_Q)
                 ? CLNN_LOAD(dy_m, p * cv_Q + q) : (acc_t)0;
-            if (++w == cv_W) { w = 0; ++h; }
+            if (++w == cv_W) {
+                w = 0;
+                if (++h == cv_H) { h = 0; dy_m += cv_M * cv_P * cv_Q; }   // the next image
+            }
         }
         return;
     }
@@ -238,7 +256,10 @@ __kernel void clnn_pack_b(const int N, const int K, const int Nb, const int k0,
                 v = CLNN_LOAD(dy_m, p * cv_Q + q);
         }
         dst[j] = v;
-        if (++w == cv_W) { w = 0; ++h; }
+        if (++w == cv_W) {
+            w = 0;
+            if (++h == cv_H) { h = 0; dy_m += cv_M * cv_P * cv_Q; }       // the next image
+        }
     }
 %   elif conv == "wgrad":
     const int n = kk / (cv_P * cv_Q), p = kk % (cv_P * cv_Q) / cv_Q, q = kk % cv_Q;
@@ -272,7 +293,7 @@ __kernel void clnn_gemm(const int M, const int N, const int K,
                         __global const acc_t *a_pk, __global const acc_t *b_pk,
                         __global const real_t *bias, const int bias_off,
                         __global real_t *c, const int c_off, const int ldc,
-                        const int c_bstride)
+                        const int c_bstride, const int n_base${conv_sig})
 {
     const int mb = (int)get_global_id(0);
     const int nb = (int)get_global_id(1);
@@ -301,13 +322,13 @@ __kernel void clnn_gemm(const int M, const int N, const int K,
 % endfor
     }
 
-    const int m0 = mb * MWI, n0 = nb * NWI;
+    const int m0 = mb * MWI, n0 = n_base + nb * NWI;
 % for i in range(t["MWI"]):
     if (m0 + ${i} < M) {
 %   for v in range(NVW):
 %     for j in range(VW):
         if (n0 + ${v * VW + j} < N)
-            clnn_epilogue(c, (m0 + ${i}) * ldc + n0 + ${v * VW + j}, m0 + ${i},
+            clnn_epilogue(c, CLNN_C_IDX(m0 + ${i}, n0 + ${v * VW + j}), m0 + ${i},
                           n0 + ${v * VW + j}, c${i}_${v}${f".s{comps[j]}" if VW > 1 else ""},
                           alpha, beta, act_p, bias);
 %     endfor
@@ -400,7 +421,7 @@ void clnn_gemm(const int M, const int N, const int K,
 % if not even:
             if (m < M && n < N)
 % endif
-                clnn_epilogue(c, m * ldc + n, m, n, acc[i][j], alpha, beta, act_p, bias);
+                clnn_epilogue(c, CLNN_C_IDX(m, n), m, n, acc[i][j], alpha, beta, act_p, bias);
         }
     }
 }

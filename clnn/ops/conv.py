@@ -7,9 +7,12 @@ tile is loaded, so they share the GEMM's tile body, variants and tuning paramete
     x (N, C, H, W)   w (M, C, R, S)   b (M,)   y (N, M, P, Q)
     P = (H + 2 * pad_h - R) // stride_h + 1,   Q likewise
 
-    forward:          y[n] (M x PQ)  = w (M x CRS) @ unroll(x[n]) (CRS x PQ)   (+ b, act)
-    data gradient:    dx[n] (C x HW) = w^T gathered (C x MRS) @ dy[n] gathered (MRS x HW)
+    forward:          y (M x NPQ)    = w (M x CRS) @ unroll(x) (CRS x NPQ)   (+ b, act)
+    data gradient:    dx (C x NHW)   = w^T gathered (C x MRS) @ dy gathered (MRS x NHW)
     weight gradient:  dw (M x CRS)   = dy (M x NPQ) @ unroll(x)^T (NPQ x CRS)
+
+(the columns of the first two run over every image, and the GEMM's store maps them
+back to NCHW, so a layer with few positions per image still makes one wide GEMM).
 
 Every output element is summed by one work-item in a fixed order: no atomics, bitwise
 reproducible results.
@@ -67,11 +70,11 @@ def conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_par
     act = "none" if activation is None else activation
     act_p = _param(act, activation_param) if act != "none" else 0.0
     out = check_out(out, (N, M, P, Q), dt, dev, inputs=(x, w, b), allow_alias=False)
-    evt = run_gemm(dev, dt, M=M, N=P * Q, K=C * R * S, nbatch=N, alpha=1.0, beta=0.0,
+    evt = run_gemm(dev, dt, M=M, N=N * P * Q, K=C * R * S, nbatch=1, alpha=1.0, beta=0.0,
                    act=act, act_p=act_p, bias=b, bias_mode="row",
                    a=w, a_off=offset(w), lda=C * R * S, a_bstride=0, a_batches=1,
-                   b=x, b_off=offset(x), ldb=0, b_bstride=C * H * W, b_batches=N,
-                   out=out, c_off=offset(out), ldc=P * Q, c_bstride=M * P * Q,
+                   b=x, b_off=offset(x), ldb=0, b_bstride=0, b_batches=1,
+                   out=out, c_off=offset(out), ldc=0, c_bstride=0,
                    conv="fwd", geometry=_geometry_args(C, H, W, M, P, Q, R, S, st, pd))
     return _done(out, evt)
 
@@ -90,11 +93,11 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None):
         raise ShapeError(f"dy has shape {dy.shape}; this convolution's output is "
                          f"{(N, M, P, Q)}")
     out = check_out(out, (N, C, H, W), dt, dev, inputs=(dy, w), allow_alias=False)
-    evt = run_gemm(dev, dt, M=C, N=H * W, K=M * R * S, nbatch=N, alpha=1.0, beta=0.0,
+    evt = run_gemm(dev, dt, M=C, N=N * H * W, K=M * R * S, nbatch=1, alpha=1.0, beta=0.0,
                    act="none", act_p=0.0, bias=None, bias_mode="none",
                    a=w, a_off=offset(w), lda=0, a_bstride=0, a_batches=1,
-                   b=dy, b_off=offset(dy), ldb=0, b_bstride=M * P * Q, b_batches=N,
-                   out=out, c_off=offset(out), ldc=H * W, c_bstride=C * H * W,
+                   b=dy, b_off=offset(dy), ldb=0, b_bstride=0, b_batches=1,
+                   out=out, c_off=offset(out), ldc=0, c_bstride=0,
                    conv="dgrad", geometry=_geometry_args(C, H, W, M, P, Q, R, S, st, pd))
     return _done(out, evt)
 

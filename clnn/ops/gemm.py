@@ -192,21 +192,28 @@ def _gemm_packed(dev, dt, prm, params, a_args, a_batches, b_args, b_batches, nba
     """The CPU variant: pack op(A) and op(B) into pool workspace, then multiply."""
     M, N, K = common["M"], common["N"], common["K"]
     mwi, nwi, wgm = params["MWI"], params["NWI"], params["WGM"]
-    Mb, Nb = -(-M // mwi), -(-N // nwi)
+    Mb = -(-M // mwi)
     acc = programs.acc_dtype(dt)
     cap = min(PANEL_BYTES, dev.pool.budget // 8)
 
-    def panel_bytes(group, kc):
+    def panel_bytes(group, kc, nc):
         return ((group if a_batches > 1 else 1) * Mb * mwi +
-                (group if b_batches > 1 else 1) * Nb * nwi) * max(kc, 1) * acc.itemsize
+                (group if b_batches > 1 else 1) * -(-nc // nwi) * nwi) * \
+            max(kc, 1) * acc.itemsize
     group = nbatch
-    while group > 1 and panel_bytes(group, K) > cap:
+    while group > 1 and panel_bytes(group, K, N) > cap:
         group = -(-group // 2)
-    kc = K
-    if panel_bytes(group, K) > cap and prm["act"] == "none" and prm["bias"] == "none":
-        # slices of K accumulate into C (beta = 1 after the first), so only a GEMM
-        # without a bias or activation epilogue may be sliced
-        kc = max(1, cap // panel_bytes(1, 1))
+    kc, nc = K, N
+    if panel_bytes(group, K, N) > cap:
+        a_bytes = panel_bytes(group, K, 0)
+        gb = group if b_batches > 1 else 1
+        if a_bytes <= cap // 2:
+            # panels for a block of columns at a time (the epilogue is unaffected)
+            nc = max(nwi, (cap - a_bytes) // (gb * max(K, 1) * acc.itemsize) // nwi * nwi)
+        elif prm["act"] == "none" and prm["bias"] == "none":
+            # slices of K accumulate into C (beta = 1 after the first), so only a GEMM
+            # without a bias or activation epilogue may be sliced
+            kc = max(1, cap // panel_bytes(1, 1, N))
     pack_a = programs.get_kernel(dev, "gemm", "clnn_pack_a", prm)
     pack_b = programs.get_kernel(dev, "gemm", "clnn_pack_b", prm)
     kern = programs.get_kernel(dev, "gemm", "clnn_gemm", prm)
@@ -222,19 +229,22 @@ def _gemm_packed(dev, dt, prm, params, a_args, a_batches, b_args, b_batches, nba
                                                      if b_batches > 1 else 0))
         for k0 in range(0, max(K, 1), max(kc, 1)):
             kn = min(kc, K - k0)
+            kpad = -(-max(kn, 1) // pack_wg) * pack_wg
             a_pk = dev_empty(dev, (max(ga * Mb * mwi * kn, 1),), acc)
-            b_pk = dev_empty(dev, (max(gb * Nb * nwi * kn, 1),), acc)
             if kn:
-                kpad = -(-kn // pack_wg) * pack_wg
                 pack_a((kpad, Mb, ga), (pack_wg, 1, 1), M=M, K=kn, Mb=Mb, k0=k0, a_pk=a_pk,
                        **a_g, **geometry)
-                pack_b((kpad, Nb, gb), (pack_wg, 1, 1), N=N, K=kn, Nb=Nb, k0=k0, b_pk=b_pk,
-                       **b_g, **geometry)
-            step = dict(common, K=kn, beta=common["beta"] if k0 == 0 else 1.0,
-                        c_off=common["c_off"] + g0 * common["c_bstride"])
-            evt = kern((-(-Mb // wg) * wg, Nb, gn), (wg, 1, 1), Mb=Mb, Nb=Nb,
-                       a_batched=int(ga > 1), b_batched=int(gb > 1), a_pk=a_pk, b_pk=b_pk,
-                       **step)
+            for n0 in range(0, N, nc):
+                Nb = -(-min(nc, N - n0) // nwi)
+                b_pk = dev_empty(dev, (max(gb * Nb * nwi * kn, 1),), acc)
+                if kn:
+                    pack_b((kpad, Nb, gb), (pack_wg, 1, 1), N=N, K=kn, Nb=Nb, k0=k0,
+                           n_base=n0, b_pk=b_pk, **b_g, **geometry)
+                step = dict(common, K=kn, beta=common["beta"] if k0 == 0 else 1.0,
+                            c_off=common["c_off"] + g0 * common["c_bstride"])
+                evt = kern((-(-Mb // wg) * wg, Nb, gn), (wg, 1, 1), Mb=Mb, Nb=Nb,
+                           a_batched=int(ga > 1), b_batched=int(gb > 1), a_pk=a_pk,
+                           b_pk=b_pk, n_base=n0, **step, **geometry)
     return evt
 
 
