@@ -125,6 +125,6 @@ def test_bounded_panels_split_columns(monkeypatch):
     """With a tiny panel budget the CPU variant packs a block of output columns (images
     and positions) at a time; the forward keeps its fused bias and activation."""
     import sys
-    monkeypatch.setattr(sys.modules["clnn.ops.gemm"], "PANEL_BYTES", 8192)
+    monkeypatch.setattr(sys.modules["clnn.ops.gemm"], "PANEL_BYTES", 2048)  # 16-column blocks
     with tuning.override("gemm", tuning.GEMM_TABLE["type"]["CPU"]):
         check_conv(3, 2, 9, 7, 5, 3, 3, (1, 2), (1, 0), act="relu")
