@@ -9,6 +9,10 @@ import tempfile
 import numpy as np
 import pytest
 
+# Every test runs on one device: CLNN_TEST_DEVICE (default PoCL) also becomes the
+# default device, so arrays made without an explicit device live there too.
+TEST_DEVICE = os.environ.get("CLNN_TEST_DEVICE", "pocl")
+os.environ["CLNN_DEVICE"] = TEST_DEVICE
 # Tests never read the developer's own tuning database (clnn tune writes one).
 os.environ.setdefault("CLNN_TUNING_DB", os.path.join(tempfile.mkdtemp(prefix="clnn-tests-"),
                                                      "tuning.json"))
@@ -21,11 +25,11 @@ PAD = 17                   # canary elements on each side of a guarded output
 
 @pytest.fixture(scope="session")
 def dev():
-    return clnn.device(os.environ.get("CLNN_TEST_DEVICE", "pocl"))
+    return clnn.device(TEST_DEVICE)
 
 
 def float_dtypes(dev_=None):
-    d = dev_ or clnn.device(os.environ.get("CLNN_TEST_DEVICE", "pocl"))
+    d = dev_ or clnn.device(TEST_DEVICE)
     return [t for t in (np.float32, np.float64, np.float16) if d.supports(t)]
 
 

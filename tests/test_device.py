@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 import clnn
+from conftest import TEST_DEVICE
 from clnn.device import select_cl_device
 
 
@@ -26,7 +27,7 @@ def test_unknown_spec_lists_the_devices():
 
 
 def test_one_device_object_per_device(dev):
-    assert clnn.device("pocl") is dev and clnn.device(dev) is dev
+    assert clnn.device(TEST_DEVICE) is dev and clnn.device(dev) is dev
     assert clnn.device(dev.cl_device) is dev
 
 
@@ -34,7 +35,8 @@ def test_facts(dev):
     f = dev.facts
     assert f.max_work_group_size >= 1 and f.local_mem_size > 0
     assert f.max_alloc_size <= f.global_mem_size
-    assert f.is_pocl and f.type == "CPU" and f.fp64
+    if f.is_pocl:                                    # what the pip PoCL reports
+        assert f.type == "CPU" and f.fp64
     assert set(f.as_dict()) >= {"name", "vendor", "type", "driver_version", "fp64", "fp16"}
 
 
