@@ -5,9 +5,9 @@
 <%include file="_common.cl"/>
 //
 // x (N, C, H, W) -> y (N, C, P, Q) over KH x KW windows with stride (SH, SW) and zero
-// padding (PH, PW); planes = N * C. One work-item per output element forward, one per
-// input element backward (a gather over the windows that contain it), so nothing is
-// written twice and no atomics are needed.
+// padding (PH, PW); planes = N * C. One work-item per output row forward, one per
+// input row backward (each element gathers over the windows that contain it), so
+// nothing is written twice and no atomics are needed.
 % if mode == "max":
 // Max pooling ignores padding; a window's maximum is its first maximal element in
 // row-major order, the same rule forward and backward, so ties route the gradient to
@@ -53,25 +53,27 @@ __kernel void clnn_pool_forward(
                                 __global const real_t *x, const int x_off,
                                 __global real_t *y, const int y_off)
 {
-    const int total = planes * P * Q;
-    for (int i = (int)get_global_id(0); i < total; i += (int)get_global_size(0)) {
-        const int plane = i / (P * Q), p = (i / Q) % P, q = i % Q;
+    // one work-item per output row (plane, p): the index arithmetic is per row
+    for (int i = (int)get_global_id(0); i < planes * P; i += (int)get_global_size(0)) {
+        const int plane = i / P, p = i % P;
         __global const real_t *xp = x + x_off + plane * H * W;
+        for (int q = 0; q < Q; ++q) {
 % if mode == "max":
-        const int best = clnn_argmax(xp, H, W, p, q, KH, KW, SH, SW, PH, PW);
-        CLNN_STORE(best < 0 ? (acc_t)0 : CLNN_LOAD(xp, best), y, y_off + i);
+            const int best = clnn_argmax(xp, H, W, p, q, KH, KW, SH, SW, PH, PW);
+            CLNN_STORE(best < 0 ? (acc_t)0 : CLNN_LOAD(xp, best), y, y_off + i * Q + q);
 % else:
-        acc_t sum = (acc_t)0;
-        for (int r = 0; r < KH; ++r) {
-            const int h = p * SH + r - PH;
-            for (int s = 0; s < KW; ++s) {
-                const int w = q * SW + s - PW;
-                if (h >= 0 && h < H && w >= 0 && w < W)
-                    sum += CLNN_LOAD(xp, h * W + w);
+            acc_t sum = (acc_t)0;
+            for (int r = 0; r < KH; ++r) {
+                const int h = p * SH + r - PH;
+                for (int s = 0; s < KW; ++s) {
+                    const int w = q * SW + s - PW;
+                    if (h >= 0 && h < H && w >= 0 && w < W)
+                        sum += CLNN_LOAD(xp, h * W + w);
+                }
             }
-        }
-        CLNN_STORE(sum / (acc_t)(KH * KW), y, y_off + i);
+            CLNN_STORE(sum / (acc_t)(KH * KW), y, y_off + i * Q + q);
 % endif
+        }
     }
 }
 
@@ -87,27 +89,31 @@ __kernel void clnn_pool_backward(
                                  __global const real_t *dy, const int dy_off,
                                  __global real_t *dx, const int dx_off)
 {
-    const int total = planes * H * W;
-    for (int i = (int)get_global_id(0); i < total; i += (int)get_global_size(0)) {
-        const int plane = i / (H * W), h = (i / W) % H, w = i % W;
+    // one work-item per input row (plane, h): its windows p0..p1 are found once
+    for (int i = (int)get_global_id(0); i < planes * H; i += (int)get_global_size(0)) {
+        const int plane = i / H, h = i % H;
         // windows p with p * SH - PH <= h < p * SH - PH + KH
         const int p0 = max(0, (h + PH - KH + SH) / SH), p1 = min(P - 1, (h + PH) / SH);
-        const int q0 = max(0, (w + PW - KW + SW) / SW), q1 = min(Q - 1, (w + PW) / SW);
-        acc_t g = (acc_t)0;
-        for (int p = p0; p <= p1; ++p) {
-            for (int q = q0; q <= q1; ++q) {
 % if mode == "max":
-                if (clnn_argmax(x + x_off + plane * H * W, H, W, p, q, KH, KW, SH, SW, PH,
-                                PW) == h * W + w)
-                    g += CLNN_LOAD(dy, dy_off + (plane * P + p) * Q + q);
+        __global const real_t *xp = x + x_off + plane * H * W;
+% endif
+        for (int w = 0; w < W; ++w) {
+            const int q0 = max(0, (w + PW - KW + SW) / SW), q1 = min(Q - 1, (w + PW) / SW);
+            acc_t g = (acc_t)0;
+            for (int p = p0; p <= p1; ++p) {
+                for (int q = q0; q <= q1; ++q) {
+% if mode == "max":
+                    if (clnn_argmax(xp, H, W, p, q, KH, KW, SH, SW, PH, PW) == h * W + w)
+                        g += CLNN_LOAD(dy, dy_off + (plane * P + p) * Q + q);
 % else:
-                g += CLNN_LOAD(dy, dy_off + (plane * P + p) * Q + q);
+                    g += CLNN_LOAD(dy, dy_off + (plane * P + p) * Q + q);
 % endif
+                }
             }
-        }
 % if mode == "avg":
-        g /= (acc_t)(KH * KW);
+            g /= (acc_t)(KH * KW);
 % endif
-        CLNN_STORE(g, dx, dx_off + i);
+            CLNN_STORE(g, dx, dx_off + i * W + w);
+        }
     }
 }

@@ -217,7 +217,7 @@ def _gemm_packed(dev, dt, prm, params, a_args, a_batches, b_args, b_batches, nba
     pack_a = programs.get_kernel(dev, "gemm", "clnn_pack_a", prm)
     pack_b = programs.get_kernel(dev, "gemm", "clnn_pack_b", prm)
     kern = programs.get_kernel(dev, "gemm", "clnn_gemm", prm)
-    pack_wg = min(64, dev.facts.max_work_group_size)
+    pack_wg = min(8, dev.facts.max_work_group_size)  # 8 measured best for conv packing on PoCL
     wg = min(wgm, dev.facts.max_work_group_size)
     evt = None
     for g0 in range(0, nbatch, group):

@@ -39,7 +39,7 @@ def _forward(mode, x, kernel_size, stride, padding, out):
     out = check_out(out, (N, C, P, Q), dt, dev, inputs=(x,), allow_alias=False)
     kern = programs.get_kernel(dev, "pool", "clnn_pool_forward", {"dtype": dt.name,
                                                                    "mode": mode})
-    g, l = launch_size(dev, out.size)
+    g, l = launch_size(dev, N * C * P)          # a work-item per output row
     evt = kern(g, l, x=x, x_off=offset(x), y=out, y_off=offset(out),
                **_args(N, C, H, W, P, Q, k, s, p))
     return _done(out, evt)
@@ -53,7 +53,7 @@ def _backward(mode, dy, x, kernel_size, stride, padding, out):
     out = check_out(out, x.shape, dt, dev, inputs=(dy, x), allow_alias=False)
     kern = programs.get_kernel(dev, "pool", "clnn_pool_backward", {"dtype": dt.name,
                                                                     "mode": mode})
-    g, l = launch_size(dev, out.size)
+    g, l = launch_size(dev, N * C * H)          # a work-item per input row
     evt = kern(g, l, x=x, x_off=offset(x), dy=dy, dy_off=offset(dy), dx=out,
                dx_off=offset(out), **_args(N, C, H, W, P, Q, k, s, p))
     return _done(out, evt)
