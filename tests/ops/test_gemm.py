@@ -206,7 +206,9 @@ class TestBadInput:
 
 @pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
 @pytest.mark.parametrize("trans", [False, True], ids=["N", "T"])
-@pytest.mark.parametrize("mk", [(1, 1), (7, 300), (513, 97)], ids=lambda s: "x".join(map(str, s)))
+# (1100, 1000) is big enough that A^T takes the GEMM path on CPUs
+@pytest.mark.parametrize("mk", [(1, 1), (7, 300), (513, 97), (1100, 1000)],
+                         ids=lambda s: "x".join(map(str, s)))
 def test_gemv(dtype, trans, mk):
     M, K = mk
     a = RNG.standard_normal((K, M) if trans else (M, K)).astype(dtype)
