@@ -13,6 +13,7 @@ warning, never a crash.
 """
 
 import contextlib
+import functools
 import json
 import os
 import threading
@@ -155,9 +156,12 @@ def shape_class(M, N, K, trans_a=False, trans_b=False):
 
 def db_path():
     """Where ``clnn tune`` stores its results: CLNN_TUNING_DB, else the user cache."""
-    env = os.environ.get("CLNN_TUNING_DB")
-    if env:
-        return env
+    return os.environ.get("CLNN_TUNING_DB") or _user_db_path()
+
+
+@functools.lru_cache(maxsize=1)
+def _user_db_path():
+    # asked for on every GEMM launch: platformdirs takes about 10 us to answer
     import platformdirs
     return os.path.join(platformdirs.user_cache_dir("clnn"), "tuning.json")
 
