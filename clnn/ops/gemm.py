@@ -182,8 +182,9 @@ def run_gemm(dev, dt, *, M, N, K, nbatch, alpha, beta, act, act_p, bias, bias_mo
 
 
 # Bound on the packed-panel workspace of one launch: batches are packed in groups and,
-# when even one batch does not fit, K in slices, so a convolution never holds an
-# unrolled copy of its whole input (and a big GEMM's panels stay a bounded size).
+# when even one batch does not fit, blocks of columns (or, for a GEMM without a fused
+# epilogue whose A panel alone is too big, slices of K), so a convolution never holds
+# an unrolled copy of its whole input and a big GEMM's panels stay a bounded size.
 PANEL_BYTES = 32 << 20
 
 
