@@ -262,8 +262,8 @@ class Sequential:
             raise ArgumentError(f"epochs must be a non-negative int, got {epochs!r}")
         xd, yd, lr, momentum = self._train_args(x_host, y_host, loss, lr, momentum)
         n = xd.shape[0]
-        y_dense = yd.get()
-        x_host = xd.get()
+        y_dense = yd.get()                       # targets as (batch, classes) rows
+        x_host = x_host.astype(self.dtype, copy=False)   # what _input uploaded to xd
         if validation is not None:
             xv = self._input(validation[0], "validation x")
             yv = self._targets(validation[1], xv.shape[0])
