@@ -45,6 +45,15 @@ def candidates(facts, quick):
     return [p for p in out if not tuning.gemm_problems(p, facts)]
 
 
+def conv_candidates(facts, quick):
+    """Extra candidates for the convolution classes: conv.cl's gathered kernel on CPUs
+    (its tiles follow each problem's shape; the search covers the work-group size)."""
+    if not facts.is_cpu:
+        return []
+    out = [{"variant": "gather", "VW": 8, "WG": w} for w in ((4, 16) if quick else (1, 4, 16))]
+    return [p for p in out if not tuning.gemm_problems(p, facts)]
+
+
 def _median_time(fn, dev, repeats):
     fn()
     dev.finish()
@@ -106,22 +115,28 @@ def tune(kernels=("gemm",), device=None, quick=False, progress=True, save=True, 
     if "conv" in kernels:
         problems.update(_conv_problems(dev, quick, rng))
     cands = candidates(dev.facts, quick)
+    extra = conv_candidates(dev.facts, quick)
     repeats = 3 if quick else 5
     log(f"tuning {', '.join(kernels)} on {dev.name} [{dev.facts.platform}]: "
-        f"{len(problems)} shape classes x {len(cands)} candidates")
+        f"{len(problems)} shape classes x {len(cands)} candidates"
+        + (f" (+{len(extra)} for convolution)" if "conv" in kernels and extra else ""))
     bar = None
     if progress:
         from tqdm.auto import tqdm
-        bar = tqdm(total=len(problems) * (len(cands) + 1), unit="candidate")  # upper bound
+        bar = tqdm(total=len(problems) * (len(cands) + len(extra) + 1),
+                   unit="candidate")  # upper bound
     results, entries = {}, {}
     try:
         for klass, (run, read, ref, flops) in problems.items():
             scale = max(np.abs(ref).max(), 1e-30)
+            conv = klass.startswith("conv-")
             with _no_db(dev, klass):               # what the table picks today
-                table = tuning.gemm_params(dev.facts, 4, np.float32, klass)
+                table = (tuning.conv_params if conv else tuning.gemm_params)(
+                    dev.facts, 4, np.float32, klass)
             timed = []
-            for params in [table] + [c for c in cands if c != table]:
-                with tuning.override("gemm", params):
+            for params in [table] + [c for c in cands + (extra if conv else []) if c != table]:
+                with tuning.override("conv" if params["variant"] == "gather" else "gemm",
+                                     params):
                     try:
                         run()
                         ok = np.abs(read() - ref).max() / scale < 1e-4

@@ -76,7 +76,8 @@ def gemm():
 
 
 def conv():
-    """Convolution (every GEMM variant of the table) and pooling, small LeNet-like shapes."""
+    """Convolution (every GEMM variant of the table, and gathered variants) and pooling,
+    small LeNet-like shapes."""
     from clnn import tuning
     sys.path.insert(0, __import__("os").path.dirname(__file__))
     from reference import conv2d_backward_ref, conv2d_ref, pool2d_ref
@@ -100,13 +101,40 @@ def conv():
             close(clnn.conv2d_backward_weight(DY, X, w.shape, stride=(2, 1),
                                               padding=1).get(), dw_ref, 1e-4)
         checked += 1
+    # conv.cl's gathered kernels: flat and line layouts, the padded copy and the
+    # bounds-checked reads, both data-gradient methods, float64's narrower vectors
+    from unittest import mock
+    conv_module = sys.modules["clnn.ops.conv"]
+    x1 = rng.standard_normal((2, 3, 7, 9)).astype(np.float32)
+    w1 = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    y1 = conv2d_ref(x1, w1, b[:4], (1, 1), (1, 1))
+    dy1 = rng.standard_normal(y1.shape).astype(np.float32)
+    dx1, dw1 = conv2d_backward_ref(dy1, x1, w1, (1, 1), (1, 1))
+    X1, W1, B1, DY1 = (clnn.asarray(v) for v in (x1, w1, b[:4], dy1))
+    base = dict(tuning.CONV_TABLE["type"]["CPU"])
+    for extra in ({}, {"MWI": 3, "NWI": 8, "LINE": True, "DGRAD": "flip"},
+                  {"MWI": 2, "NWI": 16, "LINE": False, "DGRAD": "col2im"},
+                  {"MWI": 4, "VW": 4, "NWI": 4, "DGRAD": "flip"}):
+        for pad_bytes in (conv_module.PAD_BYTES, 0):
+            with tuning.override("conv", dict(base, **extra)), \
+                    mock.patch.object(conv_module, "PAD_BYTES", pad_bytes):
+                for (xx, ww, bb, dyy, st, refs) in (
+                        (X, Wd, B, DY, (2, 1), (ref, dx_ref, dw_ref)),
+                        (X1, W1, B1, DY1, (1, 1), (y1, dx1, dw1))):
+                    close(clnn.conv2d(xx, ww, bb, stride=st, padding=1).get(), refs[0],
+                          1e-4)
+                    close(clnn.conv2d_backward_data(dyy, ww, xx.shape, stride=st,
+                                                    padding=1).get(), refs[1], 1e-4)
+                    close(clnn.conv2d_backward_weight(dyy, xx, ww.shape, stride=st,
+                                                      padding=1).get(), refs[2], 1e-4)
+            checked += 1
     for mode, fwd, bwd in (("max", clnn.max_pool2d, clnn.max_pool2d_backward),
                            ("avg", clnn.avg_pool2d, clnn.avg_pool2d_backward)):
         y_ref, backward = pool2d_ref(x, (3, 2), (2, 2), (1, 1), mode)
         close(fwd(X, (3, 2), 2, 1).get(), y_ref)
         g = rng.standard_normal(y_ref.shape).astype(np.float32)
         close(bwd(clnn.asarray(g), X, (3, 2), 2, 1).get(), backward(g))
-    print(f"checked {checked} GEMM variants for convolution, and pooling")
+    print(f"checked {checked} GEMM and gathered variants for convolution, and pooling")
 
 
 def bad():

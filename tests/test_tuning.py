@@ -140,3 +140,53 @@ def test_tuner_stores_validated_winners(db, monkeypatch):
     dev = clnn.device()
     assert tuning.gemm_params(dev.facts, 4, "float32", "NT-wide") == best
     assert db.exists()
+
+
+def test_convolutions_gather_on_cpus_and_take_the_gemm_row_elsewhere(db):
+    cpu, gpu = facts(type="CPU"), facts()
+    assert tuning.conv_params(cpu, 4, "float32", "conv-fwd") is \
+        tuning.CONV_TABLE["type"]["CPU"]
+    assert tuning.conv_params(gpu, 4, "float32", "conv-fwd") is tuning.GEMM_TABLE["type"]["GPU"]
+    assert tuning.gemm_problems(tuning.CONV_TABLE["type"]["CPU"], cpu) == []
+    # a forced GEMM row takes convolutions to gemm.cl, a forced gather set to conv.cl
+    reg = tuning.GEMM_TABLE["type"]["CPU"]
+    with tuning.override("gemm", reg):
+        assert tuning.conv_params(cpu, 4, "float32", "conv-wgrad") == reg
+        with tuning.override("conv", {"variant": "gather", "VW": 4, "WG": 1}):
+            assert tuning.conv_params(cpu, 4, "float32", "conv-wgrad")["VW"] == 4
+    # a tuned gather entry serves its convolution class only, never a GEMM
+    entry = {"variant": "gather", "VW": 8, "WG": 16}
+    write_db(db, {tuning.db_key(cpu, "float32", "conv-dgrad"): {"params": entry},
+                  tuning.db_key(cpu, "float32", "NN-square"): {"params": entry}})
+    assert tuning.conv_params(cpu, 4, "float32", "conv-dgrad") == entry
+    assert tuning.conv_params(cpu, 4, "float32", "conv-fwd") is tuning.CONV_TABLE["type"]["CPU"]
+    assert tuning.gemm_params(cpu, 4, "float32", "NN-square") is tuning.GEMM_TABLE["type"]["CPU"]
+    with pytest.raises(clnn.ArgumentError, match="convolution variant"):
+        with tuning.override("gemm", entry):
+            tuning.gemm_params(cpu)
+
+
+def test_gather_constraints():
+    ok = {"variant": "gather", "VW": 8, "WG": 4}
+    assert tuning.gemm_problems(ok) == []
+    assert tuning.gemm_problems(dict(ok, MWI=3, NWI=16, DGRAD="flip")) == []
+    assert tuning.gemm_problems(dict(ok, VW=3))
+    assert tuning.gemm_problems(dict(ok, NWI=12))
+    assert tuning.gemm_problems(dict(ok, MWI=0))
+    assert tuning.gemm_problems(dict(ok, DGRAD="fft"))
+    assert tuning.gemm_problems(dict(ok, WG=512), GPU_MIN)
+
+
+def test_tuner_searches_gathered_convolutions(db, monkeypatch):
+    from clnn import tuner
+    monkeypatch.setattr(tuner, "CONV", {"quick": (2, 3, 9, 8, 5, 3, 3), "full": None})
+    monkeypatch.setattr(tuner, "candidates", lambda f, q: [
+        {"variant": "reg", "MWI": 2, "NWI": 8, "VW": 8, "WGM": 4}])
+    dev = clnn.device()
+    results = tuner.tune(("conv",), quick=True, progress=False, log=lambda *a: None)
+    assert set(results) == {"conv-fwd", "conv-dgrad", "conv-wgrad"}
+    for klass, (best, gflops, _) in results.items():
+        assert gflops > 0
+        assert tuning.conv_params(dev.facts, 4, "float32", klass) == best
+    tried = tuner.conv_candidates(dev.facts, True)
+    assert dev.facts.is_cpu and tried and all(p["variant"] == "gather" for p in tried)

@@ -78,25 +78,42 @@ __kernel void clnn_conv_gather(const int rows, const int R2, const int R3,
                                __global const real_t *x, const int x_off,
                                const int H, const int W, const int ph, const int pw,
                                const int cols, __global const acc_t *b_pk,
-                               __global real_t *out, const int out_off,
+                               __global ${'acc_t' if vstore else 'real_t'} *out, const int out_off,
                                const int OA, const int OB, const int OC, const int OM,
                                const acc_t alpha, const acc_t beta, const acc_t act_p,
                                __global const real_t *bias, const int bias_off)
 {
     const int rb = (int)get_global_id(0);
     const int nb = (int)get_global_id(1);
-    const int row0 = rb * MWI;
-    if (row0 >= rows)
-        return;
     x += x_off;
     out += out_off;
     bias += bias_off;
     const int K = K1 * K2 * K3;
     __global const acc_t *bp = b_pk + nb * K * NWI;
-
+% if line:
+    // "line" layout: the MWI rows of a work-item are consecutive along the last row
+    // index c (RCW == 1, R3 >= MWI), so one pointer and constant offsets address all
+    // of them. The last block of a line starts at R3 - MWI, overlapping the one
+    // before, and stores only the rows that block did not.
+    const int Cb = (R3 + MWI - 1) / MWI;
+    if (rb >= rows / R3 * Cb)
+        return;
+    const int ab = rb / Cb, cb = rb % Cb;
+    const int a = ab / R2, b = ab % R2, c0 = min(cb * MWI, R3 - MWI);
+    const int first = cb * MWI - c0;      // rows below this were stored by block cb - 1
+    const int hrow = b * RBH - ph, wrow = c0 - pw;
+    __global const real_t *xrow = x + a * RA + hrow * W + wrow;
+    const int orow = a * OA + b * OB + c0 * OC;
+% if padded:
+    const int x0 = -(a * RA + hrow * W + wrow);   // xrow[x0] is x[0], always in bounds
+% endif
+% else:
+    const int row0 = rb * MWI;
+    if (row0 >= rows)
+        return;
     // Where each row's gathered elements start. Rows past the end repeat the last
     // row (their loads stay in bounds) and are not stored.
-% for i in range(MWI):
+%   for i in range(MWI):
     int base${i}, hrow${i}, wrow${i}, oidx${i};
     {
         const int row = min(row0 + ${i}, rows - 1);
@@ -106,7 +123,8 @@ __kernel void clnn_conv_gather(const int rows, const int R2, const int R3,
         base${i} = a * RA + hrow${i} * W + wrow${i};
         oidx${i} = a * OA + b * OB + c * OC;
     }
-% endfor
+%   endfor
+% endif
 
 % for i in range(MWI):
     vec_t ${" ".join(f"c{i}_{v} = (vec_t)(0){',' if v < NVW - 1 else ';'}" for v in range(NVW))}
@@ -115,7 +133,9 @@ __kernel void clnn_conv_gather(const int rows, const int R2, const int R3,
     for (int k1 = 0; k1 < K1; ++k1) {
         for (int k2 = 0; k2 < K2; ++k2) {
             const int hk = k2 * KBH, off2 = k1 * KA + hk * W;
-% if padded:
+% if padded and line:
+            const bool hv = (uint)(hrow + hk) < (uint)H;
+% elif padded:
 %   for i in range(MWI):
             const bool hv${i} = (uint)(hrow${i} + hk) < (uint)H;
 %   endfor
@@ -130,9 +150,16 @@ __kernel void clnn_conv_gather(const int rows, const int R2, const int R3,
 %   if padded:
                     // a padding position loads x[0] and is then replaced by zero:
                     // both are selects, no branch per element
+%     if line:
+                    const bool ok = hv && (uint)(wrow + ${i} + wk) < (uint)W;
+                    const acc_t v = CLNN_LOAD(xrow, ok ? off + ${i} : x0);
+%     else:
                     const bool ok = hv${i} && (uint)(wrow${i} + wk) < (uint)W;
                     const acc_t v = CLNN_LOAD(x, ok ? base${i} + off : 0);
+%     endif
                     const vec_t a_pm = (vec_t)(ok ? v : (acc_t)0);
+%   elif line:
+                    const vec_t a_pm = (vec_t)(CLNN_LOAD(xrow, off + ${i}));
 %   else:
                     const vec_t a_pm = (vec_t)(CLNN_LOAD(x, base${i} + off));
 %   endif
@@ -145,10 +172,32 @@ __kernel void clnn_conv_gather(const int rows, const int R2, const int R3,
         }
     }
 
+% if vstore:
+    // C is a scratch matrix whose rows are whole panels (OC and OA multiples of
+    // NWI, OM == 1, no epilogue): every accumulator goes out as one aligned vector.
+%   for i in range(MWI):
+%     if line:
+    if (${i} >= first) {
+        __global vec_t *o = (__global vec_t *)(out + orow + ${i} * OC + nb * NWI);
+%     else:
+    if (row0 + ${i} < rows) {
+        __global vec_t *o = (__global vec_t *)(out + oidx${i} + nb * NWI);
+%     endif
+%     for v in range(NVW):
+        o[${v}] = c${i}_${v};
+%     endfor
+    }
+%   endfor
+% else:
     // C(row, col) is out[a * OA + b * OB + c * OC + col * OM]
     const int col0 = nb * NWI;
 % for i in range(MWI):
+%   if line:
+    if (${i} >= first) {
+        const int oidx${i} = orow + ${i} * OC;
+%   else:
     if (row0 + ${i} < rows) {
+%   endif
 %   for v in range(NVW):
 %     for j in range(VW):
         if (col0 + ${v * VW + j} < cols) {
@@ -168,4 +217,85 @@ __kernel void clnn_conv_gather(const int rows, const int R2, const int R3,
 %   endfor
     }
 % endfor
+% endif
+}
+
+// The data gradient's second half. With dcol (NPQ x CRS) = dy^T @ w from the kernel
+// above, every dx element gathers the unrolled entries it was copied to:
+//   dx[n, c, h, w] = sum over (r, s) of dcol[(n, p, q), (c, r, s)]
+// where h = p * sh + r - ph and w = q * sw + s - pw for some output position (p, q).
+// A work-item owns COL2IM_W consecutive elements of one dx row (n, c, h) in private
+// accumulators, and walks the dcol entries that land there in order: for each tap
+// row r, for each q, the S taps (c, r, 0..S-1) are contiguous in dcol. Every sum
+// runs in a fixed order (no atomics, reproducible), every dcol entry is read once,
+// and the loop trip counts are the same across a row (a work-item per element
+// measured 4x slower on PoCL: its short, varying loops mispredicted at every exit).
+// dcol holds images n0 .. (its row 0 is image n0's first position); rows counts the
+// dx rows (n - n0, c, h) of those images.
+#define COL2IM_W 64
+__kernel void clnn_conv_col2im(const int n0, const int rows, const int C, const int H,
+                               const int W, const int P, const int Q, const int R,
+                               const int S, const int sh, const int sw, const int ph,
+                               const int pw, __global const acc_t *dcol, const int ldcol,
+                               __global real_t *dx, const int dx_off)
+{
+    const int w0 = (int)get_global_id(0) * COL2IM_W;
+    const int row = (int)get_global_id(1);
+    if (w0 >= W || row >= rows)
+        return;
+    const int h = row % H, c = row / H % C, n = row / (C * H);
+    const int wn = min(COL2IM_W, W - w0);
+    acc_t acc[COL2IM_W];
+    for (int i = 0; i < COL2IM_W; ++i)
+        acc[i] = (acc_t)0;
+    __global const acc_t *col = dcol + n * P * Q * ldcol + c * R * S;
+    for (int r = 0; r < R; ++r) {
+        const int hp = h + ph - r;                // p * sh
+        if (hp < 0 || hp % sh != 0 || hp / sh >= P)
+            continue;
+        // the q whose taps can reach [w0, w0 + wn): w0 <= q * sw + s - pw < w0 + wn
+        const int lo = w0 + pw - (S - 1);
+        const int q_lo = lo <= 0 ? 0 : (lo + sw - 1) / sw;
+        const int q_hi = min(Q - 1, (w0 + wn - 1 + pw) / sw);
+        __global const acc_t *e = col + (hp / sh) * Q * ldcol + r * S;
+        for (int q = q_lo; q <= q_hi; ++q) {
+            const int i0 = q * sw - pw - w0;      // where tap s = 0 lands
+            for (int s = 0; s < S; ++s) {
+                const int i = i0 + s;
+                if (i >= 0 && i < wn)
+                    acc[i] += e[q * ldcol + s];
+            }
+        }
+    }
+    dx += dx_off + (n0 * C * H + row) * W + w0;
+    for (int i = 0; i < wn; ++i)
+        CLNN_STORE(acc[i], dx, i);
+}
+
+// dy with a zero border, for the data gradient at unit stride: xp (N, C, H + 2 ph,
+// W + 2 pw) holds x in its middle, so the gathered kernel reads it without checks.
+// One work-item per padded row (a work-item per element spent most of its time in
+// PoCL's per-work-group overhead: 0.8 ms against 0.1 ms for LeNet's C3 at batch 64).
+__kernel void clnn_conv_pad(const int rows, const int H, const int W, const int ph,
+                            const int pw, __global const real_t *x, const int x_off,
+                            __global real_t *xp)
+{
+    const int Wp = W + 2 * pw, Hp = H + 2 * ph;
+    const int row = (int)get_global_id(0);    // nc * Hp + h + ph
+    if (row >= rows)
+        return;
+    const int h = row % Hp - ph;
+    __global real_t *dst = xp + row * Wp;
+    if (h < 0 || h >= H) {
+        for (int w = 0; w < Wp; ++w)
+            dst[w] = (real_t)0;
+        return;
+    }
+    __global const real_t *src = x + x_off + (row / Hp * H + h) * W - pw;
+    for (int w = 0; w < pw; ++w)
+        dst[w] = (real_t)0;
+    for (int w = pw; w < pw + W; ++w)
+        dst[w] = src[w];
+    for (int w = pw + W; w < Wp; ++w)
+        dst[w] = (real_t)0;
 }

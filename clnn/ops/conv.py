@@ -1,80 +1,154 @@
 """2-D convolution as implicit GEMM: forward, data gradient, weight gradient.
 
-There is no conv.cl: the three ops run gemm.cl with its ``conv`` loaders, which compute
-where an element of the conceptual unrolled (im2col) matrix lives in the input while a
-tile is loaded, so they share the GEMM's tile body, variants and tuning parameters.
-
     x (N, C, H, W)   w (M, C, R, S)   b (M,)   y (N, M, P, Q)
     P = (H + 2 * pad_h - R) // stride_h + 1,   Q likewise
+
+The unrolled (im2col) matrix is never stored: a loader computes where each of its
+elements lives in the input while the GEMM reads it. Two kernels do this:
+
+- On CPUs, conv.cl's gathered kernel (tuning variant "gather"): rows of C are output
+  positions (or, for the weight gradient, filter taps) loaded straight from the input
+  into registers, columns are channels in vectors from a small packed operand:
+
+    forward:          y^T (NPQ x M)   = unroll(x)^T (NPQ x CRS) @ w^T (CRS x M)  (+ b, act)
+    weight gradient:  dw^T (CRS x M)  = unroll(x) (CRS x NPQ) @ dy^T (NPQ x M)
+    data gradient:    dcol (NPQ x CRS) = dy^T (NPQ x M) @ w (M x CRS), then col2im
+                      gathers each dx element's entries; or, at unit stride when the
+                      input is hardly bigger than the output ("flip"), a forward pass
+                      over dy padded by R - 1 - ph with the filters flipped.
+
+- Elsewhere (and when a GEMM parameter set is forced), gemm.cl with its ``conv``
+  loaders, which share the GEMM's tiles:
 
     forward:          y (M x NPQ)    = w (M x CRS) @ unroll(x) (CRS x NPQ)   (+ b, act)
     data gradient:    dx (C x NHW)   = w^T gathered (C x MRS) @ dy gathered (MRS x NHW)
     weight gradient:  dw (M x CRS)   = dy (M x NPQ) @ unroll(x)^T (NPQ x CRS)
 
-(the columns of the first two run over every image, and the GEMM's store maps them
-back to NCHW, so a layer with few positions per image still makes one wide GEMM).
-
 Every output element is summed by one work-item in a fixed order: no atomics, bitwise
 reproducible results.
 """
 
-import os
-
 from .. import programs, tuning
 from ..errors import ShapeError
-from ._args import check, check_out, common_device, dev_empty, finite, offset
+from ._args import check, check_out, common_device, dev_scratch, finite, offset
 from .elementwise import _done, _param
 from .gemm import run_gemm
 
+_TILES = ((("MWI", 10), ("NWI", 16), ("VW", 8)), (("MWI", 5), ("NWI", 8), ("VW", 8)))
 programs.register(
-    "conv", {"padded": False, "act": "none", "bias": "none",
-             "tuning": (("MWI", 8), ("NWI", 16), ("VW", 8))},
-    lambda: [{"padded": p, "act": a, "bias": b, "tuning": t}
-             for p in (False, True) for a, b in (("none", "none"), ("relu", "col"))
-             for t in ((("MWI", 8), ("NWI", 16), ("VW", 8)),
-                       (("MWI", 8), ("NWI", 8), ("VW", 8)))])
+    "conv", {"padded": False, "line": False, "vstore": False, "act": "none", "bias": "none",
+             "tuning": _TILES[0]},
+    lambda: [dict(e, padded=p, line=ln, tuning=t) for t in _TILES for p in (False, True)
+             for ln in (False, True)
+             for e in ({"act": "none", "bias": "none", "vstore": False},
+                       {"act": "relu", "bias": "col", "vstore": False},
+                       {"act": "none", "bias": "none", "vstore": True})])
+
+# The most vector accumulators (MWI * NWI / VW) that measured well here, by the
+# number of B vectors per k: more rows amortise the B loads until registers run out.
+_MOST_ROWS = {1: 16, 2: 10, 4: 6}
 
 
-def _gather_params(cols):
-    env = os.environ.get("CLNN_GATHER")
-    if env:
-        m, n, v, w = (int(i) for i in env.split(","))
-        return {"MWI": m, "NWI": n, "VW": v, "WG": w}
-    return {"MWI": 8, "NWI": 8 if cols <= 8 else 16, "VW": 8, "WG": 16}
+def _tiles(p, dt, cols, line_len):
+    """(MWI, NWI, VW, line) of the gathered kernel for ``cols`` columns of C.
+
+    NWI is the fewest vectors that hold the columns (at most four). With lines of
+    ``line_len`` >= 6 consecutive rows (a unit step along the last row index) the
+    "line" layout addresses a work-item's rows from one pointer; MWI is then the one
+    that covers a line with the least overlap per useful row, counting two B loads
+    per k. Shorter lines (a 3x3 weight gradient's rows are lines of 3 taps) leave too
+    few rows per work-item: there each row keeps its own offset (1.6x faster on the
+    56x56x64 layer's weight gradient).
+    A parameter set may fix MWI, NWI and LINE instead (the tuner, tests).
+    """
+    vw = p["VW"] // 2 if dt.itemsize == 8 and p["VW"] > 1 else p["VW"]
+    nwi = p.get("NWI") or vw * min(4, 1 << max(0, -(-cols // vw) - 1).bit_length())
+    nvw = nwi // vw
+    most = _MOST_ROWS.get(nvw, max(1, 24 // nvw))
+    if "MWI" in p:
+        mwi = p["MWI"]
+        line = p.get("LINE", True) and line_len >= mwi
+    elif line_len >= 6:
+        mwi = min(range(3, min(most, line_len) + 1),
+                  key=lambda m: (-(-line_len // m) * m / line_len * (m + 2) / m, -m))
+        line = True
+    else:
+        mwi, line = min(8, most), False
+    return mwi, nwi, vw, line
 
 
-def _run_gather(dev, dt, *, x, x_off, H, W, ph, pw, rows3, row_steps, k3, k_steps,
+def _run_gather(dev, dt, p, *, x, x_off, H, W, ph, pw, rows3, row_steps, k3, k_steps,
                 cols, src, src_off, CS, KD, KS, flip, out, out_steps, alpha=1.0,
-                beta=0.0, act="none", act_p=0.0, bias=None):
-    p = _gather_params(cols)
-    mwi, nwi = p["MWI"], p["NWI"]
+                beta=0.0, act="none", act_p=0.0, bias=None, vstore=False, nwi=None):
+    """One gathered GEMM (conv.cl): pack B, then the kernel. See conv.cl for the
+    meaning of the row, k and output steps."""
+    mwi, nwi_auto, vw, line = _tiles(p, dt, cols, rows3[2] if row_steps[2] == 1 else 0)
+    nwi = nwi or nwi_auto
     K = k3[0] * k3[1] * k3[2]
     rows = rows3[0] * rows3[1] * rows3[2]
     Nb = -(-cols // nwi)
     acc = programs.acc_dtype(dt)
-    vw = p["VW"] // 2 if acc.itemsize == 8 and p["VW"] > 1 else p["VW"]
-    prm = {"dtype": dt.name, "padded": bool(ph or pw), "act": act,
+    prm = {"dtype": dt.name, "padded": bool(ph or pw), "act": act, "line": line,
+           "vstore": vstore,
            "bias": "col" if bias is not None else "none",
            "tuning": (("MWI", mwi), ("NWI", nwi), ("VW", vw))}
-    b_pk = dev_empty(dev, (Nb * K * nwi,), acc)
+    b_pk = dev_scratch(dev, Nb * K * nwi, acc)
     pack = programs.get_kernel(dev, "conv", "clnn_conv_pack", prm)
     pack((-(-K // 8) * 8, Nb), (8, 1), K=K, cols=cols, Nb=Nb, src=src, src_off=src_off,
          CS=CS, KD=KD, KS=KS, flip=flip, b_pk=b_pk)
     kern = programs.get_kernel(dev, "conv", "clnn_conv_gather", prm)
-    Rb = -(-rows // mwi)
+    Rb = rows // rows3[2] * -(-rows3[2] // mwi) if line else -(-rows // mwi)
     wg = min(p["WG"], dev.facts.max_work_group_size)
     return kern((-(-Rb // wg) * wg, Nb), (wg, 1), rows=rows, R2=rows3[1], R3=rows3[2],
                 RA=row_steps[0], RBH=row_steps[1], RCW=row_steps[2], K1=k3[0], K2=k3[1],
                 K3=k3[2], KA=k_steps[0], KBH=k_steps[1], KCW=k_steps[2], x=x, x_off=x_off,
                 H=H, W=W, ph=ph, pw=pw, cols=cols, b_pk=b_pk, out=out,
-                out_off=offset(out), OA=out_steps[0], OB=out_steps[1], OC=out_steps[2],
-                OM=out_steps[3], alpha=alpha, beta=beta, act_p=act_p,
+                out_off=offset(out) if hasattr(out, "base_data") else 0, OA=out_steps[0],
+                OB=out_steps[1], OC=out_steps[2], OM=out_steps[3], alpha=alpha, beta=beta, act_p=act_p,
                 bias=bias if bias is not None else out,
                 bias_off=offset(bias) if bias is not None else 0)
 
 
-def _use_gather(dev):
-    return os.environ.get("CLNN_GATHER", "1") != "0" and dev.facts.is_cpu
+def _dgrad_method(C, H, W, M, P, Q, R, S):
+    """"flip" or "col2im" for a unit-stride data gradient, whichever does less work.
+
+    The flipped forward pass computes every dx element from all M R S taps, padding
+    included, in vectors across C; the col2im path computes each unrolled entry once,
+    in vectors across C R S, then adds each into dx. Weights from bench_conv.py's
+    layers here: an entry added by col2im costs about 40 vector lanes of multiply-add.
+    """
+    def lanes(n):
+        return -(-n // 8) * 8
+    flip = H * W * M * R * S * lanes(C)
+    col2im = P * Q * C * R * S * (lanes(M) + 40)
+    return "flip" if flip <= 1.3 * col2im else "col2im"
+
+
+def _dgrad_col2im(dev, dt, p, dy, w, out, C, H, W, M, P, Q, R, S, st, pd):
+    """dcol (NPQ x CRS) = dy^T @ w for a group of images at a time, then col2im. dcol
+    rows are whole panels wide, so the kernel stores vectors; a group's dcol stays
+    within DCOL_BYTES."""
+    N = dy.shape[0]
+    CRS = C * R * S
+    acc = programs.acc_dtype(dt)
+    nwi = _tiles(p, dt, CRS, Q)[1]
+    ld = -(-CRS // nwi) * nwi              # whole panels per row: vector stores
+    group = max(1, min(N, DCOL_BYTES // (P * Q * ld * acc.itemsize)))
+    dcol = dev_scratch(dev, group * P * Q * ld, acc)
+    col2im = programs.get_kernel(dev, "conv", "clnn_conv_col2im", {"dtype": dt.name})
+    for n0 in range(0, N, group):
+        g = min(group, N - n0)
+        _run_gather(dev, dt, p, x=dy, x_off=offset(dy) + n0 * M * P * Q, H=P, W=Q, ph=0, pw=0,
+                    rows3=(g, P, Q), row_steps=(M * P * Q, 1, 1), k3=(M, 1, 1),
+                    k_steps=(P * Q, 0, 0), cols=CRS, src=w, src_off=offset(w), CS=1, KD=1,
+                    KS=CRS, flip=0, out=dcol, out_steps=(P * Q * ld, Q * ld, ld, 1),
+                    vstore=True, nwi=nwi)
+        wg = min(8, dev.facts.max_work_group_size)
+        evt = col2im((-(-W // 64), -(-g * C * H // wg) * wg), (1, wg), n0=n0, rows=g * C * H,
+                     C=C, H=H, W=W, P=P, Q=Q, R=R, S=S, sh=st[0], sw=st[1], ph=pd[0],
+                     pw=pd[1], dcol=dcol,
+                     ldcol=ld, dx=out, dx_off=offset(out))
+    return evt
 
 
 def _pair(v, name, low):
@@ -108,6 +182,31 @@ def _geometry_args(C, H, W, M, P, Q, R, S, stride, padding):
                 cv_sh=stride[0], cv_sw=stride[1], cv_ph=padding[0], cv_pw=padding[1])
 
 
+# Bound on the unrolled data gradient (dcol) of one group of images, in bytes.
+DCOL_BYTES = 32 << 20
+
+# Largest zero-padded copy of an input the gathered path makes (bytes, and at most an
+# eighth of the pool's budget); bigger inputs are read in place with bounds checks.
+PAD_BYTES = 64 << 20
+
+
+def _pad_input(dev, dt, x, images, H, W, ph, pw):
+    """(array, element offset, H, W, ph, pw) for the gathered kernel: ``x`` itself when
+    there is no padding (or the padded copy would be too big: the kernel then checks
+    bounds), else a zero-bordered copy. The unchecked kernel measured 1.6x faster on
+    the 56x56x64 layer, and the copy costs 5% of that."""
+    Hp, Wp = H + 2 * ph, W + 2 * pw
+    nbytes = images * Hp * Wp * dt.itemsize
+    if not (ph or pw) or nbytes > min(PAD_BYTES, dev.pool.budget // 8):
+        return x, offset(x), H, W, ph, pw
+    xp = dev_scratch(dev, images * Hp * Wp, dt)
+    pad = programs.get_kernel(dev, "conv", "clnn_conv_pad", {"dtype": dt.name})
+    rows = images * Hp
+    pad((-(-rows // 64) * 64,), (64,), rows=rows, H=H, W=W, ph=ph, pw=pw, x=x,
+        x_off=offset(x), xp=xp)
+    return xp, 0, Hp, Wp, 0, 0
+
+
 def conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_param=None,
            out=None):
     """y = activation(conv(x, w) + b), x (N, C, H, W), w (M, C, R, S) -> y (N, M, P, Q).
@@ -123,10 +222,12 @@ def conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_par
     act = "none" if activation is None else activation
     act_p = _param(act, activation_param) if act != "none" else 0.0
     out = check_out(out, (N, M, P, Q), dt, dev, inputs=(x, w, b), allow_alias=False)
-    if _use_gather(dev):
-        evt = _run_gather(dev, dt, x=x, x_off=offset(x), H=H, W=W, ph=pd[0], pw=pd[1],
-                          rows3=(N, P, Q), row_steps=(C * H * W, st[0], st[1]),
-                          k3=(C, R, S), k_steps=(H * W, 1, 1), cols=M, src=w,
+    p = tuning.conv_params(dev.facts, dt.itemsize, dt, "conv-fwd")
+    if p["variant"] == "gather":
+        xg, xg_off, Hg, Wg, phg, pwg = _pad_input(dev, dt, x, N * C, H, W, *pd)
+        evt = _run_gather(dev, dt, p, x=xg, x_off=xg_off, H=Hg, W=Wg, ph=phg, pw=pwg,
+                          rows3=(N, P, Q), row_steps=(C * Hg * Wg, st[0], st[1]),
+                          k3=(C, R, S), k_steps=(Hg * Wg, 1, 1), cols=M, src=w,
                           src_off=offset(w), CS=C * R * S, KD=C * R * S, KS=0, flip=0,
                           out=out, out_steps=(M * P * Q, Q, 1, P * Q), act=act,
                           act_p=act_p, bias=b)
@@ -136,7 +237,8 @@ def conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_par
                    a=w, a_off=offset(w), lda=C * R * S, a_bstride=0, a_batches=1,
                    b=x, b_off=offset(x), ldb=0, b_bstride=0, b_batches=1,
                    out=out, c_off=offset(out), ldc=0, c_bstride=0,
-                   conv="fwd", geometry=_geometry_args(C, H, W, M, P, Q, R, S, st, pd))
+                   conv="fwd", geometry=_geometry_args(C, H, W, M, P, Q, R, S, st, pd),
+                   params=p)
     return _done(out, evt)
 
 
@@ -154,21 +256,29 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None):
         raise ShapeError(f"dy has shape {dy.shape}; this convolution's output is "
                          f"{(N, M, P, Q)}")
     out = check_out(out, (N, C, H, W), dt, dev, inputs=(dy, w), allow_alias=False)
-    if _use_gather(dev) and st == (1, 1):
-        # at unit stride the data gradient is a forward pass over dy, padded by
+    p = tuning.conv_params(dev.facts, dt.itemsize, dt, "conv-dgrad")
+    if p["variant"] == "gather" and st == (1, 1) and p.get("DGRAD", _dgrad_method(
+            C, H, W, M, P, Q, R, S)) == "flip":
+        # at unit stride the data gradient is a forward pass over dy padded by
         # R - 1 - ph, with the filters flipped and their channel axes swapped
-        evt = _run_gather(dev, dt, x=dy, x_off=offset(dy), H=P, W=Q, ph=R - 1 - pd[0],
-                          pw=S - 1 - pd[1], rows3=(N, H, W), row_steps=(M * P * Q, 1, 1),
-                          k3=(M, R, S), k_steps=(P * Q, 1, 1), cols=C, src=w,
+        dg, dg_off, Hg, Wg, phg, pwg = _pad_input(dev, dt, dy, N * M, P, Q, R - 1 - pd[0],
+                                                  S - 1 - pd[1])
+        evt = _run_gather(dev, dt, p, x=dg, x_off=dg_off, H=Hg, W=Wg, ph=phg, pw=pwg,
+                          rows3=(N, H, W), row_steps=(M * Hg * Wg, 1, 1),
+                          k3=(M, R, S), k_steps=(Hg * Wg, 1, 1), cols=C, src=w,
                           src_off=offset(w), CS=R * S, KD=R * S, KS=C * R * S, flip=1,
                           out=out, out_steps=(C * H * W, W, 1, H * W))
+        return _done(out, evt)
+    if p["variant"] == "gather":
+        evt = _dgrad_col2im(dev, dt, p, dy, w, out, C, H, W, M, P, Q, R, S, st, pd)
         return _done(out, evt)
     evt = run_gemm(dev, dt, M=C, N=N * H * W, K=M * R * S, nbatch=1, alpha=1.0, beta=0.0,
                    act="none", act_p=0.0, bias=None, bias_mode="none",
                    a=w, a_off=offset(w), lda=0, a_bstride=0, a_batches=1,
                    b=dy, b_off=offset(dy), ldb=0, b_bstride=0, b_batches=1,
                    out=out, c_off=offset(out), ldc=0, c_bstride=0,
-                   conv="dgrad", geometry=_geometry_args(C, H, W, M, P, Q, R, S, st, pd))
+                   conv="dgrad", geometry=_geometry_args(C, H, W, M, P, Q, R, S, st, pd),
+                   params=p)
     return _done(out, evt)
 
 
@@ -191,10 +301,12 @@ def conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, alp
     if out is None and beta != 0:
         raise ShapeError("beta != 0 reads out: pass the out array")
     out = check_out(out, (M, C, R, S), dt, dev, inputs=(dy, x), allow_alias=False)
-    if _use_gather(dev):
-        evt = _run_gather(dev, dt, x=x, x_off=offset(x), H=H, W=W, ph=pd[0], pw=pd[1],
-                          rows3=(C, R, S), row_steps=(H * W, 1, 1), k3=(N, P, Q),
-                          k_steps=(C * H * W, st[0], st[1]), cols=M, src=dy,
+    p = tuning.conv_params(dev.facts, dt.itemsize, dt, "conv-wgrad")
+    if p["variant"] == "gather":
+        xg, xg_off, Hg, Wg, phg, pwg = _pad_input(dev, dt, x, N * C, H, W, *pd)
+        evt = _run_gather(dev, dt, p, x=xg, x_off=xg_off, H=Hg, W=Wg, ph=phg, pw=pwg,
+                          rows3=(C, R, S), row_steps=(Hg * Wg, 1, 1), k3=(N, P, Q),
+                          k_steps=(C * Hg * Wg, st[0], st[1]), cols=M, src=dy,
                           src_off=offset(dy), CS=P * Q, KD=P * Q, KS=M * P * Q, flip=0,
                           out=out, out_steps=(R * S, S, 1, C * R * S), alpha=alpha,
                           beta=beta)
@@ -204,5 +316,6 @@ def conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, alp
                    a=dy, a_off=offset(dy), lda=0, a_bstride=0, a_batches=1,
                    b=x, b_off=offset(x), ldb=0, b_bstride=0, b_batches=1,
                    out=out, c_off=offset(out), ldc=C * R * S, c_bstride=0,
-                   conv="wgrad", geometry=_geometry_args(C, H, W, M, P, Q, R, S, st, pd))
+                   conv="wgrad", geometry=_geometry_args(C, H, W, M, P, Q, R, S, st, pd),
+                   params=p)
     return _done(out, evt)

@@ -8,7 +8,8 @@ operand makes a strided batch, and a 2-D one beside it is shared by every batch.
 
 from .. import programs, tuning
 from ..errors import ArgumentError, ShapeError
-from ._args import INT_MAX, as_array, check, common_device, dev_empty, finite
+from ._args import (INT_MAX, as_array, check, common_device, dev_empty, dev_scratch,
+                    finite)
 from .elementwise import ACTIVATIONS, _done, _param
 
 programs.register(
@@ -152,12 +153,14 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, b
 def run_gemm(dev, dt, *, M, N, K, nbatch, alpha, beta, act, act_p, bias, bias_mode,
              a, a_off, lda, a_bstride, a_batches, b, b_off, ldb, b_bstride, b_batches,
              out, c_off, ldc, c_bstride, trans_a=False, trans_b=False, conv="none",
-             geometry=None):
+             geometry=None, params=None):
     """Launch a validated GEMM (plain, or a convolution's implicit GEMM when ``conv``
-    names its loaders and ``geometry`` holds the cv_* sizes). Returns the last event."""
+    names its loaders and ``geometry`` holds the cv_* sizes; a convolution passes the
+    ``params`` it chose). Returns the last event."""
     klass = f"conv-{conv}" if conv != "none" else \
         tuning.shape_class(M, N, K, trans_a, trans_b)
-    params = tuning.gemm_params(dev.facts, dt.itemsize, dt, klass)
+    if params is None:
+        params = tuning.gemm_params(dev.facts, dt.itemsize, dt, klass)
     prm = {"dtype": dt.name, "variant": params["variant"], "trans_a": bool(trans_a),
            "trans_b": bool(trans_b), "act": act,
            "bias": bias_mode if bias is not None else "none", "conv": conv,
@@ -231,13 +234,13 @@ def _gemm_packed(dev, dt, prm, params, a_args, a_batches, b_args, b_batches, nba
         for k0 in range(0, max(K, 1), max(kc, 1)):
             kn = min(kc, K - k0)
             kpad = -(-max(kn, 1) // pack_wg) * pack_wg
-            a_pk = dev_empty(dev, (max(ga * Mb * mwi * kn, 1),), acc)
+            a_pk = dev_scratch(dev, ga * Mb * mwi * kn, acc)
             if kn:
                 pack_a((kpad, Mb, ga), (pack_wg, 1, 1), M=M, K=kn, Mb=Mb, k0=k0, a_pk=a_pk,
                        **a_g, **geometry)
             for n0 in range(0, N, nc):
                 Nb = -(-min(nc, N - n0) // nwi)
-                b_pk = dev_empty(dev, (max(gb * Nb * nwi * kn, 1),), acc)
+                b_pk = dev_scratch(dev, gb * Nb * nwi * kn, acc)
                 if kn:
                     pack_b((kpad, Nb, gb), (pack_wg, 1, 1), N=N, K=kn, Nb=Nb, k0=k0,
                            n_base=n0, b_pk=b_pk, **b_g, **geometry)

@@ -1,6 +1,8 @@
 """Convolution forward and both gradients against the lecture's loops in float64."""
 
 import contextlib
+import sys
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -12,9 +14,35 @@ from conftest import Guarded, eps, float_dtypes, guarded_input
 from reference import conv2d_backward_ref, conv2d_ref
 
 RNG = np.random.default_rng(31)
-VARIANTS = {"cpu": None, "gpu": tuning.GEMM_TABLE["type"]["GPU"],
-            "gpu-odd": {"variant": "local", "MWG": 12, "NWG": 8, "KWG": 5, "MDIMC": 4,
-                        "NDIMC": 2}}
+conv_module = sys.modules["clnn.ops.conv"]
+GATHER = tuning.CONV_TABLE["type"]["CPU"]
+# (kernel to override, parameters, bytes allowed for a padded copy of the input)
+VARIANTS = {
+    "default": (None, None, None),
+    # conv.cl, gathered: each row at its own offset; rows along a line; the padding
+    # read with bounds checks instead of from a padded copy; both data gradients;
+    # narrow vectors and a single row per work-item
+    "gather-flat": ("conv", dict(GATHER, MWI=3, NWI=8, LINE=False, DGRAD="col2im"), None),
+    "gather-line": ("conv", dict(GATHER, MWI=2, NWI=16, LINE=True, DGRAD="flip"), None),
+    "gather-checked": ("conv", dict(GATHER, MWI=3, NWI=8, DGRAD="flip"), 0),
+    "gather-vw4": ("conv", dict(GATHER, MWI=1, NWI=4, VW=4, WG=1, DGRAD="col2im"), 0),
+    # gemm.cl's loaders: the CPU's packed panels, the GPU tiles
+    "gemm-reg": ("gemm", tuning.GEMM_TABLE["type"]["CPU"], None),
+    "gpu": ("gemm", tuning.GEMM_TABLE["type"]["GPU"], None),
+    "gpu-odd": ("gemm", {"variant": "local", "MWG": 12, "NWG": 8, "KWG": 5, "MDIMC": 4,
+                         "NDIMC": 2}, None),
+}
+
+
+@contextlib.contextmanager
+def variant_in_force(name):
+    kernel, params, pad_bytes = VARIANTS[name]
+    with contextlib.ExitStack() as stack:
+        if kernel:
+            stack.enter_context(tuning.override(kernel, params))
+        if pad_bytes is not None:
+            stack.enter_context(mock.patch.object(conv_module, "PAD_BYTES", pad_bytes))
+        yield
 LENET = {"C1": (1, 32, 32, 6, 5, 5), "C3": (6, 14, 14, 16, 5, 5), "C5": (16, 5, 5, 120, 5, 5)}
 
 
@@ -63,16 +91,40 @@ def test_conv_forward_and_gradients(variant, N, C, M, H, W, R, S, sh, sw, ph, pw
             clnn.conv2d(clnn.zeros((N, C, H, W)), clnn.zeros((M, C, R, S)),
                         padding=(ph, pw))
         return
-    ctx = tuning.override("gemm", VARIANTS[variant]) if VARIANTS[variant] else \
-        contextlib.nullcontext()
-    with ctx:
+    with variant_in_force(variant):
         check_conv(N, C, H, W, M, R, S, (sh, sw), (ph, pw))
 
 
+@pytest.mark.parametrize("dgrad", ["col2im", "flip"])
 @pytest.mark.parametrize("layer", LENET)
-def test_lenet5_layers(layer):
+def test_lenet5_layers(layer, dgrad):
     C, H, W, M, R, S = LENET[layer]
-    check_conv(3, C, H, W, M, R, S, (1, 1), (0, 0), act="relu")
+    with tuning.override("conv", dict(GATHER, DGRAD=dgrad)):
+        check_conv(3, C, H, W, M, R, S, (1, 1), (0, 0), act="relu")
+
+
+@pytest.mark.parametrize("shape", [(1, 32, 32, 6, 5, 5, 0), (6, 14, 14, 16, 5, 5, 0),
+                                   (16, 5, 5, 120, 5, 5, 0), (8, 11, 13, 20, 3, 3, 1),
+                                   (3, 7, 29, 5, 1, 7, 2)])
+def test_gathered_tile_choice(shape):
+    """The tiles the gathered path picks by itself (line lengths 1 to 29, one to four
+    vectors of columns, 1x7 and 3x3 filters with padding)."""
+    C, H, W, M, R, S, pad = shape
+    check_conv(2, C, H, W, M, R, S, (1, 1), (pad, pad), act="relu")
+
+
+def test_dgrad_method_follows_the_work():
+    pick = conv_module._dgrad_method
+    assert pick(16, 5, 5, 120, 1, 1, 5, 5) == "col2im"      # LeNet C5: 1x1 outputs
+    assert pick(6, 14, 14, 16, 10, 10, 5, 5) == "flip"      # LeNet C3
+    assert pick(64, 56, 56, 64, 56, 56, 3, 3) == "flip"     # same-size 3x3
+
+
+def test_col2im_in_image_groups(monkeypatch):
+    """With a tiny dcol budget the data gradient runs one image group at a time."""
+    monkeypatch.setattr(conv_module, "DCOL_BYTES", 1)
+    with tuning.override("conv", dict(GATHER, DGRAD="col2im")):
+        check_conv(3, 2, 7, 6, 3, 3, 2, (1, 2), (1, 0))
 
 
 @pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
