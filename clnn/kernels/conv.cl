@@ -49,15 +49,22 @@
 //   flipped  w (M, C, R, S) as (C, MRS) with the taps reversed (data gradient):
 //                                     CS = RS,  KD = RS,  KS = CRS, flip = 1
 //   dy (N, M, PQ) as (NPQ, M):        CS = PQ,  KD = PQ,  KS = MPQ, flip = 0
+//
+// It also writes koff[k] = k1 * KA + k2 * KBH * W + k3 * KCW, the offset of k's input
+// element from a row's, for the gathered kernel's flat k loop.
 __kernel void clnn_conv_pack(const int K, const int cols, const int Nb,
                              __global const real_t *src, const int src_off, const int CS,
                              const int KD, const int KS, const int flip,
-                             __global acc_t *b_pk)
+                             __global acc_t *b_pk, const int K2, const int K3,
+                             const int KA, const int KBH, const int KCW, const int W,
+                             __global int *koff)
 {
     const int k = (int)get_global_id(0);
     const int nb = (int)get_global_id(1);
     if (k >= K || nb >= Nb)
         return;
+    if (nb == 0)
+        koff[k] = k / (K2 * K3) * KA + k / K3 % K2 * KBH * W + k % K3 * KCW;
     const int kr = k % KD;
     src += src_off + (k / KD) * KS + (flip ? KD - 1 - kr : kr);
     __global acc_t *dst = b_pk + (nb * K + k) * NWI;
@@ -69,6 +76,36 @@ __kernel void clnn_conv_pack(const int K, const int cols, const int Nb,
 
 typedef ${vec} vec_t;
 
+## One k step of the micro-kernel: NVW vector loads of B, MWI gathered values of A.
+<%def name="step()">\
+% for v in range(NVW):
+                const vec_t b${v} = *(__global const vec_t *)(bp + k * NWI + ${v * VW});
+% endfor
+% for i in range(MWI):
+                {
+%   if padded:
+                    // a padding position loads x[0] and is then replaced by zero:
+                    // both are selects, no branch per element
+%     if line:
+                    const bool ok = hv && (uint)(wrow + ${i} + wk) < (uint)W;
+                    const acc_t v = CLNN_LOAD(xrow, ok ? off + ${i} : x0);
+%     else:
+                    const bool ok = hv${i} && (uint)(wrow${i} + wk) < (uint)W;
+                    const acc_t v = CLNN_LOAD(x, ok ? base${i} + off : 0);
+%     endif
+                    const vec_t a_pm = (vec_t)(ok ? v : (acc_t)0);
+%   elif line:
+                    const vec_t a_pm = (vec_t)(CLNN_LOAD(xrow, off + ${i}));
+%   else:
+                    const vec_t a_pm = (vec_t)(CLNN_LOAD(x, base${i} + off));
+%   endif
+%   for v in range(NVW):
+                    c${i}_${v} += a_pm * b${v};
+%   endfor
+                }
+% endfor
+</%def>
+
 // One work-item: MWI consecutive rows x NWI columns of C in MWI * NWI / VW vector
 // registers; work-items run along rows, work-groups share one B panel.
 __kernel void clnn_conv_gather(const int rows, const int R2, const int R3,
@@ -78,6 +115,7 @@ __kernel void clnn_conv_gather(const int rows, const int R2, const int R3,
                                __global const real_t *x, const int x_off,
                                const int H, const int W, const int ph, const int pw,
                                const int cols, __global const acc_t *b_pk,
+                               __global const int *koff,
                                __global ${'acc_t' if vstore else 'real_t'} *out, const int out_off,
                                const int OA, const int OB, const int OC, const int OM,
                                const acc_t alpha, const acc_t beta, const acc_t act_p,
@@ -129,48 +167,33 @@ __kernel void clnn_conv_gather(const int rows, const int R2, const int R3,
 % for i in range(MWI):
     vec_t ${" ".join(f"c{i}_{v} = (vec_t)(0){',' if v < NVW - 1 else ';'}" for v in range(NVW))}
 % endfor
+% if padded:
     int k = 0;
     for (int k1 = 0; k1 < K1; ++k1) {
         for (int k2 = 0; k2 < K2; ++k2) {
             const int hk = k2 * KBH, off2 = k1 * KA + hk * W;
-% if padded and line:
+%   if line:
             const bool hv = (uint)(hrow + hk) < (uint)H;
-% elif padded:
-%   for i in range(MWI):
+%   else:
+%     for i in range(MWI):
             const bool hv${i} = (uint)(hrow${i} + hk) < (uint)H;
-%   endfor
-% endif
+%     endfor
+%   endif
             for (int k3 = 0; k3 < K3; ++k3, ++k) {
                 const int wk = k3 * KCW, off = off2 + wk;
-% for v in range(NVW):
-                const vec_t b${v} = *(__global const vec_t *)(bp + k * NWI + ${v * VW});
-% endfor
-% for i in range(MWI):
-                {
-%   if padded:
-                    // a padding position loads x[0] and is then replaced by zero:
-                    // both are selects, no branch per element
-%     if line:
-                    const bool ok = hv && (uint)(wrow + ${i} + wk) < (uint)W;
-                    const acc_t v = CLNN_LOAD(xrow, ok ? off + ${i} : x0);
-%     else:
-                    const bool ok = hv${i} && (uint)(wrow${i} + wk) < (uint)W;
-                    const acc_t v = CLNN_LOAD(x, ok ? base${i} + off : 0);
-%     endif
-                    const vec_t a_pm = (vec_t)(ok ? v : (acc_t)0);
-%   elif line:
-                    const vec_t a_pm = (vec_t)(CLNN_LOAD(xrow, off + ${i}));
-%   else:
-                    const vec_t a_pm = (vec_t)(CLNN_LOAD(x, base${i} + off));
-%   endif
-%   for v in range(NVW):
-                    c${i}_${v} += a_pm * b${v};
-%   endfor
-                }
-% endfor
+${step()}
             }
         }
     }
+% else:
+    // One flat loop over k, the offsets from clnn_conv_pack's table: the nested loops
+    // over (c, r, s) that the table replaces have trip counts of a filter's width,
+    // and their exits cost a third of the time on LeNet's layers.
+    for (int k = 0; k < K; ++k) {
+        const int off = koff[k];
+${step()}
+    }
+% endif
 
 % if vstore:
     // C is a scratch matrix whose rows are whole panels (OC and OA multiples of

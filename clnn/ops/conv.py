@@ -28,6 +28,8 @@ Every output element is summed by one work-item in a fixed order: no atomics, bi
 reproducible results.
 """
 
+import numpy as np
+
 from .. import programs, tuning
 from ..errors import ShapeError
 from ._args import check, check_out, common_device, dev_scratch, finite, offset
@@ -94,15 +96,20 @@ def _run_gather(dev, dt, p, *, x, x_off, H, W, ph, pw, rows3, row_steps, k3, k_s
            "tuning": (("MWI", mwi), ("NWI", nwi), ("VW", vw))}
     b_pk = dev_scratch(dev, Nb * K * nwi, acc)
     pack = programs.get_kernel(dev, "conv", "clnn_conv_pack", prm)
-    pack((-(-K // 8) * 8, Nb), (8, 1), K=K, cols=cols, Nb=Nb, src=src, src_off=src_off,
-         CS=CS, KD=KD, KS=KS, flip=flip, b_pk=b_pk)
+    koff = dev_scratch(dev, K, np.int32)
+    pack((-(-K // 64) * 64, Nb), (64, 1), K=K, cols=cols, Nb=Nb, src=src, src_off=src_off,
+         CS=CS, KD=KD, KS=KS, flip=flip, b_pk=b_pk, K2=k3[1], K3=k3[2], KA=k_steps[0],
+         KBH=k_steps[1], KCW=k_steps[2], W=W, koff=koff)
     kern = programs.get_kernel(dev, "conv", "clnn_conv_gather", prm)
     Rb = rows // rows3[2] * -(-rows3[2] // mwi) if line else -(-rows // mwi)
-    wg = min(p["WG"], dev.facts.max_work_group_size)
+    # work-groups of WG, fewer when that would leave compute units idle (a weight
+    # gradient has a few long rows: LeNet C1's 25 taps make 4 work-items)
+    wg = max(1, min(p["WG"], dev.facts.max_work_group_size,
+                    Rb * Nb // (2 * dev.facts.compute_units)))
     return kern((-(-Rb // wg) * wg, Nb), (wg, 1), rows=rows, R2=rows3[1], R3=rows3[2],
                 RA=row_steps[0], RBH=row_steps[1], RCW=row_steps[2], K1=k3[0], K2=k3[1],
                 K3=k3[2], KA=k_steps[0], KBH=k_steps[1], KCW=k_steps[2], x=x, x_off=x_off,
-                H=H, W=W, ph=ph, pw=pw, cols=cols, b_pk=b_pk, out=out,
+                H=H, W=W, ph=ph, pw=pw, cols=cols, b_pk=b_pk, koff=koff, out=out,
                 out_off=offset(out) if hasattr(out, "base_data") else 0, OA=out_steps[0],
                 OB=out_steps[1], OC=out_steps[2], OM=out_steps[3], alpha=alpha, beta=beta, act_p=act_p,
                 bias=bias if bias is not None else out,
