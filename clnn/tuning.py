@@ -76,9 +76,9 @@ GEMM_TABLE = {
 # the GEMM row of its device (gemm.cl's loaders).
 CONV_TABLE = {
     "type": {
-        # Measured here (benchmarks/bench_conv.py, LeNet-5 at batch 64 and the 56x56x64
-        # layer): 2-4x faster than the packed GEMM on LeNet's layers, 1.5-2x on the big
-        # one; WG 1, 4 and 16 within noise of each other.
+        # Measured here (benchmarks/bench_conv.py, forward + both gradients): 3-7x
+        # the packed GEMM on LeNet-5's layers at batch 64, 3x on the 56x56x64 layer;
+        # WG 1, 4 and 16 within noise of each other on LeNet's C3.
         "CPU": {"variant": "gather", "VW": 8, "WG": 4, "tuned": True},
     },
 }
