@@ -51,3 +51,19 @@ def test_array_constructors(dev):
     if not dev.facts.fp16:
         with pytest.raises(clnn.DTypeError, match="cl_khr_fp16"):
             clnn.zeros(3, np.float16)
+
+
+@pytest.mark.parametrize("given,expected", [(None, "1"), ("0", "0")])
+def test_pocl_threads_are_pinned_unless_the_user_chose(given, expected):
+    """Importing clnn sets POCL_AFFINITY=1 (PoCL's unpinned threads shared a core here),
+    and leaves a value the user set alone."""
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "POCL_AFFINITY"}
+    if given is not None:
+        env["POCL_AFFINITY"] = given
+    out = subprocess.run([sys.executable, "-c", "import os, clnn; "
+                          "print(os.environ['POCL_AFFINITY'])"], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == expected
