@@ -114,6 +114,7 @@ __kernel void clnn_conv_gather(const int rows, const int R2, const int R3,
                                const int KA, const int KBH, const int KCW,
                                __global const real_t *x, const int x_off,
                                const int H, const int W, const int ph, const int pw,
+                               const int zlo, const int zhi,
                                const int cols, __global const acc_t *b_pk,
                                __global const int *koff,
                                __global ${'acc_t' if vstore else 'real_t'} *out, const int out_off,
@@ -186,12 +187,30 @@ ${step()}
         }
     }
 % else:
-    // One flat loop over k, the offsets from clnn_conv_pack's table: the nested loops
-    // over (c, r, s) that the table replaces have trip counts of a filter's width,
-    // and their exits cost a third of the time on LeNet's layers.
-    for (int k = 0; k < K; ++k) {
-        const int off = koff[k];
+%   if line:
+    // Input rows outside [zlo, zhi) are a padded copy's zero border. The rows of a
+    // line share one input row per k2, so the k2 whose row is all zeros are skipped
+    // (the border is half of the data gradient's flipped pass on LeNet's C3).
+    const int k2lo = KBH > 0 ? max(0, (zlo - hrow + KBH - 1) / KBH) : 0;
+    const int k2hi = KBH > 0 ? min(K2, (zhi - hrow + KBH - 1) / KBH) : K2;
+    if (hrow < zlo || hrow + (K2 - 1) * KBH >= zhi) {
+        for (int k1 = 0; k1 < K1; ++k1) {
+            const int kend = (k1 * K2 + k2hi) * K3;
+            for (int k = (k1 * K2 + k2lo) * K3; k < kend; ++k) {
+                const int off = koff[k];
 ${step()}
+            }
+        }
+    } else
+%   endif
+    {
+        // One flat loop over k, the offsets from clnn_conv_pack's table: nested loops
+        // over (c, r, s) have trip counts of a filter's width, and their exits cost a
+        // third of the time on LeNet's layers.
+        for (int k = 0; k < K; ++k) {
+            const int off = koff[k];
+${step()}
+        }
     }
 % endif
 
