@@ -249,18 +249,26 @@ def _from_db(facts, itemsize, dtype, klass):
     return params
 
 
+def _overridden(kernels, facts, itemsize):
+    """The innermost override in force for any of ``kernels``, checked; or None."""
+    for kernel, params in reversed(getattr(_override, "stack", [])):
+        if kernel in kernels:
+            probs = gemm_problems(params, facts, itemsize)
+            if kernel == "gemm" and params.get("variant") == "gather":
+                probs.append("gather is a convolution variant (override 'conv')")
+            if probs:
+                raise ArgumentError(f"{kernel} override {params} is invalid here: "
+                                    + "; ".join(probs))
+            return params
+    return None
+
+
 def gemm_params(facts, itemsize=4, dtype="float32", klass=None):
     """The GEMM parameters for a device: the override, else the user's database entry
     for ``klass`` (see shape_class), else the first table row that fits."""
-    for kernel, params in reversed(getattr(_override, "stack", [])):
-        if kernel == "gemm":
-            probs = gemm_problems(params, facts, itemsize)
-            if params.get("variant") == "gather":
-                probs.append("gather is a convolution variant (override 'conv')")
-            if probs:
-                raise ArgumentError(f"GEMM override {params} is invalid here: "
-                                    + "; ".join(probs))
-            return params
+    params = _overridden(("gemm",), facts, itemsize)
+    if params is not None:
+        return params
     if klass is not None:
         params = _from_db(facts, itemsize, dtype, klass)
         if params is not None and params.get("variant") != "gather":
@@ -279,13 +287,9 @@ def conv_params(facts, itemsize=4, dtype="float32", klass=None):
     Order: the innermost override of "conv" or "gemm", the user's database entry for
     the class, CONV_TABLE for the device type, the device's GEMM row.
     """
-    for kernel, params in reversed(getattr(_override, "stack", [])):
-        if kernel in ("conv", "gemm"):
-            probs = gemm_problems(params, facts, itemsize)
-            if probs:
-                raise ArgumentError(f"{kernel} override {params} is invalid here: "
-                                    + "; ".join(probs))
-            return params
+    params = _overridden(("conv", "gemm"), facts, itemsize)
+    if params is not None:
+        return params
     if klass is not None:
         params = _from_db(facts, itemsize, dtype, klass)
         if params is not None:
