@@ -3,11 +3,19 @@
 ## Parameters (template):
 ##   dtype        float32 | float64 | float16 (half storage, float arithmetic)
 ##   padded       the gathered input has zero padding: loads are bounds-checked
+##                (the routine usually copies the input with its border instead)
+##   line         a work-item's rows are consecutive along an output line and share
+##                one pointer (else each row keeps its own offset)
+##   vstore       C is a panel-wide scratch matrix stored as whole vectors (dcol)
 ##   act          epilogue activation (a name from clnn.ACTIVATIONS) or "none"
 ##   bias         "none" or "col" (bias[col] added to every row: output channels)
-##   tuning       MWI, NWI, VW (see clnn/tuning.py CONV_TABLE)
-## Used by clnn/ops/conv.py for the forward pass, the data gradient at unit stride
-## (a forward pass over dy with the filters flipped) and the weight gradient.
+##   tuning       MWI, NWI, VW (clnn/ops/conv.py picks them per shape; CONV_TABLE in
+##                clnn/tuning.py holds VW and the work-group size)
+## Kernels: clnn_conv_pack (B panels and the k offset table), clnn_conv_gather (the
+## GEMM), clnn_conv_col2im (the data gradient from dcol), clnn_conv_pad (a copy of
+## the input with a zero border). Used by clnn/ops/conv.py for the forward pass, the
+## data gradient (a forward pass over padded dy with the filters flipped, or dcol and
+## col2im) and the weight gradient.
 <%include file="_common.cl"/>
 <%include file="_activation.cl" args="act=act"/>
 <%
@@ -117,7 +125,8 @@ __kernel void clnn_conv_gather(const int rows, const int R2, const int R3,
                                const int zlo, const int zhi,
                                const int cols, __global const acc_t *b_pk,
                                __global const int *koff,
-                               __global ${'acc_t' if vstore else 'real_t'} *out, const int out_off,
+                               __global ${'acc_t' if vstore else 'real_t'} *out,
+                               const int out_off,
                                const int OA, const int OB, const int OC, const int OM,
                                const acc_t alpha, const acc_t beta, const acc_t act_p,
                                __global const real_t *bias, const int bias_off)

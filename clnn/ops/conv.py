@@ -113,10 +113,9 @@ def _run_gather(dev, dt, p, *, x, x_off, H, W, ph, pw, rows3, row_steps, k3, k_s
                 K3=k3[2], KA=k_steps[0], KBH=k_steps[1], KCW=k_steps[2], x=x, x_off=x_off,
                 H=H, W=W, ph=ph, pw=pw, zlo=zero_rows[0] if zero_rows else 0,
                 zhi=H - zero_rows[1] if zero_rows else H, cols=cols, b_pk=b_pk, koff=koff,
-                out=out,
-                out_off=offset(out) if hasattr(out, "base_data") else 0, OA=out_steps[0],
-                OB=out_steps[1], OC=out_steps[2], OM=out_steps[3], alpha=alpha, beta=beta, act_p=act_p,
-                bias=bias if bias is not None else out,
+                out=out, out_off=offset(out) if hasattr(out, "base_data") else 0,
+                OA=out_steps[0], OB=out_steps[1], OC=out_steps[2], OM=out_steps[3],
+                alpha=alpha, beta=beta, act_p=act_p, bias=bias if bias is not None else out,
                 bias_off=offset(bias) if bias is not None else 0)
 
 
@@ -138,27 +137,26 @@ def _dgrad_method(C, H, W, M, P, Q, R, S):
 def _dgrad_col2im(dev, dt, p, dy, w, out, C, H, W, M, P, Q, R, S, st, pd):
     """dcol (NPQ x CRS) = dy^T @ w for a group of images at a time, then col2im. dcol
     rows are whole panels wide, so the kernel stores vectors; a group's dcol stays
-    within DCOL_BYTES."""
+    within SCRATCH_BYTES."""
     N = dy.shape[0]
     CRS = C * R * S
     acc = programs.acc_dtype(dt)
     nwi = _tiles(p, dt, CRS, Q)[1]
     ld = -(-CRS // nwi) * nwi              # whole panels per row: vector stores
-    group = max(1, min(N, DCOL_BYTES // (P * Q * ld * acc.itemsize)))
+    group = max(1, min(N, _scratch_bytes(dev) // (P * Q * ld * acc.itemsize)))
     dcol = dev_scratch(dev, group * P * Q * ld, acc)
     col2im = programs.get_kernel(dev, "conv", "clnn_conv_col2im", {"dtype": dt.name})
     for n0 in range(0, N, group):
         g = min(group, N - n0)
-        _run_gather(dev, dt, p, x=dy, x_off=offset(dy) + n0 * M * P * Q, H=P, W=Q, ph=0, pw=0,
-                    rows3=(g, P, Q), row_steps=(M * P * Q, 1, 1), k3=(M, 1, 1),
+        _run_gather(dev, dt, p, x=dy, x_off=offset(dy) + n0 * M * P * Q, H=P, W=Q, ph=0,
+                    pw=0, rows3=(g, P, Q), row_steps=(M * P * Q, 1, 1), k3=(M, 1, 1),
                     k_steps=(P * Q, 0, 0), cols=CRS, src=w, src_off=offset(w), CS=1, KD=1,
                     KS=CRS, flip=0, out=dcol, out_steps=(P * Q * ld, Q * ld, ld, 1),
                     vstore=True, nwi=nwi)
         wg = min(8, dev.facts.max_work_group_size)
-        evt = col2im((-(-W // 64), -(-g * C * H // wg) * wg), (1, wg), n0=n0, rows=g * C * H,
-                     C=C, H=H, W=W, P=P, Q=Q, R=R, S=S, sh=st[0], sw=st[1], ph=pd[0],
-                     pw=pd[1], dcol=dcol,
-                     ldcol=ld, dx=out, dx_off=offset(out))
+        evt = col2im((-(-W // 64), -(-g * C * H // wg) * wg), (1, wg), n0=n0,
+                     rows=g * C * H, C=C, H=H, W=W, P=P, Q=Q, R=R, S=S, sh=st[0], sw=st[1],
+                     ph=pd[0], pw=pd[1], dcol=dcol, ldcol=ld, dx=out, dx_off=offset(out))
     return evt
 
 
@@ -193,8 +191,14 @@ def _geometry_args(C, H, W, M, P, Q, R, S, stride, padding):
                 cv_sh=stride[0], cv_sw=stride[1], cv_ph=padding[0], cv_pw=padding[1])
 
 
-# Bound on the unrolled data gradient (dcol) of one group of images, in bytes.
-DCOL_BYTES = 32 << 20
+# Bound on the scratch matrix of one launch, in bytes (and at most an eighth of the
+# pool's budget): the unrolled data gradient (dcol) or a weight gradient's packed dy^T
+# covers a group of images at a time.
+SCRATCH_BYTES = 32 << 20
+
+
+def _scratch_bytes(dev):
+    return min(SCRATCH_BYTES, dev.pool.budget // 8)
 
 # Largest zero-padded copy of an input the gathered path makes (bytes, and at most an
 # eighth of the pool's budget); bigger inputs are read in place with bounds checks.
@@ -317,12 +321,21 @@ def conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, alp
     p = tuning.conv_params(dev.facts, dt.itemsize, dt, "conv-wgrad")
     if p["variant"] == "gather":
         xg, xg_off, Hg, Wg, phg, pwg, zr = _pad_input(dev, dt, x, N * C, H, W, *pd)
-        evt = _run_gather(dev, dt, p, x=xg, x_off=xg_off, H=Hg, W=Wg, ph=phg, pw=pwg,
-                          zero_rows=zr, rows3=(C, R, S), row_steps=(Hg * Wg, 1, 1), k3=(N, P, Q),
-                          k_steps=(C * Hg * Wg, st[0], st[1]), cols=M, src=dy,
-                          src_off=offset(dy), CS=P * Q, KD=P * Q, KS=M * P * Q, flip=0,
-                          out=out, out_steps=(R * S, S, 1, C * R * S), alpha=alpha,
-                          beta=beta)
+        # dy^T is packed for a group of images at a time (at most SCRATCH_BYTES), and
+        # every group after the first adds its sum into dw
+        nwi = _tiles(p, dt, M, 0)[1]
+        per_image = -(-M // nwi) * nwi * P * Q * programs.acc_dtype(dt).itemsize
+        group = max(1, min(N, _scratch_bytes(dev) // per_image))
+        for n0 in range(0, N, group):
+            g = min(group, N - n0)
+            evt = _run_gather(dev, dt, p, x=xg, x_off=xg_off + n0 * C * Hg * Wg, H=Hg, W=Wg,
+                              ph=phg, pw=pwg, zero_rows=zr, rows3=(C, R, S),
+                              row_steps=(Hg * Wg, 1, 1), k3=(g, P, Q),
+                              k_steps=(C * Hg * Wg, st[0], st[1]), cols=M, src=dy,
+                              src_off=offset(dy) + n0 * M * P * Q, CS=P * Q, KD=P * Q,
+                              KS=M * P * Q, flip=0, out=out,
+                              out_steps=(R * S, S, 1, C * R * S), alpha=alpha,
+                              beta=beta if n0 == 0 else 1.0)
         return _done(out, evt)
     evt = run_gemm(dev, dt, M=M, N=C * R * S, K=N * P * Q, nbatch=1, alpha=alpha, beta=beta,
                    act="none", act_p=0.0, bias=None, bias_mode="none",

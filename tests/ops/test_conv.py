@@ -120,11 +120,21 @@ def test_dgrad_method_follows_the_work():
     assert pick(64, 56, 56, 64, 56, 56, 3, 3) == "flip"     # same-size 3x3
 
 
-def test_col2im_in_image_groups(monkeypatch):
-    """With a tiny dcol budget the data gradient runs one image group at a time."""
-    monkeypatch.setattr(conv_module, "DCOL_BYTES", 1)
+def test_scratch_in_image_groups(monkeypatch):
+    """With a tiny scratch bound the data gradient's dcol and the weight gradient's
+    packed dy^T cover one image at a time (the weight gradient's later groups add
+    into dw, after the first applied alpha and beta)."""
+    monkeypatch.setattr(conv_module, "SCRATCH_BYTES", 1)
     with tuning.override("conv", dict(GATHER, DGRAD="col2im")):
         check_conv(3, 2, 7, 6, 3, 3, 2, (1, 2), (1, 0))
+    x = RNG.standard_normal((3, 2, 6, 6)).astype(np.float32)
+    dy = RNG.standard_normal((3, 4, 4, 4)).astype(np.float32)
+    v = RNG.standard_normal((4, 2, 3, 3)).astype(np.float32)
+    V = clnn.asarray(v)
+    clnn.conv2d_backward_weight(clnn.asarray(dy), clnn.asarray(x), v.shape, out=V,
+                                alpha=-0.5, beta=0.9)
+    _, dw = conv2d_backward_ref(dy, x, v, (1, 1), (0, 0))
+    np.testing.assert_allclose(V.get(), 0.9 * v - 0.5 * dw, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
