@@ -10,6 +10,7 @@ list of variants, which ``clnn render`` and the clang gate use.
 """
 
 import collections
+import contextlib
 import hashlib
 import logging
 import os
@@ -208,9 +209,29 @@ class Kernel:
             raise TypeError(f"{self.entry}: missing {sorted(missing)}, unknown {sorted(extra)}")
         self.cl_kernel.set_args(*[getattr(args[n], "base_data", args[n]) if t is None
                                   else args[n] for n, t in zip(self.names, self.types)])
-        return cl.enqueue_nd_range_kernel(self.device.queue, self.cl_kernel,
-                                          tuple(global_size),
-                                          None if local_size is None else tuple(local_size))
+        evt = cl.enqueue_nd_range_kernel(self.device.queue, self.cl_kernel,
+                                         tuple(global_size),
+                                         None if local_size is None else tuple(local_size))
+        recording = getattr(_recording, "events", None)
+        if recording is not None:
+            recording.append(evt)
+        return evt
+
+
+_recording = threading.local()
+
+
+@contextlib.contextmanager
+def recorded_events():
+    """The events of every kernel this thread launches inside the block, in a list:
+    an op's device time is from the first one's profiled start to the last one's end
+    (the device queues profile; the tuner times candidates this way)."""
+    outer = getattr(_recording, "events", None)
+    events = _recording.events = []
+    try:
+        yield events
+    finally:
+        _recording.events = outer
 
 
 class KernelCache:

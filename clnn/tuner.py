@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 import clnn
-from . import tuning
+from . import programs, tuning
 
 # class -> (quick problem, full problem): (M, N, K) with the class's transposes
 GEMM_CLASSES = {
@@ -55,14 +55,17 @@ def conv_candidates(facts, quick):
 
 
 def _median_time(fn, dev, repeats):
+    """Median device seconds of ``fn``'s kernels, from OpenCL profiling events: the
+    first kernel's start to the last one's end, after one warm-up call."""
     fn()
     dev.finish()
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
+        with programs.recorded_events() as events:
+            fn()
         dev.finish()
-        times.append(time.perf_counter() - t0)
+        times.append(1e-9 * (max(e.profile.end for e in events)
+                             - min(e.profile.start for e in events)))
     return statistics.median(times)
 
 

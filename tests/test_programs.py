@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import clnn
-from clnn import programs
+from clnn import programs, tuning
 
 
 def test_render_is_complete_and_typed():
@@ -91,3 +91,20 @@ def test_debug_level_two_prints_sources(dev, monkeypatch, capsys):
     clnn.clear_caches()
     clnn.scale(2.0, clnn.asarray(np.ones(3, np.float32)))
     assert "__kernel void clnn_scale" in capsys.readouterr().err
+
+
+def test_recorded_events_cover_every_launch_of_an_op(dev):
+    """What the tuner times: the profiled events of exactly the kernels an op launches
+    (a packed GEMM launches three)."""
+    a = clnn.asarray(np.ones((40, 30), np.float32), device=dev)
+    with tuning.override("gemm", tuning.GEMM_TABLE["type"]["CPU"]):
+        clnn.gemm(a, a, trans_b=True)
+        with programs.recorded_events() as events:
+            with programs.recorded_events() as inner:
+                clnn.scale(2.0, a, out=a)
+            clnn.gemm(a, a, trans_b=True)
+    dev.finish()
+    assert len(inner) == 1 and len(events) == 3
+    assert all(e.profile.end >= e.profile.start > 0 for e in events)
+    clnn.scale(0.5, a, out=a)          # outside: nothing records it
+    assert len(events) == 3
