@@ -75,11 +75,16 @@ GEMM_TABLE = {
 # clnn/ops/conv.py) unless a parameter set names them. Elsewhere a convolution takes
 # the GEMM row of its device (gemm.cl's loaders).
 CONV_TABLE = {
+    "device": {
+        # PoCL 3.0 on the 2-core Zen 4 development machine (benchmarks/bench_conv.py,
+        # forward + both gradients): 3-7x the packed GEMM on LeNet-5's layers at batch
+        # 64, 3x on the 56x56x64 layer; WG 1, 4 and 16 within noise on LeNet's C3.
+        "pthread-Intel(R) Xeon(R) Processor": {"variant": "gather", "VW": 8, "WG": 4,
+                                               "tuned": True},
+    },
     "type": {
-        # Measured here (benchmarks/bench_conv.py, forward + both gradients): 3-7x
-        # the packed GEMM on LeNet-5's layers at batch 64, 3x on the 56x56x64 layer;
-        # WG 1, 4 and 16 within noise of each other on LeNet's C3.
-        "CPU": {"variant": "gather", "VW": 8, "WG": 4, "tuned": True},
+        # Any CPU (untuned): AVX2's 8 float lanes, which AVX-512 machines run too.
+        "CPU": {"variant": "gather", "VW": 8, "WG": 4, "tuned": False},
     },
 }
 
@@ -285,7 +290,7 @@ def conv_params(facts, itemsize=4, dtype="float32", klass=None):
     "conv-wgrad"): a "gather" set (conv.cl) or a GEMM row (gemm.cl's loaders).
 
     Order: the innermost override of "conv" or "gemm", the user's database entry for
-    the class, CONV_TABLE for the device type, the device's GEMM row.
+    the class, CONV_TABLE for the exact device, then its type, the device's GEMM row.
     """
     params = _overridden(("conv", "gemm"), facts, itemsize)
     if params is not None:
@@ -294,9 +299,9 @@ def conv_params(facts, itemsize=4, dtype="float32", klass=None):
         params = _from_db(facts, itemsize, dtype, klass)
         if params is not None:
             return params
-    row = CONV_TABLE["type"].get(facts.type)
-    if row is not None and not gemm_problems(row, facts, itemsize):
-        return row
+    for row in (CONV_TABLE["device"].get(facts.name), CONV_TABLE["type"].get(facts.type)):
+        if row is not None and not gemm_problems(row, facts, itemsize):
+            return row
     return gemm_params(facts, itemsize, dtype)
 
 

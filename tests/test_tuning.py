@@ -190,3 +190,13 @@ def test_tuner_searches_gathered_convolutions(db, monkeypatch):
         assert tuning.conv_params(dev.facts, 4, "float32", klass) == best
     tried = tuner.conv_candidates(dev.facts, True)
     assert dev.facts.is_cpu and tried and all(p["variant"] == "gather" for p in tried)
+
+
+def test_conv_rows_fit_and_say_whether_tuned():
+    rows = list(tuning.CONV_TABLE["device"].items()) + list(tuning.CONV_TABLE["type"].items())
+    for key, row in rows:
+        assert tuning.gemm_problems(row) == [], key
+        assert isinstance(row.get("tuned"), bool), key
+    name = next(iter(tuning.CONV_TABLE["device"]))
+    assert tuning.conv_params(facts(name=name, type="CPU")) is \
+        tuning.CONV_TABLE["device"][name]
