@@ -207,13 +207,13 @@ PAD_BYTES = 64 << 20
 
 def _pad_input(dev, dt, x, images, H, W, ph, pw):
     """(array, element offset, H, W, ph, pw, zero rows) for the gathered kernel: ``x``
-    itself when there is no padding (or the padded copy would be too big: the kernel
-    then checks bounds), else a zero-bordered copy and its border's (top, bottom)
-    rows. The unchecked kernel measured 1.6x faster on
+    itself when there is no padding (or the padded copy would be too big, or a padding
+    is negative, a crop: the kernel then checks bounds), else a zero-bordered copy and
+    its border's (top, bottom) rows. The unchecked kernel measured 1.6x faster on
     the 56x56x64 layer, and the copy costs 5% of that."""
     Hp, Wp = H + 2 * ph, W + 2 * pw
     nbytes = images * Hp * Wp * dt.itemsize
-    if not (ph or pw) or nbytes > min(PAD_BYTES, dev.pool.budget // 8):
+    if not (ph or pw) or min(ph, pw) < 0 or nbytes > min(PAD_BYTES, dev.pool.budget // 8):
         return x, offset(x), H, W, ph, pw, None
     xp = dev_scratch(dev, images * Hp * Wp, dt)
     pad = programs.get_kernel(dev, "conv", "clnn_conv_pad", {"dtype": dt.name})
@@ -273,10 +273,11 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None):
                          f"{(N, M, P, Q)}")
     out = check_out(out, (N, C, H, W), dt, dev, inputs=(dy, w), allow_alias=False)
     p = tuning.conv_params(dev.facts, dt.itemsize, dt, "conv-dgrad")
-    if p["variant"] == "gather" and st == (1, 1) and p.get("DGRAD", _dgrad_method(
-            C, H, W, M, P, Q, R, S)) == "flip":
+    if p["variant"] == "gather" and st == (1, 1) and pd[0] < R and pd[1] < S and \
+            p.get("DGRAD", _dgrad_method(C, H, W, M, P, Q, R, S)) == "flip":
         # at unit stride the data gradient is a forward pass over dy padded by
-        # R - 1 - ph, with the filters flipped and their channel axes swapped
+        # R - 1 - ph, with the filters flipped and their channel axes swapped (a
+        # padding of R or more would make that a crop: col2im handles it)
         dg, dg_off, Hg, Wg, phg, pwg, zr = _pad_input(dev, dt, dy, N * M, P, Q,
                                                       R - 1 - pd[0], S - 1 - pd[1])
         evt = _run_gather(dev, dt, p, x=dg, x_off=dg_off, H=Hg, W=Wg, ph=phg, pw=pwg,

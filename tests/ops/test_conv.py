@@ -113,6 +113,15 @@ def test_gathered_tile_choice(shape):
     check_conv(2, C, H, W, M, R, S, (1, 1), (pad, pad), act="relu")
 
 
+@pytest.mark.parametrize("dgrad", ["col2im", "flip"])
+def test_padding_as_wide_as_the_filter(dgrad):
+    """The flipped data gradient pads dy by R - 1 - ph, negative here: a crop, which
+    it must leave to col2im (it once wrote before its padded copy's start)."""
+    with tuning.override("conv", dict(GATHER, DGRAD=dgrad)):
+        check_conv(1, 5, 2, 7, 1, 1, 1, (1, 1), (0, 1))
+        check_conv(2, 3, 6, 5, 4, 3, 2, (1, 1), (3, 2))
+
+
 def test_dgrad_method_follows_the_work():
     pick = conv_module._dgrad_method
     assert pick(16, 5, 5, 120, 1, 1, 5, 5) == "col2im"      # LeNet C5: 1x1 outputs
