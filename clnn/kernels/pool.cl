@@ -97,6 +97,39 @@ __kernel void clnn_pool_backward(
 % if mode == "max":
         __global const real_t *xp = x + x_off + plane * H * W;
 % endif
+        if (SH >= KH && SW >= KW) {
+            // Windows that do not overlap (the usual 2x2 stride 2): (h, w) lies in at
+            // most one window (p, q), found by counting instead of dividing, and
+            // each window's maximum is found once for all of this row's w in it.
+            // (Per element with divisions this was 2 ms of a 7 ms LeNet-5 step.)
+            const int p = (h + PH) / SH;
+            const bool in_p = (h + PH) % SH < KH && p < P;
+            int q = PW / SW, rq = PW % SW;        // w + PW = q * SW + rq
+% if mode == "max":
+            int best = -1, best_q = -1;
+% endif
+            for (int w = 0; w < W; ++w) {
+                acc_t g = (acc_t)0;
+                if (in_p && rq < KW && q < Q) {
+% if mode == "max":
+                    if (q != best_q) {
+                        best = clnn_argmax(xp, H, W, p, q, KH, KW, SH, SW, PH, PW);
+                        best_q = q;
+                    }
+                    if (best == h * W + w)
+                        g = CLNN_LOAD(dy, dy_off + (plane * P + p) * Q + q);
+% else:
+                    g = CLNN_LOAD(dy, dy_off + (plane * P + p) * Q + q) / (acc_t)(KH * KW);
+% endif
+                }
+                CLNN_STORE(g, dx, dx_off + i * W + w);
+                if (++rq == SW) {
+                    rq = 0;
+                    ++q;
+                }
+            }
+            continue;
+        }
         for (int w = 0; w < W; ++w) {
             const int q0 = max(0, (w + PW - KW + SW) / SW), q1 = min(Q - 1, (w + PW) / SW);
             acc_t g = (acc_t)0;
