@@ -130,10 +130,13 @@ def conv():
             checked += 1
     for mode, fwd, bwd in (("max", clnn.max_pool2d, clnn.max_pool2d_backward),
                            ("avg", clnn.avg_pool2d, clnn.avg_pool2d_backward)):
-        y_ref, backward = pool2d_ref(x, (3, 2), (2, 2), (1, 1), mode)
-        close(fwd(X, (3, 2), 2, 1).get(), y_ref)
-        g = rng.standard_normal(y_ref.shape).astype(np.float32)
-        close(bwd(clnn.asarray(g), X, (3, 2), 2, 1).get(), backward(g))
+        # overlapping windows, and windows that do not overlap (their own path)
+        for k, st, pad in (((3, 2), 2, 1), ((2, 2), 2, 0), ((2, 1), (3, 2), (1, 0))):
+            y_ref, backward = pool2d_ref(x, k, (st, st) if isinstance(st, int) else st,
+                                         (pad, pad) if isinstance(pad, int) else pad, mode)
+            close(fwd(X, k, st, pad).get(), y_ref)
+            g = rng.standard_normal(y_ref.shape).astype(np.float32)
+            close(bwd(clnn.asarray(g), X, k, st, pad).get(), backward(g))
     print(f"checked {checked} GEMM and gathered variants for convolution, and pooling")
 
 
