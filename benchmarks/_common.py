@@ -93,3 +93,64 @@ def write_json(name, payload, path=None):
         json.dump(payload, f, indent=2)
     os.replace(tmp, path)
     return path
+
+
+def step_benchmark(args, make_net, torch_model, x, y, loss, lr, momentum, flops,
+                   report=None):
+    """One SGD-with-momentum training step of a clnn network beside PyTorch CPU's.
+
+    ``make_net(dev)`` builds the clnn network; ``torch_model(torch, net)`` returns
+    (model, loss_fn) with the same weights. Before timing, one step from the same
+    weights must give PyTorch's loss and first-layer weights. ``report(dev, net, key,
+    seconds)`` may print and return extra fields for the device. Returns
+    {"step_seconds": {library: seconds}, "extra": {library: fields}}.
+    """
+    torch = torch_or_none()
+    result = {"step_seconds": {}, "extra": {}}
+
+    def torch_step_fn(net):
+        model, loss_fn = torch_model(torch, net)
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+        X, Y = torch.from_numpy(x), torch.from_numpy(y)
+
+        def step():
+            opt.zero_grad(set_to_none=False)
+            value = loss_fn(model(X), Y)
+            value.backward()
+            opt.step()
+            return value
+        first = next(m for m in model.modules() if hasattr(m, "weight"))
+        return first, step
+
+    for dev in devices(args.device):
+        net = make_net(dev)
+        X, Y = clnn.asarray(x, device=dev), clnn.asarray(y, device=dev)
+        if torch is not None:
+            first, tstep = torch_step_fn(net)
+            want = float(tstep().detach())
+            got = float(net.train_step(X, Y, lr, momentum, loss).get())
+            w_t = first.weight.detach().numpy()
+            w_c = net.layers[0].weight.get()
+            if abs(got - want) > 1e-4 * abs(want) or np.abs(w_t - w_c).max() > 1e-4:
+                raise SystemExit(f"clnn and PyTorch disagree after one step: loss {got} vs "
+                                 f"{want}, max weight difference {np.abs(w_t - w_c).max()}")
+            print(f"validated: one step matches PyTorch (loss {got:.6f})")
+        dev.finish()
+        dev.pool.reset_peak()
+        t = median_time(lambda: net.train_step(X, Y, lr, momentum, loss), args.repeats,
+                        warmup=2, sync=dev.finish)
+        key = f"clnn ({dev.name})"
+        result["step_seconds"][key] = t
+        print(f"{key}: {1e3 * t:.2f} ms per step ({flops / t / 1e9:.1f} GFLOP/s)")
+        if report:
+            result["extra"][key] = report(dev, net, key, t)
+    if torch is not None:
+        _, tstep = torch_step_fn(make_net(devices(args.device)[0]))
+        t = median_time(tstep, args.repeats, warmup=2)
+        result["step_seconds"]["PyTorch CPU"] = t
+        print(f"PyTorch CPU: {1e3 * t:.2f} ms per step ({flops / t / 1e9:.1f} GFLOP/s, "
+              f"{torch.get_num_threads()} threads)")
+        for k, v in result["step_seconds"].items():
+            if k.startswith("clnn"):
+                print(f"{k} runs at {t / v:.2f}x PyTorch CPU's speed")
+    return result

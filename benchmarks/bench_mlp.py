@@ -17,7 +17,6 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
-import clnn  # noqa: E402
 from clnn import nn  # noqa: E402
 
 IN, BATCH = 2000, 1000
@@ -29,7 +28,8 @@ def make_net(dev):
     return nn.Sequential([nn.Dense(w, a) for w, a in LAYERS], IN, device=dev, seed=0)
 
 
-def torch_step_fn(torch, net, x, y):
+def torch_model(torch, net):
+    """PyTorch's copy of the network, and the tutorial's quadratic loss."""
     layers = []
     width = IN
     for (w, a), layer in zip(LAYERS, net.layers):
@@ -39,17 +39,7 @@ def torch_step_fn(torch, net, x, y):
             lin.bias.copy_(torch.from_numpy(layer.bias.get()))
         layers += [lin, torch.nn.Tanh() if a == "tanh" else torch.nn.Sigmoid()]
         width = w
-    model = torch.nn.Sequential(*layers)
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    X, Y = torch.from_numpy(x), torch.from_numpy(y)
-
-    def step():
-        opt.zero_grad(set_to_none=False)
-        loss = ((model(X) - Y) ** 2).sum() / (2 * BATCH)
-        loss.backward()
-        opt.step()
-        return loss
-    return model, step
+    return torch.nn.Sequential(*layers), lambda out, y: ((out - y) ** 2).sum() / (2 * BATCH)
 
 
 def buffers_needed(net):
@@ -68,43 +58,18 @@ def main(argv=None):
     y = rng.random((BATCH, 10), dtype=np.float32)
     flops = 3 * 2 * BATCH * sum(a * b for a, b in zip([IN] + [w for w, _ in LAYERS],
                                                          [w for w, _ in LAYERS]))
-    result = {"network": f"{IN}-" + "-".join(f"{w} {a}" for w, a in LAYERS),
-              "batch": BATCH, "step_seconds": {}, "memory": {}}
-    torch = _common.torch_or_none()
-    for dev in _common.devices(args.device):
-        net = make_net(dev)
-        X, Y = clnn.asarray(x, device=dev), clnn.asarray(y, device=dev)
-        if torch is not None:
-            model, tstep = torch_step_fn(torch, net, x, y)
-            want = float(tstep().detach())
-            got = float(net.train_step(X, Y, LR, MOMENTUM, "quadratic").get())
-            w_t = model[0].weight.detach().numpy()
-            w_c = net.layers[0].weight.get()
-            if abs(got - want) > 1e-4 * abs(want) or np.abs(w_t - w_c).max() > 1e-4:
-                raise SystemExit(f"clnn and PyTorch disagree after one step: loss {got} vs "
-                                 f"{want}, max weight difference {np.abs(w_t - w_c).max()}")
-            print(f"validated: one step matches PyTorch (loss {got:.6f})")
-        dev.finish()
-        dev.pool.reset_peak()
-        t = _common.median_time(lambda: net.train_step(X, Y, LR, MOMENTUM, "quadratic"),
-                                args.repeats, warmup=2, sync=dev.finish)
-        key = f"clnn ({dev.name})"
-        result["step_seconds"][key] = t
+
+    def memory(dev, net, key, t):
         s = dev.pool.stats()
-        result["memory"][key] = {"pool_peak_bytes": s["peak_bytes"],
-                                 "network_buffers_bytes": buffers_needed(net)}
-        print(f"{key}: {t:.3f} s per step ({flops / t / 1e9:.0f} GFLOP/s); pool peak "
-              f"{s['peak_bytes'] / 2**20:.0f} MiB for {buffers_needed(net) / 2**20:.0f} MiB "
-              "of network buffers (the rest: GEMM packing workspace, inputs)")
-    if torch is not None:
-        model, tstep = torch_step_fn(torch, make_net(_common.devices(args.device)[0]), x, y)
-        t = _common.median_time(tstep, args.repeats, warmup=2)
-        result["step_seconds"]["PyTorch CPU"] = t
-        print(f"PyTorch CPU: {t:.3f} s per step ({flops / t / 1e9:.0f} GFLOP/s, "
-              f"{torch.get_num_threads()} threads)")
-        for k, v in result["step_seconds"].items():
-            if k.startswith("clnn"):
-                print(f"{k} runs at {t / v:.2f}x PyTorch CPU's speed")
+        print(f"{key}: pool peak {s['peak_bytes'] / 2**20:.0f} MiB for "
+              f"{buffers_needed(net) / 2**20:.0f} MiB of network buffers (the rest: GEMM "
+              "packing workspace, inputs)")
+        return {"pool_peak_bytes": s["peak_bytes"],
+                "network_buffers_bytes": buffers_needed(net)}
+    res = _common.step_benchmark(args, make_net, torch_model, x, y, "quadratic", LR,
+                                 MOMENTUM, flops, memory)
+    result = {"network": f"{IN}-" + "-".join(f"{w} {a}" for w, a in LAYERS),
+              "batch": BATCH, "step_seconds": res["step_seconds"], "memory": res["extra"]}
     print(f"results: {_common.write_json('bench_mlp', result, args.json)}")
 
 

@@ -2,7 +2,8 @@
 
     python benchmarks/report.py [--results benchmarks/results]
 
-Reads bench_gemm.json, bench_mlp.json and bench_conv.json (whichever exist) and writes
+Reads bench_gemm.json, bench_mlp.json, bench_lenet.json and bench_conv.json (whichever
+exist) and writes
 report.md, gemm.png and conv.png beside them.
 """
 
@@ -52,7 +53,7 @@ def conv_table(data):
     return "\n".join(lines)
 
 
-def mlp_table(data):
+def step_table(data):
     lines = ["| library | seconds per step |", "|---|---|"]
     lines += [f"| {k} | {v:.3f} |" for k, v in data["step_seconds"].items()]
     return "\n".join(lines)
@@ -99,11 +100,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=RESULTS)
     args = ap.parse_args(argv)
-    gemm, mlp, conv = (_load(args.results, n) for n in ("bench_gemm", "bench_mlp",
-                                                         "bench_conv"))
+    gemm, mlp, lenet, conv = (_load(args.results, n) for n in (
+        "bench_gemm", "bench_mlp", "bench_lenet", "bench_conv"))
     parts = ["# clnn benchmark report"]
     for title, data, table in (("GEMM, float32 GFLOP/s", gemm, gemm_table),
-                               ("MLP training step", mlp, mlp_table),
+                               ("MLP training step", mlp, step_table),
+                               ("LeNet-5 training step", lenet, step_table),
                                ("Convolution", conv, conv_table)):
         if data:
             parts += [f"## {title}", f"{data.get('date', '')}, "

@@ -74,7 +74,7 @@ def _train(args):
 
 
 def _bench(args):
-    """Run benchmarks/bench_{gemm,mlp,conv}.py and benchmarks/report.py from a checkout."""
+    """Run benchmarks/bench_{gemm,mlp,lenet,conv}.py and report.py from a checkout."""
     import importlib.util
     import os
     folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -84,10 +84,11 @@ def _bench(args):
               "which this installation lacks", file=sys.stderr)
         return 2
     from tqdm.auto import tqdm
-    names = ["bench_gemm", "bench_mlp", "bench_conv"]
+    names = ["bench_gemm", "bench_mlp", "bench_lenet", "bench_conv"]
     dev = ["--device", args.device] if args.device else []
     quick = {"bench_gemm": ["--sizes", "512,1024", "--no-dense", "--repeats", "3"],
-             "bench_mlp": ["--repeats", "3"], "bench_conv": ["--repeats", "3"]}
+             "bench_mlp": ["--repeats", "3"], "bench_lenet": ["--repeats", "3"],
+             "bench_conv": ["--repeats", "3"]}
     sys.path.insert(0, folder)
     for name in tqdm(names + ["report"], unit="benchmark", disable=args.no_progress):
         spec = importlib.util.spec_from_file_location(name, os.path.join(folder, name + ".py"))
@@ -131,8 +132,9 @@ def main(argv=None):
     p.add_argument("--device", help="device spec (default: CLNN_DEVICE, else GPU, else PoCL)")
     p.add_argument("--quick", action="store_true", help="fewer candidates, smaller problems")
     p.add_argument("--no-progress", action="store_true")
-    p = sub.add_parser("bench", help="run the GEMM, MLP and convolution benchmarks and "
-                                     "write JSON, a Markdown table and PNG plots")
+    p = sub.add_parser("bench", help="run the GEMM, MLP, LeNet-5 and convolution "
+                                     "benchmarks and write JSON, a Markdown table and "
+                                     "PNG plots")
     p.add_argument("--device", help="one device (default: every device found)")
     p.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
     p.add_argument("--no-progress", action="store_true")

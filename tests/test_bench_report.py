@@ -16,10 +16,13 @@ def test_report_from_result_files(tmp_path):
     mlp = {"step_seconds": {"clnn (dev)": 0.5, "PyTorch CPU": 0.25}}
     conv = {"rows": [{"layer": "C1", "ms": {"clnn (dev)": {"forward": 1, "data grad": 2,
                                                             "weight grad": 3}}}]}
-    for name, data in (("bench_gemm", gemm), ("bench_mlp", mlp), ("bench_conv", conv)):
+    lenet = {"step_seconds": {"clnn (dev)": 0.008, "PyTorch CPU": 0.004}}
+    for name, data in (("bench_gemm", gemm), ("bench_mlp", mlp), ("bench_conv", conv),
+                       ("bench_lenet", lenet)):
         (tmp_path / f"{name}.json").write_text(json.dumps(data))
     report.main(["--results", str(tmp_path)])
     text = (tmp_path / "report.md").read_text()
     assert "| square n=8 (8x8x8) | 10.0 | 5.0 | 0.50 |" in text
     assert "| clnn (dev) | 0.500 |" in text and "| C1 | 1.00 / 2.00 / 3.00 |" in text
+    assert "## LeNet-5 training step" in text and "| clnn (dev) | 0.008 |" in text
     assert (tmp_path / "gemm.png").exists() and (tmp_path / "conv.png").exists()

@@ -136,14 +136,7 @@ def test_scratch_in_image_groups(monkeypatch):
     monkeypatch.setattr(conv_module, "SCRATCH_BYTES", 1)
     with tuning.override("conv", dict(GATHER, DGRAD="col2im")):
         check_conv(3, 2, 7, 6, 3, 3, 2, (1, 2), (1, 0))
-    x = RNG.standard_normal((3, 2, 6, 6)).astype(np.float32)
-    dy = RNG.standard_normal((3, 4, 4, 4)).astype(np.float32)
-    v = RNG.standard_normal((4, 2, 3, 3)).astype(np.float32)
-    V = clnn.asarray(v)
-    clnn.conv2d_backward_weight(clnn.asarray(dy), clnn.asarray(x), v.shape, out=V,
-                                alpha=-0.5, beta=0.9)
-    _, dw = conv2d_backward_ref(dy, x, v, (1, 1), (0, 0))
-    np.testing.assert_allclose(V.get(), 0.9 * v - 0.5 * dw, rtol=1e-5, atol=1e-5)
+    check_weight_update(3, 2)
 
 
 @pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
@@ -163,15 +156,20 @@ def test_deterministic():
         assert all(a.tobytes() == b.tobytes() for a, b in zip(first, again))
 
 
-def test_weight_gradient_accumulates_with_alpha_beta():
-    x = RNG.standard_normal((2, 3, 6, 6)).astype(np.float32)
-    dy = RNG.standard_normal((2, 4, 4, 4)).astype(np.float32)
-    v = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)
+def check_weight_update(N, C):
+    """dw = alpha * dL/dw + beta * dw, the update step of a training loop."""
+    x = RNG.standard_normal((N, C, 6, 6)).astype(np.float32)
+    dy = RNG.standard_normal((N, 4, 4, 4)).astype(np.float32)
+    v = RNG.standard_normal((4, C, 3, 3)).astype(np.float32)
     V = clnn.asarray(v)
     clnn.conv2d_backward_weight(clnn.asarray(dy), clnn.asarray(x), v.shape, out=V,
                                 alpha=-0.5, beta=0.9)
     _, dw = conv2d_backward_ref(dy, x, v, (1, 1), (0, 0))
     np.testing.assert_allclose(V.get(), 0.9 * v - 0.5 * dw, rtol=1e-5, atol=1e-5)
+
+
+def test_weight_gradient_accumulates_with_alpha_beta():
+    check_weight_update(2, 3)
 
 
 def test_bad_shapes():
