@@ -212,9 +212,8 @@ class Kernel:
         evt = cl.enqueue_nd_range_kernel(self.device.queue, self.cl_kernel,
                                          tuple(global_size),
                                          None if local_size is None else tuple(local_size))
-        recording = getattr(_recording, "events", None)
-        if recording is not None:
-            recording.append(evt)
+        for events in getattr(_recording, "lists", ()):
+            events.append(evt)
         return evt
 
 
@@ -223,15 +222,16 @@ _recording = threading.local()
 
 @contextlib.contextmanager
 def recorded_events():
-    """The events of every kernel this thread launches inside the block, in a list:
-    an op's device time is from the first one's profiled start to the last one's end
-    (the device queues profile; the tuner times candidates this way)."""
-    outer = getattr(_recording, "events", None)
-    events = _recording.events = []
+    """The events of every kernel this thread launches inside the block (nested blocks
+    included), in a list: an op's device time is from the first one's profiled start
+    to the last one's end (the device queues profile; the tuner times candidates so)."""
+    outer = getattr(_recording, "lists", ())
+    events = []
+    _recording.lists = outer + (events,)
     try:
         yield events
     finally:
-        _recording.events = outer
+        _recording.lists = outer
 
 
 class KernelCache:
