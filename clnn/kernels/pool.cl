@@ -7,7 +7,8 @@
 // x (N, C, H, W) -> y (N, C, P, Q) over KH x KW windows with stride (SH, SW) and zero
 // padding (PH, PW); planes = N * C. One work-item per output row forward, one per
 // input row backward (each element gathers over the windows that contain it), so
-// nothing is written twice and no atomics are needed.
+// nothing is written twice and no atomics are needed. Max pooling over 2x2 windows
+// with stride 2 and no padding has its own kernels at the end: a work-item per element.
 % if mode == "max":
 // Max pooling ignores padding; a window's maximum is its first maximal element in
 // row-major order, the same rule forward and backward, so ties route the gradient to
@@ -150,3 +151,62 @@ __kernel void clnn_pool_backward(
         }
     }
 }
+
+% if mode == "max":
+// ---- 2x2 windows, stride 2, no padding (LeNet's pooling, and most CNNs'): a
+// work-item per element with no loops, so PoCL can run a work-group's work-items as
+// one vectorised loop. Same rules as above: the first maximum in row-major order wins,
+// a NaN beats any number.
+inline bool clnn_beats(const acc_t v, const acc_t best)
+{
+    // v != v is IEEE's NaN test (no fast-math here): PoCL makes isnan() a call, and
+    // a call in the body keeps it from vectorising the work-items
+    return (v > best) | ((v != v) & (best == best));
+}
+
+inline int clnn_argmax22(__global const real_t *x, const int W, const int p, const int q)
+{
+    const int i0 = 2 * p * W + 2 * q;
+    const acc_t a = CLNN_LOAD(x, i0), b = CLNN_LOAD(x, i0 + 1);
+    const acc_t c = CLNN_LOAD(x, i0 + W), d = CLNN_LOAD(x, i0 + W + 1);
+    int best = i0;
+    acc_t v = a;
+    best = clnn_beats(b, v) ? i0 + 1 : best;
+    v = clnn_beats(b, v) ? b : v;
+    best = clnn_beats(c, v) ? i0 + W : best;
+    v = clnn_beats(c, v) ? c : v;
+    best = clnn_beats(d, v) ? i0 + W + 1 : best;
+    return best;
+}
+
+__kernel void clnn_pool22_forward(const int planes, const int H, const int W, const int P,
+                                  const int Q, __global const real_t *x, const int x_off,
+                                  __global real_t *y, const int y_off)
+{
+    const int q = (int)get_global_id(0);
+    const int row = (int)get_global_id(1);       // plane * P + p
+    if (q >= Q || row >= planes * P)
+        return;
+    __global const real_t *xp = x + x_off + row / P * H * W;
+    CLNN_STORE(CLNN_LOAD(xp, clnn_argmax22(xp, W, row % P, q)), y, y_off + row * Q + q);
+}
+
+__kernel void clnn_pool22_backward(const int planes, const int H, const int W, const int P,
+                                   const int Q, __global const real_t *x, const int x_off,
+                                   __global const real_t *dy, const int dy_off,
+                                   __global real_t *dx, const int dx_off)
+{
+    const int w = (int)get_global_id(0);
+    const int row = (int)get_global_id(1);       // plane * H + h
+    if (w >= W || row >= planes * H)
+        return;
+    const int plane = row / H, h = row % H, p = h / 2, q = w / 2;
+    acc_t g = (acc_t)0;
+    if (p < P && q < Q) {
+        __global const real_t *xp = x + x_off + plane * H * W;
+        const acc_t d = CLNN_LOAD(dy, dy_off + (plane * P + p) * Q + q);
+        g = clnn_argmax22(xp, W, p, q) == h * W + w ? d : (acc_t)0;
+    }
+    CLNN_STORE(g, dx, dx_off + row * W + w);
+}
+% endif

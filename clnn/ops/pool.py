@@ -27,6 +27,20 @@ def pool_geometry(x_shape, kernel_size, stride, padding):
     return N, C, H, W, P, Q, k, s, p
 
 
+def _is_22(mode, k, s, p):
+    """Max pooling over 2x2 windows with stride 2 and no padding: its own kernels."""
+    return mode == "max" and tuple(k) == (2, 2) and tuple(s) == (2, 2) and tuple(p) == (0, 0)
+
+
+def _grid(dev, cols, rows):
+    """(global, local) for a work-item per element of a rows x cols grid, in groups of
+    8 x 8: PoCL runs the 8 along a row as one vectorised loop, and 8 rows per group
+    cut its per-group cost (LeNet-5's pooling: 1.1 -> 0.7 ms per training step)."""
+    lx = min(8, dev.facts.max_work_group_size)
+    ly = max(1, min(8, dev.facts.max_work_group_size // lx))
+    return (-(-cols // lx) * lx, -(-rows // ly) * ly), (lx, ly)
+
+
 def _args(N, C, H, W, P, Q, k, s, p):
     return dict(planes=N * C, H=H, W=W, P=P, Q=Q, KH=k[0], KW=k[1], SH=s[0], SW=s[1],
                 PH=p[0], PW=p[1])
@@ -37,6 +51,12 @@ def _forward(mode, x, kernel_size, stride, padding, out):
     dt = check(x, "x", dev, ndim=4)
     N, C, H, W, P, Q, k, s, p = pool_geometry(x.shape, kernel_size, stride, padding)
     out = check_out(out, (N, C, P, Q), dt, dev, inputs=(x,), allow_alias=False)
+    if _is_22(mode, k, s, p):
+        kern = programs.get_kernel(dev, "pool", "clnn_pool22_forward",
+                                   {"dtype": dt.name, "mode": mode})
+        evt = kern(*_grid(dev, Q, N * C * P), planes=N * C, H=H, W=W, P=P, Q=Q, x=x,
+                   x_off=offset(x), y=out, y_off=offset(out))
+        return _done(out, evt)
     kern = programs.get_kernel(dev, "pool", "clnn_pool_forward", {"dtype": dt.name,
                                                                    "mode": mode})
     g, l = launch_size(dev, N * C * P)          # a work-item per output row
@@ -51,6 +71,12 @@ def _backward(mode, dy, x, kernel_size, stride, padding, out):
     N, C, H, W, P, Q, k, s, p = pool_geometry(x.shape, kernel_size, stride, padding)
     check(dy, "dy", dev, dtype=dt, shape=(N, C, P, Q))
     out = check_out(out, x.shape, dt, dev, inputs=(dy, x), allow_alias=False)
+    if _is_22(mode, k, s, p):
+        kern = programs.get_kernel(dev, "pool", "clnn_pool22_backward",
+                                   {"dtype": dt.name, "mode": mode})
+        evt = kern(*_grid(dev, W, N * C * H), planes=N * C, H=H, W=W, P=P, Q=Q, x=x,
+                   x_off=offset(x), dy=dy, dy_off=offset(dy), dx=out, dx_off=offset(out))
+        return _done(out, evt)
     kern = programs.get_kernel(dev, "pool", "clnn_pool_backward", {"dtype": dt.name,
                                                                     "mode": mode})
     g, l = launch_size(dev, N * C * H)          # a work-item per input row

@@ -47,3 +47,26 @@ def test_defaults_and_bad_input():
         clnn.avg_pool2d(x, 5)
     with pytest.raises(clnn.ShapeError):
         clnn.max_pool2d_backward(clnn.zeros((1, 2, 3, 3)), x, 2)
+
+
+@pytest.mark.parametrize("H,W", [(2, 2), (7, 9), (28, 28), (1 + 2 * 5, 2 * 8)])
+def test_2x2_max_pooling_ties_and_nans(H, W):
+    """2x2 windows with stride 2 have their own kernels: the first maximum in row-major
+    order wins, a NaN beats any number, rows and columns past the last window get no
+    gradient. Checked against the reference and against the general kernels."""
+    import sys
+    from unittest import mock
+    x = RNG.integers(-2, 3, (2, 3, H, W)).astype(np.float32)     # many ties
+    x[0, 0, 0, 1] = x[1, 2, -1, -1] = x[1, 1, 0, 0] = np.nan
+    x[1, 1, 0, 1] = np.nan                                          # two in one window
+    ref, backward = pool2d_ref(x, (2, 2), (2, 2), (0, 0), "max")
+    dy = RNG.standard_normal(ref.shape).astype(np.float32)
+    X, DY = clnn.asarray(x), clnn.asarray(dy)
+    fast = clnn.max_pool2d(X, 2).get(), clnn.max_pool2d_backward(DY, X, 2).get()
+    np.testing.assert_array_equal(fast[0], ref.astype(np.float32))
+    np.testing.assert_array_equal(fast[1], backward(dy).astype(np.float32))
+    pool = sys.modules["clnn.ops.pool"]
+    with mock.patch.object(pool, "_is_22", lambda *a: False):
+        general = clnn.max_pool2d(X, 2).get(), clnn.max_pool2d_backward(DY, X, 2).get()
+    for a, b in zip(fast, general):
+        np.testing.assert_array_equal(a, b)
