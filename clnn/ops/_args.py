@@ -100,6 +100,12 @@ def dev_empty(dev, shape, dtype):
     return cla.empty(dev.queue, tuple(shape), dtype, allocator=dev.pool)
 
 
+def scratch_cap(dev, limit):
+    """The most bytes one launch's scratch (packed panels, padded copies) may take:
+    ``limit``, and never more than an eighth of the pool's budget."""
+    return min(limit, dev.pool.budget // 8)
+
+
 def dev_scratch(dev, count, dtype):
     """A pool buffer for ``count`` elements of ``dtype`` that only kernels touch (packed
     panels, padded copies): a bare buffer, without the 20-30 us of Python that making

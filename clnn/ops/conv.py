@@ -32,7 +32,8 @@ import numpy as np
 
 from .. import programs, tuning
 from ..errors import ShapeError
-from ._args import check, check_out, common_device, dev_scratch, finite, offset
+from ._args import (check, check_out, common_device, dev_scratch, finite, offset,
+                    scratch_cap)
 from .elementwise import _done, _param
 from .gemm import run_gemm
 
@@ -144,7 +145,7 @@ def _dgrad_col2im(dev, dt, p, dy, w, out, C, H, W, M, P, Q, R, S, st, pd):
     acc = programs.acc_dtype(dt)
     nwi = _tiles(p, dt, CRS, Q)[1]
     ld = -(-CRS // nwi) * nwi              # whole panels per row: vector stores
-    group = max(1, min(N, _scratch_bytes(dev) // (P * Q * ld * acc.itemsize)))
+    group = max(1, min(N, scratch_cap(dev, SCRATCH_BYTES) // (P * Q * ld * acc.itemsize)))
     dcol = dev_scratch(dev, group * P * Q * ld, acc)
     col2im = programs.get_kernel(dev, "conv", "clnn_conv_col2im", {"dtype": dt.name})
     for n0 in range(0, N, group):
@@ -197,10 +198,6 @@ def _geometry_args(C, H, W, M, P, Q, R, S, stride, padding):
 # covers a group of images at a time.
 SCRATCH_BYTES = 32 << 20
 
-
-def _scratch_bytes(dev):
-    return min(SCRATCH_BYTES, dev.pool.budget // 8)
-
 # Largest zero-padded copy of an input the gathered path makes (bytes, and at most an
 # eighth of the pool's budget); bigger inputs are read in place with bounds checks.
 PAD_BYTES = 64 << 20
@@ -214,7 +211,7 @@ def _pad_input(dev, dt, x, images, H, W, ph, pw):
     the 56x56x64 layer, and the copy costs 5% of that."""
     Hp, Wp = H + 2 * ph, W + 2 * pw
     nbytes = images * Hp * Wp * dt.itemsize
-    if not (ph or pw) or min(ph, pw) < 0 or nbytes > min(PAD_BYTES, dev.pool.budget // 8):
+    if not (ph or pw) or min(ph, pw) < 0 or nbytes > scratch_cap(dev, PAD_BYTES):
         return x, offset(x), H, W, ph, pw, None
     xp = dev_scratch(dev, images * Hp * Wp, dt)
     pad = programs.get_kernel(dev, "conv", "clnn_conv_pad", {"dtype": dt.name})
@@ -243,7 +240,8 @@ def conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_par
     if p["variant"] == "gather":
         xg, xg_off, Hg, Wg, phg, pwg, zr = _pad_input(dev, dt, x, N * C, H, W, *pd)
         evt = _run_gather(dev, dt, p, x=xg, x_off=xg_off, H=Hg, W=Wg, ph=phg, pw=pwg,
-                          zero_rows=zr, rows3=(N, P, Q), row_steps=(C * Hg * Wg, st[0], st[1]),
+                          zero_rows=zr, rows3=(N, P, Q),
+                          row_steps=(C * Hg * Wg, st[0], st[1]),
                           k3=(C, R, S), k_steps=(Hg * Wg, 1, 1), cols=M, src=w,
                           src_off=offset(w), CS=C * R * S, KD=C * R * S, KS=0, flip=0,
                           out=out, out_steps=(M * P * Q, Q, 1, P * Q), act=act,
@@ -327,7 +325,7 @@ def conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, alp
         # every group after the first adds its sum into dw
         nwi = _tiles(p, dt, M, 0)[1]
         per_image = -(-M // nwi) * nwi * P * Q * programs.acc_dtype(dt).itemsize
-        group = max(1, min(N, _scratch_bytes(dev) // per_image))
+        group = max(1, min(N, scratch_cap(dev, SCRATCH_BYTES) // per_image))
         for n0 in range(0, N, group):
             g = min(group, N - n0)
             evt = _run_gather(dev, dt, p, x=xg, x_off=xg_off + n0 * C * Hg * Wg, H=Hg, W=Wg,

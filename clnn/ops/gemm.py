@@ -9,7 +9,7 @@ operand makes a strided batch, and a 2-D one beside it is shared by every batch.
 from .. import programs, tuning
 from ..errors import ArgumentError, ShapeError
 from ._args import (INT_MAX, as_array, check, common_device, dev_empty, dev_scratch,
-                    finite)
+                    finite, scratch_cap)
 from .elementwise import ACTIVATIONS, _done, _param
 
 programs.register(
@@ -198,7 +198,7 @@ def _gemm_packed(dev, dt, prm, params, a_args, a_batches, b_args, b_batches, nba
     mwi, nwi, wgm = params["MWI"], params["NWI"], params["WGM"]
     Mb = -(-M // mwi)
     acc = programs.acc_dtype(dt)
-    cap = min(PANEL_BYTES, dev.pool.budget // 8)
+    cap = scratch_cap(dev, PANEL_BYTES)
 
     def panel_bytes(group, kc, nc):
         return ((group if a_batches > 1 else 1) * Mb * mwi +
