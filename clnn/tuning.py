@@ -38,11 +38,33 @@ GEMM_TABLE = {
     },
     # (vendor substring, type)
     "vendor": {
-        # NVIDIA (untuned here, no such device): 256 threads, 8x8 outputs each, a
-        # 128x128x16 tile in 16 KiB of local memory fits Maxwell..Hopper with room
-        # for two groups per SM.
-        ("nvidia", "GPU"): {"variant": "local", "MWG": 128, "NWG": 128, "KWG": 16,
-                            "MDIMC": 16, "NDIMC": 16, "tuned": False},
+        # NVIDIA: the rows the planner (clnn/plans.py) picks from per shape. "speed" is
+        # each row's float32 throughput at 4096^3 relative to the fastest, measured on
+        # an H100 (driver 580.159.04, 2026-11-23, benchmarks/README.md): 128x128 tiles
+        # for big products, 64x64 with 8x8 per work-item where 128x128 tiles leave
+        # units idle (1024^3: 27.6 against 23.3 TFLOP/s), skinny and small tiles for
+        # outputs with few rows or columns (10 classes, 6 filters, 3 channels), and
+        # split-K where even those leave units idle. 128x128 needs 33 KiB of local
+        # memory: more than the 32 KiB the Oclgrind gate simulates, and than some GPUs
+        # have; the planner drops rows that do not fit.
+        ("nvidia", "GPU"): [
+            {"variant": "local", "MWG": 128, "NWG": 128, "KWG": 16, "MDIMC": 8,
+             "NDIMC": 32, "VWM": 4, "VWN": 4, "speed": 1.0, "tuned": True},
+            {"variant": "local", "MWG": 128, "NWG": 128, "KWG": 16, "MDIMC": 16,
+             "NDIMC": 16, "VWM": 4, "VWN": 4, "speed": 0.94, "tuned": True},
+            {"variant": "local", "MWG": 128, "NWG": 64, "KWG": 16, "MDIMC": 16,
+             "NDIMC": 16, "VWM": 4, "VWN": 4, "speed": 0.85, "tuned": True},
+            {"variant": "local", "MWG": 64, "NWG": 64, "KWG": 16, "MDIMC": 8,
+             "NDIMC": 8, "VWM": 4, "VWN": 4, "speed": 0.93, "tuned": True},
+            {"variant": "local", "MWG": 64, "NWG": 64, "KWG": 16, "MDIMC": 16,
+             "NDIMC": 16, "VWM": 2, "VWN": 2, "speed": 0.75, "tuned": True},
+            {"variant": "local", "MWG": 128, "NWG": 32, "KWG": 16, "MDIMC": 32,
+             "NDIMC": 8, "VWM": 4, "VWN": 4, "speed": 0.66, "tuned": True},
+            {"variant": "local", "MWG": 32, "NWG": 128, "KWG": 16, "MDIMC": 8,
+             "NDIMC": 32, "VWM": 4, "VWN": 4, "speed": 0.72, "tuned": True},
+            {"variant": "local", "MWG": 16, "NWG": 64, "KWG": 16, "MDIMC": 4,
+             "NDIMC": 16, "VWM": 4, "VWN": 4, "speed": 0.61, "tuned": True},
+        ],
         # AMD GCN/RDNA (untuned): wavefronts of 64, 256 work-items, 64x64 tiles with
         # 4x4 outputs each keep VGPR use low enough for several waves per CU.
         ("advanced micro devices", "GPU"): {"variant": "local", "MWG": 64, "NWG": 64,
@@ -91,6 +113,8 @@ CONV_TABLE = {
 _KEYS = {"reg": ("MWI", "NWI", "VW", "WGM"),
          "local": ("MWG", "NWG", "KWG", "MDIMC", "NDIMC"),
          "gather": ("VW", "WG")}
+# parameters a row may leave out, with their defaults
+_OPTIONAL = {"local": {"VWM": 1, "VWN": 1}}
 
 
 def gemm_problems(p, facts=None, itemsize=4):
@@ -124,16 +148,25 @@ def gemm_problems(p, facts=None, itemsize=4):
         wg = p["WGM"]
         local_bytes = 0
     else:
-        if p["MWG"] % p["MDIMC"] or p["NWG"] % p["NDIMC"]:
-            probs.append("MWG and NWG must be multiples of MDIMC and NDIMC")
+        vwm, vwn = p.get("VWM", 1), p.get("VWN", 1)
+        if vwm not in (1, 2, 4) or vwn not in (1, 2, 4):
+            probs.append("VWM and VWN must be 1, 2 or 4")
+        elif p["MWG"] % (p["MDIMC"] * vwm) or p["NWG"] % (p["NDIMC"] * vwn):
+            probs.append("MWG and NWG must be multiples of MDIMC * VWM and NDIMC * VWN")
         wg = p["MDIMC"] * p["NDIMC"]
-        local_bytes = (p["MWG"] + p["NWG"]) * p["KWG"] * max(itemsize, 4)
+        if wg % p["NWG"] and p["NWG"] % wg:
+            probs.append("NWG must divide, or be a multiple of, MDIMC * NDIMC (the "
+                         "convolution loaders give each work-item whole columns)")
+        if "speed" in p and not (isinstance(p["speed"], (int, float)) and 0 < p["speed"] <= 1):
+            probs.append("speed (relative throughput for the planner) must lie in (0, 1]")
+        if "KSPLIT" in p and (not isinstance(p["KSPLIT"], int) or p["KSPLIT"] < 1):
+            probs.append("KSPLIT (a forced number of K slices) must be a positive int")
+        local_bytes = 2 * p["KWG"] * (p["MWG"] + p["NWG"] + 8) * max(itemsize, 4)
     if facts is not None:
         if wg > facts.max_work_group_size:
             probs.append(f"work-group of {wg} exceeds the device's {facts.max_work_group_size}")
-        if variant == "local" and (p["MDIMC"] > facts.max_work_item_sizes[0]
-                                   or p["NDIMC"] > facts.max_work_item_sizes[1]):
-            probs.append("work-group dimensions exceed the device's work-item sizes")
+        if variant == "local" and wg > facts.max_work_item_sizes[0]:
+            probs.append("the work-group exceeds the device's work-item sizes")
         if local_bytes > facts.local_mem_size:
             probs.append(f"{local_bytes} bytes of local memory exceed the device's "
                          f"{facts.local_mem_size}")
@@ -143,11 +176,14 @@ def gemm_problems(p, facts=None, itemsize=4):
 def all_gemm_rows():
     """Every parameter set in GEMM_TABLE (for the clang gate and the table tests)."""
     t = GEMM_TABLE
-    return (list(t["device"].values()) + list(t["vendor"].values())
-            + list(t["type"].values()) + [t["default"]])
+    entries = (list(t["device"].values()) + list(t["vendor"].values())
+               + list(t["type"].values()) + [t["default"]])
+    return [row for e in entries for row in (e if isinstance(e, list) else [e])]
 
 
 def _lookup_chain(facts):
+    """The table's entries for a device, most specific first; an entry is one row or a
+    list of rows that the planner chooses from per shape."""
     table = GEMM_TABLE
     chain = []
     if facts.name in table["device"]:
@@ -176,11 +212,30 @@ def override(kernel, params):
         _override.stack = stack
 
 
-def shape_class(M, N, K, trans_a=False, trans_b=False):
-    """The tuning class of a GEMM: transposes and aspect ("square", "tall", "wide")."""
+def size_bucket(M, N, K, batch=1):
+    """"small", "medium" or "large": a GEMM's multiply-adds below 512^3, below 2048^3,
+    or above. Tile choices differ most between these (a tile that wins at 384^3 made
+    4096^3 run 2.3x slower on an H100), so the tuner tunes and looks up by bucket."""
+    work = M * N * K * batch
+    return "small" if work < 1 << 27 else "medium" if work < 1 << 33 else "large"
+
+
+def forced(kernel):
+    """The innermost override of a kernel without tile rows ("reduce", "rows"): a dict
+    such as {"wg": True} that makes tests and benchmarks take a device type's path on
+    another device (the GPU kernels on PoCL, under Oclgrind); None when not forced."""
+    for name, params in reversed(getattr(_override, "stack", [])):
+        if name == kernel:
+            return params
+    return None
+
+
+def shape_class(M, N, K, trans_a=False, trans_b=False, batch=1):
+    """The tuning class of a GEMM: transposes, aspect ("square", "tall", "wide") and
+    size bucket, e.g. "NT-wide-medium"."""
     t = ("T" if trans_a else "N") + ("T" if trans_b else "N")
     aspect = "tall" if M >= 4 * N else "wide" if N >= 4 * M else "square"
-    return f"{t}-{aspect}"
+    return f"{t}-{aspect}-{size_bucket(M, N, K, batch)}"
 
 
 # ---------------------------------------------------------------- the user's database
@@ -268,41 +323,64 @@ def _overridden(kernels, facts, itemsize):
     return None
 
 
-def gemm_params(facts, itemsize=4, dtype="float32", klass=None):
-    """The GEMM parameters for a device: the override, else the user's database entry
-    for ``klass`` (see shape_class), else the first table row that fits."""
+def gemm_rows(facts, itemsize=4, dtype="float32", klass=None):
+    """The GEMM parameter sets to choose from for a device and shape class: the
+    override, else the user's database entry for ``klass`` (see shape_class), else
+    the rows of the first table entry that has rows fitting the device."""
     params = _overridden(("gemm",), facts, itemsize)
     if params is not None:
-        return params
+        return [params]
     if klass is not None:
         params = _from_db(facts, itemsize, dtype, klass)
         if params is not None and params.get("variant") != "gather":
-            return params
-    for params in _lookup_chain(facts):
-        if not gemm_problems(params, facts, itemsize):
-            return params
+            return [params]
+    return table_rows(facts, itemsize)
+
+
+@functools.lru_cache(maxsize=64)
+def table_rows(facts, itemsize=4):
+    """The rows of the first table entry for ``facts`` that has rows fitting the device,
+    as a tuple (asked for on every launch: checking each row takes 5 us). Emptied by
+    clnn.programs.clear_caches(), e.g. after a change to GEMM_TABLE."""
+    for entry in _lookup_chain(facts):
+        rows = tuple(r for r in (entry if isinstance(entry, list) else [entry])
+                     if not gemm_problems(r, facts, itemsize))
+        if rows:
+            return rows
     # The OpenCL 1.2 minimum device (work-group 1) still takes this.
-    return {"variant": "reg", "MWI": 1, "NWI": 1, "VW": 1, "WGM": 1}
+    return ({"variant": "reg", "MWI": 1, "NWI": 1, "VW": 1, "WGM": 1},)
 
 
-def conv_params(facts, itemsize=4, dtype="float32", klass=None):
-    """The parameters of a convolution op (``klass`` "conv-fwd", "conv-dgrad" or
-    "conv-wgrad"): a "gather" set (conv.cl) or a GEMM row (gemm.cl's loaders).
+def gemm_params(facts, itemsize=4, dtype="float32", klass=None):
+    """The first of gemm_rows(): the one parameter set of a CPU, the largest tile of a
+    GPU (whose routines let clnn/plans.py choose among all the rows per shape)."""
+    return gemm_rows(facts, itemsize, dtype, klass)[0]
+
+
+def conv_rows(facts, itemsize=4, dtype="float32", klass=None):
+    """The parameter sets of a convolution op (``klass`` "conv-fwd-<bucket>",
+    "conv-dgrad-..." or "conv-wgrad-..."): a "gather" set (conv.cl) or GEMM rows
+    (gemm.cl's loaders; a GPU's planner chooses among them per shape).
 
     Order: the innermost override of "conv" or "gemm", the user's database entry for
-    the class, CONV_TABLE for the exact device, then its type, the device's GEMM row.
+    the class, CONV_TABLE for the exact device, then its type, the device's GEMM rows.
     """
     params = _overridden(("conv", "gemm"), facts, itemsize)
     if params is not None:
-        return params
+        return [params]
     if klass is not None:
         params = _from_db(facts, itemsize, dtype, klass)
         if params is not None:
-            return params
+            return [params]
     for row in (CONV_TABLE["device"].get(facts.name), CONV_TABLE["type"].get(facts.type)):
         if row is not None and not gemm_problems(row, facts, itemsize):
-            return row
-    return gemm_params(facts, itemsize, dtype)
+            return [row]
+    return gemm_rows(facts, itemsize, dtype)
+
+
+def conv_params(facts, itemsize=4, dtype="float32", klass=None):
+    """The first of conv_rows()."""
+    return conv_rows(facts, itemsize, dtype, klass)[0]
 
 
 def template_tuning(params, dtype="float32"):
@@ -310,7 +388,10 @@ def template_tuning(params, dtype="float32"):
 
     VW counts float32 lanes; a float64 vector of the same bytes has half as many.
     """
-    t = {k: v for k, v in params.items() if k in _KEYS[params["variant"]]}
+    variant = params["variant"]
+    t = dict(_OPTIONAL.get(variant, {}))
+    t.update({k: v for k, v in params.items()
+              if k in _KEYS[variant] or k in _OPTIONAL.get(variant, {})})
     if "VW" in t and np.dtype(dtype) == np.float64:
         t["VW"] = max(1, t["VW"] // 2)
     return tuple(sorted(t.items()))

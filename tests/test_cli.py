@@ -18,7 +18,8 @@ def test_render_prints_the_source():
     r = clnn_cli("render", "gemm", "--dtype", "float64", "--param", "variant=local",
                  "--param", "trans_a=true", "--param", "KWG=4")
     assert r.returncode == 0, r.stderr
-    assert "typedef double real_t;" in r.stdout and "a_lm[KWG][MWG]" in r.stdout
+    assert "typedef double real_t;" in r.stdout and "#define KWG 4" in r.stdout
+    assert "clnn_gemm_tiled" in r.stdout and "a_lmv[" in r.stdout
     assert "#define KWG 4 " in r.stdout
     assert clnn_cli("render", "nope").returncode == 2
     assert clnn_cli("render", "elementwise", "--param", "act").returncode == 2

@@ -33,7 +33,7 @@ def test_build_error_saves_numbered_source(dev):
     bad = {"variant": "local", "trans_a": False, "trans_b": False,
            "tuning": (("KWG", 4), ("MDIMC", 4), ("MWG", 10), ("NDIMC", 4), ("NWG", 8))}
     with pytest.raises(clnn.KernelBuildError) as e:
-        programs.get_kernel(dev, "gemm", "clnn_gemm", bad)
+        programs.get_kernel(dev, "gemm", "clnn_gemm_tiled", bad)
     err = e.value
     assert "MWG and NWG must be multiples" in err.log
     assert err.params["tuning"] == bad["tuning"] and "-cl-std=CL1.2" in err.options

@@ -1,7 +1,7 @@
 ## gemm.cl: C = act(alpha * op(A) @ op(B) + beta * C + bias), batched, two tile variants.
 ## Parameters (template):
 ##   dtype            float32 | float64 | float16 (half storage, float arithmetic)
-##   variant          "reg": register-blocked, no local memory, no barriers (CPUs)
+##   variant          "reg": packed panels and register blocks, no local memory (CPUs)
 ##                    "local": local-memory tiles shared by a work-group (GPUs)
 ##   trans_a, trans_b A stored (K, M) / B stored (N, K)
 ##   act              epilogue activation (a name from clnn.ACTIVATIONS) or "none"
@@ -9,9 +9,13 @@
 ##                    (bias[m] to row m: convolution output channels)
 ##   conv             "none" (plain GEMM) or the implicit-GEMM loaders of a convolution:
 ##                    "fwd", "dgrad" (data gradient), "wgrad" (weight gradient)
-##   even             ("local") M, N, K are multiples of MWG, NWG, KWG: the fast path
-##                    without guarded loads and stores
+##   vec              ("local") width of the vector loads and stores of plain matrix
+##                    operands: 1, 2 or 4 (the routine checks their alignment)
+##   partial          ("local") write the raw sums of one K slice to a workspace, for
+##                    clnn_gemm_splitk to add up in a fixed order (split-K)
 ##   tuning           the tile parameters below, as a dict (see clnn/tuning.py)
+## Kernels: "reg": clnn_pack_a, clnn_pack_b, clnn_gemm_packed, clnn_gemv;
+##          "local": clnn_gemm_tiled, clnn_gemm_splitk.
 ## Used by clnn/ops/gemm.py (and, through it, dense and convolution layers).
 <%include file="_common.cl"/>
 <%include file="_activation.cl" args="act=act"/>
@@ -28,27 +32,34 @@
 // Batches (dimension 2 of the launch) add *_bstride elements per batch; a stride of 0
 // shares that operand across the batch. With beta == 0 the old C is never read, so
 // NaN there cannot leak into the result.
-//
-// ---- tuning parameters (${variant} variant)
+
+// The fused epilogue for one element of C.
+inline void clnn_epilogue(__global real_t *c, const int idx, const int m, const int n,
+                          const acc_t acc, const acc_t alpha, const acc_t beta,
+                          const acc_t act_p, __global const real_t *bias)
+{
+    acc_t v = alpha * acc;
+    if (beta != (acc_t)0)
+        v += beta * CLNN_LOAD(c, idx);
+% if bias == "col":
+    v += CLNN_LOAD(bias, n);     // one bias per column: dense layers, batch-first
+% elif bias == "row":
+    v += CLNN_LOAD(bias, m);     // one bias per row: output channels of a convolution
+% endif
+% if act != "none":
+    v = clnn_f(v, act_p);
+% endif
+    CLNN_STORE(v, c, idx);
+}
+
 % if variant == "reg":
+// ---- tuning parameters (reg variant)
 #define MWI ${t["MWI"]}    // rows of C per work-item (and per A panel)
 #define NWI ${t["NWI"]}    // columns of C per work-item (and per B panel), a multiple of VW
 #define VW ${VW}     // vector width of the B loads and the accumulators
 #if NWI % VW != 0
 #error "NWI must be a multiple of VW"
 #endif
-% else:
-#define MWG ${t["MWG"]}    // rows of C per work-group tile
-#define NWG ${t["NWG"]}    // columns of C per work-group tile
-#define KWG ${t["KWG"]}    // K step: depth of the tiles held in local memory
-#define MDIMC ${t["MDIMC"]}  // work-items along M
-#define NDIMC ${t["NDIMC"]}  // work-items along N
-#define MWI (MWG / MDIMC)  // rows of C per work-item (strided by MDIMC)
-#define NWI (NWG / NDIMC)  // columns of C per work-item (strided by NDIMC)
-#if MWG % MDIMC != 0 || NWG % NDIMC != 0
-#error "MWG and NWG must be multiples of MDIMC and NDIMC"
-#endif
-% endif
 
 <% conv_sig = "" %>
 % if conv in ("none", "wgrad"):
@@ -141,29 +152,9 @@ inline acc_t clnn_unrolled_xt(__global const real_t *x, const int k, const int j
 %   endif
 % endif
 
-// The fused epilogue for one element of C.
-inline void clnn_epilogue(__global real_t *c, const int idx, const int m, const int n,
-                          const acc_t acc, const acc_t alpha, const acc_t beta,
-                          const acc_t act_p, __global const real_t *bias)
-{
-    acc_t v = alpha * acc;
-    if (beta != (acc_t)0)
-        v += beta * CLNN_LOAD(c, idx);
-% if bias == "col":
-    v += CLNN_LOAD(bias, n);     // one bias per column: dense layers, batch-first
-% elif bias == "row":
-    v += CLNN_LOAD(bias, m);     // one bias per row: output channels of a convolution
-% endif
-% if act != "none":
-    v = clnn_f(v, act_p);
-% endif
-    CLNN_STORE(v, c, idx);
-}
-
-% if variant == "reg":
 <%
     NVW = t["NWI"] // VW
-    vec = f"{acc}{VW}" if VW > 1 else acc
+    rvec = f"{acc}{VW}" if VW > 1 else acc
     comps = "0123456789abcdef"
 %>
 // ---- packing: the CPU variant first copies A and B into panels, like BLIS does.
@@ -275,7 +266,7 @@ __kernel void clnn_pack_b(const int N, const int K, const int Nb, const int k0,
 % endif
 }
 
-typedef ${vec} vec_t;
+typedef ${rvec} vec_t;
 
 // Register-blocked micro-kernel for CPUs. Each work-item owns an MWI x NWI block of C
 // in MWI * NVW vector registers (unrolled by the template, so the compiler keeps every
@@ -287,13 +278,13 @@ typedef ${vec} vec_t;
 // CPU local memory is ordinary memory and a barrier splits the work-item loop.
 // b_pk panels start at multiples of NWI elements (a multiple of VW) from a buffer
 // start, so the vector loads are aligned.
-__kernel void clnn_gemm(const int M, const int N, const int K,
-                        const acc_t alpha, const acc_t beta, const acc_t act_p,
-                        const int Mb, const int Nb, const int a_batched, const int b_batched,
-                        __global const acc_t *a_pk, __global const acc_t *b_pk,
-                        __global const real_t *bias, const int bias_off,
-                        __global real_t *c, const int c_off, const int ldc,
-                        const int c_bstride, const int n_base${conv_sig})
+__kernel void clnn_gemm_packed(const int M, const int N, const int K,
+                               const acc_t alpha, const acc_t beta, const acc_t act_p,
+                               const int Mb, const int Nb, const int a_batched, const int b_batched,
+                               __global const acc_t *a_pk, __global const acc_t *b_pk,
+                               __global const real_t *bias, const int bias_off,
+                               __global real_t *c, const int c_off, const int ldc,
+                               const int c_bstride, const int n_base${conv_sig})
 {
     const int mb = (int)get_global_id(0);
     const int nb = (int)get_global_id(1);
@@ -336,97 +327,6 @@ __kernel void clnn_gemm(const int M, const int N, const int K,
     }
 % endfor
 }
-% else:
-
-// Local-memory tiled GEMM for GPUs. A work-group of MDIMC x NDIMC work-items computes
-// an MWG x NWG tile of C. For each K step the group copies an MWG x KWG tile of A and
-// a KWG x NWG tile of B into local memory (${"sizes divide the tiles: no guards" if even else "zero outside the matrices"}), waits at a
-// barrier, and each work-item accumulates its MWI x NWI outputs from local memory.
-// Work-item (tm, tn) owns rows tm + i * MDIMC and columns tn + j * NDIMC, so
-// neighbouring work-items touch neighbouring addresses when they store C.
-__kernel __attribute__((reqd_work_group_size(MDIMC, NDIMC, 1)))
-void clnn_gemm(const int M, const int N, const int K,
-               const acc_t alpha, const acc_t beta, const acc_t act_p,
-               __global const real_t *a, const int a_off, const int lda, const int a_bstride,
-               __global const real_t *b, const int b_off, const int ldb, const int b_bstride,
-               __global const real_t *bias, const int bias_off,
-               __global real_t *c, const int c_off, const int ldc, const int c_bstride${conv_sig})
-{
-    __local acc_t a_lm[KWG][MWG];
-    __local acc_t b_lm[KWG][NWG];
-    const int tm = (int)get_local_id(0);
-    const int tn = (int)get_local_id(1);
-    const int tid = tn * MDIMC + tm;
-    const int m0 = (int)get_group_id(0) * MWG;
-    const int n0 = (int)get_group_id(1) * NWG;
-    const int batch = (int)get_group_id(2);
-    a += a_off + batch * a_bstride;
-    b += b_off + batch * b_bstride;
-    c += c_off + batch * c_bstride;
-    bias += bias_off;
-
-    acc_t acc[MWI][NWI];
-    for (int i = 0; i < MWI; ++i)
-        for (int j = 0; j < NWI; ++j)
-            acc[i][j] = (acc_t)0;
-
-    for (int k0 = 0; k0 < K; k0 += KWG) {
-        // Cooperative loads; consecutive work-items read consecutive addresses of
-        // the stored (possibly transposed) matrix.
-        for (int idx = tid; idx < MWG * KWG; idx += MDIMC * NDIMC) {
-% if trans_a:
-            const int mm = idx % MWG, kk = idx / MWG;
-% else:
-            const int kk = idx % KWG, mm = idx / KWG;
-% endif
-            const int m = m0 + mm, k = k0 + kk;
-% if even:
-            a_lm[kk][mm] = CLNN_A(m, k);
-% else:
-            a_lm[kk][mm] = (m < M && k < K) ? CLNN_A(m, k) : (acc_t)0;
-% endif
-        }
-        for (int idx = tid; idx < NWG * KWG; idx += MDIMC * NDIMC) {
-% if trans_b:
-            const int kk = idx % KWG, nn = idx / KWG;
-% else:
-            const int nn = idx % NWG, kk = idx / NWG;
-% endif
-            const int n = n0 + nn, k = k0 + kk;
-% if even:
-            b_lm[kk][nn] = CLNN_B(k, n);
-% else:
-            b_lm[kk][nn] = (n < N && k < K) ? CLNN_B(k, n) : (acc_t)0;
-% endif
-        }
-        barrier(CLK_LOCAL_MEM_FENCE);
-        for (int kk = 0; kk < KWG; ++kk) {
-            acc_t b_pm[NWI];
-            for (int j = 0; j < NWI; ++j)
-                b_pm[j] = b_lm[kk][tn + j * NDIMC];
-            for (int i = 0; i < MWI; ++i) {
-                const acc_t a_pm = a_lm[kk][tm + i * MDIMC];
-                for (int j = 0; j < NWI; ++j)
-                    acc[i][j] = mad(a_pm, b_pm[j], acc[i][j]);
-            }
-        }
-        // the next iteration overwrites the tiles others may still be reading
-        barrier(CLK_LOCAL_MEM_FENCE);
-    }
-
-    for (int i = 0; i < MWI; ++i) {
-        const int m = m0 + tm + i * MDIMC;
-        for (int j = 0; j < NWI; ++j) {
-            const int n = n0 + tn + j * NDIMC;
-% if not even:
-            if (m < M && n < N)
-% endif
-                clnn_epilogue(c, CLNN_C_IDX(m, n), m, n, acc[i][j], alpha, beta, act_p, bias);
-        }
-    }
-}
-% endif
-
 % if conv == "none":
 // y = alpha * op(A) x + beta * y for one vector: one work-item per output row. Row m
 // of op(A) is contiguous when A is not transposed; when it is, neighbouring
@@ -447,5 +347,478 @@ __kernel void clnn_gemv(const int M, const int K, const acc_t alpha, const acc_t
             v += beta * CLNN_LOAD(y, y_off + m);
         CLNN_STORE(v, y, y_off + m);
     }
+}
+% endif
+% else:
+<%
+    MWG, NWG, KWG = t["MWG"], t["NWG"], t["KWG"]
+    MDIMC, NDIMC = t["MDIMC"], t["NDIMC"]
+    VWM, VWN = t.get("VWM", 1), t.get("VWN", 1)
+    NT = MDIMC * NDIMC
+    MWI, NWI = MWG // MDIMC, NWG // NDIMC
+    MV, NV = MWI // VWM, NWI // VWN
+    a_tab = conv in ("dgrad", "wgrad")      # A(m, k) = a[m * lda + ktab[k].w]
+    b_tab = conv != "none"                  # B(k, j) gathered through ktab and colmap(j)
+    c_map = conv in ("fwd", "dgrad")        # C(m, j) = c[m * ldc + colmap(j)]
+    GVA = 1 if a_tab else vec
+    GVB = 1 if b_tab else vec
+    a_kfast = a_tab or not trans_a          # stored A runs along k: transposed into a_lm
+    b_kfast = not b_tab and trans_b         # stored B runs along k: transposed into b_lm
+    LDA = MWG + (4 if a_kfast else 0)       # the pad spreads transposed stores over banks
+    LDB = NWG + (4 if b_kfast else 0)
+    LVA = max(VWM, 1 if a_kfast else GVA)   # widest vector access to a_lm
+    LVB = max(VWN, 1 if b_kfast else GVB)
+    # (tiles that MDIMC * VWM or NDIMC * VWN do not divide stop at the #error below)
+    if LDA % LVA or LDB % LVB or (KWG % GVA if a_kfast else MWG % GVA) or \
+            (KWG % GVB if b_kfast else NWG % GVB):
+        raise ValueError(f"vec={vec} does not divide the tiles {MWG}x{NWG}x{KWG}")
+    comps = "0123456789abcdef"
+    def vt(n):
+        return f"{acc}{n}" if n > 1 else "acc_t"
+    def rt(n):
+        return f"{real}{n}" if n > 1 else "real_t"
+    def comp(name, n, i):
+        return f"{name}.s{comps[i]}" if n > 1 else name
+    def loadv(n, ptr, idx):
+        if n == 1:
+            return f"CLNN_LOAD({ptr}, {idx})"
+        if dtype == "float16":
+            return f"vload_half{n}(0, {ptr} + {idx})"
+        return f"*(__global const {rt(n)} *)({ptr} + {idx})"
+    # load slots: every work-item moves LA (LB) vectors of A (B) per tile
+    TA = MWG * KWG // GVA
+    TB = NWG * KWG // GVB
+    LA, LB = -(-TA // NT), -(-TB // NT)
+    # B gathered (b_tab): columns vary fastest; a work-item's slots then touch DC columns
+    DC = 1
+    if b_tab:
+        if NT % NWG == 0:
+            DC = 1
+        elif NWG % NT == 0:
+            DC = NWG // NT
+        else:
+            raise ValueError("a convolution tile needs NWG to divide or be a multiple of "
+                             "the work-group size")
+    g = dict(NT=NT, KWG=KWG, MWG=MWG, NWG=NWG, GVA=GVA, GVB=GVB, LA=LA, LB=LB, TA=TA, TB=TB,
+             a_tab=a_tab, b_tab=b_tab, a_kfast=a_kfast, b_kfast=b_kfast, DC=DC, comp=comp,
+             loadv=loadv, vt=vt)
+%>
+// ---- tuning parameters (local variant)
+#define MWG ${MWG}    // rows of C per work-group tile
+#define NWG ${NWG}    // columns of C per work-group tile
+#define KWG ${KWG}    // K step: depth of the tiles held in local memory (two buffers)
+#define MDIMC ${MDIMC}  // work-items along M
+#define NDIMC ${NDIMC}  // work-items along N
+#define VWM ${VWM}    // a work-item's rows come in runs of VWM (vector reads of a_lm)
+#define VWN ${VWN}    // a work-item's columns come in runs of VWN (vector reads of b_lm)
+#define CLNN_NT (MDIMC * NDIMC)                // work-items per work-group
+#define MWI (MWG / MDIMC)  // rows of C per work-item
+#define NWI (NWG / NDIMC)  // columns of C per work-item
+#if MWG % (MDIMC * VWM) != 0 || NWG % (NDIMC * VWN) != 0
+#error "MWG and NWG must be multiples of MDIMC * VWM and NDIMC * VWN"
+#endif
+// Global loads of plain matrices are ${vec} wide; local rows hold ${LDA} (A) and ${LDB} (B)
+// elements${", padded against bank conflicts of the transposing stores" if LDA != MWG or LDB != NWG else ""}.
+#define CLNN_LDA ${LDA}
+#define CLNN_LDB ${LDB}
+
+% if conv != "none":
+// ---- convolution as an implicit GEMM (${conv}). x is (N, C, H, W), w (M, C, R, S),
+// y (N, M, P, Q), with h = p * sh + r - ph and w = q * sw + s - pw (the lecture's loops
+// with stride and padding):
+//   forward          y (M x NPQ)  = w (M x CRS)          @ unroll(x) (CRS x NPQ)
+//   data gradient    dx (C x NHW) = w gathered (C x MRS) @ dy gathered (MRS x NHW),
+//                    one launch per stride phase of (h, w), over the taps that reach it
+//   weight gradient  dw (M x CRS) = dy (M x NPQ)         @ unroll(x)^T (NPQ x CRS)
+// The unrolled operand is never stored: B(k, j) is loaded from its source while a tile
+// is loaded, as
+//   B(k, j) = src[bc(j) + kt.x]  if 0 <= hc(j) + kt.y < Hs and 0 <= wc(j) + kt.z < Ws, else 0
+// with kt = ktab[k], a table of what each reduction index k adds (built once per call
+// by clnn_conv_ktab in conv.cl), and (bc, hc, wc) what each column j adds, from the column map
+// `cols`: j = (i, u, v) over an (images, U, V) grid gives
+//   bc = i*bn + u*bu + v*bv + b0,   hc = u*hu + h0,   wc = v*wv + w0,
+// and, where C is the convolution's output, C(m, j) = c[m * ldc + i*cn + u*cu + v*cv + c0].
+// A column is split once per work-item, a k once per call: no divisions in the k loop.
+//   cols = (U, V, bn, bu, bv, b0, hu, h0, wv, w0, Hs, Ws, cn, cu, cv, c0)
+%   if a_tab:
+// A(m, k) = a[m * lda + ktab[k].w]: dy or the filters, gathered the same way.
+%   endif
+
+// (bc, hc, wc) of column j; hc is far out of range for j >= N, so its loads give 0
+inline int3 clnn_colmap(const int j, const int N, const int16 *cols)
+{
+    const int i = j / (cols->s0 * cols->s1), uv = j % (cols->s0 * cols->s1);
+    const int u = uv / cols->s1, v = uv % cols->s1;
+    return (int3)(i * cols->s2 + u * cols->s3 + v * cols->s4 + cols->s5,
+                  j < N ? u * cols->s6 + cols->s7 : -(1 << 30), v * cols->s8 + cols->s9);
+}
+
+inline acc_t clnn_gathered(__global const real_t *src, const int3 col, const int4 kt,
+                           const int Hs, const int Ws)
+{
+    return ((uint)(col.y + kt.y) < (uint)Hs && (uint)(col.z + kt.z) < (uint)Ws)
+        ? CLNN_LOAD(src, col.x + kt.x) : (acc_t)0;
+}
+
+<% conv_sig = ", __global const int4 *ktab, const int16 cols" %>
+% else:
+<% conv_sig = "" %>
+% endif
+
+% if c_map:
+// where C(m, j) lives, for the convolution's output
+inline int clnn_c_index(const int m, const int j, const int ldc, const int16 *cols)
+{
+    const int i = j / (cols->s0 * cols->s1), uv = j % (cols->s0 * cols->s1);
+    return m * ldc + i * cols->sc + (uv / cols->s1) * cols->sd + (uv % cols->s1) * cols->se
+        + cols->sf;
+}
+#define CLNN_C_IDX(m, j) clnn_c_index(m, j, ldc, &cols)
+% else:
+#define CLNN_C_IDX(m, n) ((m) * ldc + (n))
+% endif
+
+<%def name="load_a(guarded, g)">
+<%
+    # a def sees only its arguments and the template's parameters: unpack the tiling
+    NT, KWG, MWG, NWG, GVA, GVB, LA, LB, TA, TB = (g[k] for k in (
+        "NT", "KWG", "MWG", "NWG", "GVA", "GVB", "LA", "LB", "TA", "TB"))
+    a_tab, b_tab, a_kfast, b_kfast, DC, comp, loadv, vt = (g[k] for k in (
+        "a_tab", "b_tab", "a_kfast", "b_kfast", "DC", "comp", "loadv", "vt"))
+%>
+% for l in range(LA):
+        {
+            const int idx = tid + ${l * NT};
+%   if TA % NT and l == LA - 1:
+            if (idx < ${TA})
+%   endif
+            {
+%   if a_kfast:
+                const int mm = idx / ${KWG // GVA}, k = k0 + idx % ${KWG // GVA} * ${GVA};
+                const int m = m0 + mm;
+%     if a_tab:
+                ra${l} = ${"(m < M && k < kend) ? " if guarded else ""}CLNN_LOAD(a, m * lda + ktab[k].w)${" : (acc_t)0" if guarded else ""};
+%     elif guarded:
+                if (m < M && k + ${GVA - 1} < kend)
+                    ra${l} = ${loadv(GVA, "a", "m * lda + k")};
+                else {
+%       for g in range(GVA):
+                    ${comp(f"ra{l}", GVA, g)} = (m < M && k + ${g} < kend) ? CLNN_LOAD(a, m * lda + k + ${g}) : (acc_t)0;
+%       endfor
+                }
+%     else:
+                ra${l} = ${loadv(GVA, "a", "m * lda + k")};
+%     endif
+%   else:
+                const int k = k0 + idx / ${MWG // GVA}, m = m0 + idx % ${MWG // GVA} * ${GVA};
+%     if guarded:
+                if (k < kend && m + ${GVA - 1} < M)
+                    ra${l} = ${loadv(GVA, "a", "k * lda + m")};
+                else {
+%       for g in range(GVA):
+                    ${comp(f"ra{l}", GVA, g)} = (k < kend && m + ${g} < M) ? CLNN_LOAD(a, k * lda + m + ${g}) : (acc_t)0;
+%       endfor
+                }
+%     else:
+                ra${l} = ${loadv(GVA, "a", "k * lda + m")};
+%     endif
+%   endif
+            }
+        }
+% endfor
+% for l in range(LB):
+        {
+%   if not b_tab or (TB % NT and l == LB - 1):
+            const int idx = tid + ${l * NT};
+%   endif
+%   if TB % NT and l == LB - 1:
+            if (idx < ${TB})
+%   endif
+            {
+%   if b_tab:
+            const int k = k0 + ${f"tid / {NWG} + {l * (NT // NWG)}" if DC == 1 else f"{l // DC}"};
+            rb${l} = ${"k < kend ? " if guarded else ""}clnn_gathered(b, col${l % DC}, ktab[k], cols.sa, cols.sb)${" : (acc_t)0" if guarded else ""};
+%   elif b_kfast:
+                const int n = n0 + idx / ${KWG // GVB}, k = k0 + idx % ${KWG // GVB} * ${GVB};
+%     if guarded:
+                if (n < N && k + ${GVB - 1} < kend)
+                    rb${l} = ${loadv(GVB, "b", "n * ldb + k")};
+                else {
+%       for g in range(GVB):
+                    ${comp(f"rb{l}", GVB, g)} = (n < N && k + ${g} < kend) ? CLNN_LOAD(b, n * ldb + k + ${g}) : (acc_t)0;
+%       endfor
+                }
+%     else:
+                rb${l} = ${loadv(GVB, "b", "n * ldb + k")};
+%     endif
+%   else:
+                const int k = k0 + idx / ${NWG // GVB}, n = n0 + idx % ${NWG // GVB} * ${GVB};
+%     if guarded:
+                if (k < kend && n + ${GVB - 1} < N)
+                    rb${l} = ${loadv(GVB, "b", "k * ldb + n")};
+                else {
+%       for g in range(GVB):
+                    ${comp(f"rb{l}", GVB, g)} = (k < kend && n + ${g} < N) ? CLNN_LOAD(b, k * ldb + n + ${g}) : (acc_t)0;
+%       endfor
+                }
+%     else:
+                rb${l} = ${loadv(GVB, "b", "k * ldb + n")};
+%     endif
+%   endif
+            }
+        }
+% endfor
+</%def>
+
+<%def name="store_local(buf, g)">
+<%
+    # a def sees only its arguments and the template's parameters: unpack the tiling
+    NT, KWG, MWG, NWG, GVA, GVB, LA, LB, TA, TB = (g[k] for k in (
+        "NT", "KWG", "MWG", "NWG", "GVA", "GVB", "LA", "LB", "TA", "TB"))
+    a_tab, b_tab, a_kfast, b_kfast, DC, comp, loadv, vt = (g[k] for k in (
+        "a_tab", "b_tab", "a_kfast", "b_kfast", "DC", "comp", "loadv", "vt"))
+%>
+% for l in range(LA):
+        {
+            const int idx = tid + ${l * NT};
+%   if TA % NT and l == LA - 1:
+            if (idx < ${TA})
+%   endif
+            {
+%   if a_kfast:
+                __local acc_t *dst = a_lm + (${buf} * KWG + idx % ${KWG // GVA} * ${GVA}) * CLNN_LDA + idx / ${KWG // GVA};
+%     for g in range(GVA):
+                dst[${g} * CLNN_LDA] = ${comp(f"ra{l}", GVA, g)};
+%     endfor
+%   else:
+                *(__local ${vt(GVA)} *)(a_lm + (${buf} * KWG + idx / ${MWG // GVA}) * CLNN_LDA + idx % ${MWG // GVA} * ${GVA}) = ra${l};
+%   endif
+            }
+        }
+% endfor
+% for l in range(LB):
+        {
+%   if not b_tab or (TB % NT and l == LB - 1):
+            const int idx = tid + ${l * NT};
+%   endif
+%   if TB % NT and l == LB - 1:
+            if (idx < ${TB})
+%   endif
+            {
+%   if b_tab:
+            b_lm[(${buf} * KWG + ${f"tid / {NWG} + {l * (NT // NWG)}" if DC == 1 else f"{l // DC}"}) * CLNN_LDB + ${f"tid % {NWG}" if DC == 1 else f"tid + {(l % DC) * NT}"}] = rb${l};
+%   elif b_kfast:
+                __local acc_t *dst = b_lm + (${buf} * KWG + idx % ${KWG // GVB} * ${GVB}) * CLNN_LDB + idx / ${KWG // GVB};
+%     for g in range(GVB):
+                dst[${g} * CLNN_LDB] = ${comp(f"rb{l}", GVB, g)};
+%     endfor
+%   else:
+                *(__local ${vt(GVB)} *)(b_lm + (${buf} * KWG + idx / ${NWG // GVB}) * CLNN_LDB + idx % ${NWG // GVB} * ${GVB}) = rb${l};
+%   endif
+            }
+        }
+% endfor
+</%def>
+
+// Local-memory tiled GEMM for GPUs. A work-group of MDIMC x NDIMC work-items computes
+// an MWG x NWG tile of C, over the K range of its slice (all of K unless split-K splits
+// it). Per K step the group copies an MWG x KWG tile of op(A) and a KWG x NWG tile of
+// op(B) into local memory, and each work-item accumulates its MWI x NWI outputs from
+// there: the lecture's three loops, with the two outer ones cut into tiles.
+// - Double buffering: while the tiles of step t are multiplied out of one local buffer,
+//   the loads of step t + 1 are already in flight into registers; they go to the other
+//   buffer afterwards, so one barrier per step suffices.
+// - Work-item (tm, tn) owns rows (tm + i MDIMC) VWM + v and columns (tn + j NDIMC) VWN + u:
+//   its reads of the tiles are VWM- and VWN-wide vectors, neighbouring work-items read
+//   neighbouring vectors, and its stores of C are vectors too.
+// - Tiles inside the matrices load without bounds checks; the edge tiles (a uniform
+//   branch per work-group) check every element and load zeros outside.
+__kernel __attribute__((reqd_work_group_size(${NT}, 1, 1)))
+void clnn_gemm_tiled(const int M, const int N, const int K, const int splits,
+                     const int k_split, const acc_t alpha, const acc_t beta,
+                     const acc_t act_p,
+                     __global const real_t *a, const int4 a_desc,
+                     __global const real_t *b, const int4 b_desc,
+                     __global const real_t *bias, const int bias_off,
+                     __global ${"acc_t" if partial else "real_t"} *c, const int4 c_desc${conv_sig})
+{
+    // operand descriptors: (element offset, leading dimension, batch stride, unused)
+    __local ${vt(LVA)} a_lmv[${2 * KWG * LDA // LVA}];
+    __local ${vt(LVB)} b_lmv[${2 * KWG * LDB // LVB}];
+    __local acc_t *a_lm = (__local acc_t *)a_lmv;
+    __local acc_t *b_lm = (__local acc_t *)b_lmv;
+    const int tid = (int)get_local_id(0);
+    const int tn = tid % NDIMC, tm = tid / NDIMC;
+    const int n0 = (int)get_group_id(0) * NWG;
+    const int m0 = (int)get_group_id(1) * MWG;
+    const int batch = (int)get_group_id(2) / splits, split = (int)get_group_id(2) % splits;
+    const int lda = a_desc.s1;
+% if not b_tab:
+    const int ldb = b_desc.s1;
+% endif
+    a += a_desc.s0 + batch * a_desc.s2;
+    b += b_desc.s0 + batch * b_desc.s2;
+    const int kbeg = split * k_split, kend = min(K, kbeg + k_split);
+    const bool inside = m0 + MWG <= M && n0 + NWG <= N;
+% if b_tab:
+%   for d in range(DC):
+    const int3 col${d} = clnn_colmap(n0 + ${"tid % NWG" if DC == 1 else f"tid + {d * NT}"}, N, &cols);
+%   endfor
+% endif
+
+% for i in range(MWI):
+%   for j in range(NV):
+    ${vt(VWN)} c${i}_${j} = (${vt(VWN)})0;
+%   endfor
+% endfor
+% for l in range(LA):
+    ${vt(GVA)} ra${l};
+% endfor
+% for l in range(LB):
+    ${"acc_t" if b_tab else vt(GVB)} rb${l};
+% endfor
+
+    const int steps = kend > kbeg ? (kend - kbeg + KWG - 1) / KWG : 0;
+    if (steps > 0) {
+        int k0 = kbeg;
+        if (inside && k0 + KWG <= kend) {
+${load_a(False, g)}
+        } else {
+${load_a(True, g)}
+        }
+${store_local(0, g)}
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    for (int step = 0; step < steps; ++step) {
+        const int buf = step & 1;
+        const int k0 = kbeg + (step + 1) * KWG;
+        if (step + 1 < steps) {           // the next tiles, into registers
+            if (inside && k0 + KWG <= kend) {
+${load_a(False, g)}
+            } else {
+${load_a(True, g)}
+            }
+        }
+        __local const ${vt(VWM)} *a_v = (__local const ${vt(VWM)} *)(a_lm + buf * KWG * CLNN_LDA);
+        __local const ${vt(VWN)} *b_v = (__local const ${vt(VWN)} *)(b_lm + buf * KWG * CLNN_LDB);
+#pragma unroll
+        for (int kk = 0; kk < KWG; ++kk) {
+% for i in range(MV):
+            const ${vt(VWM)} a${i} = a_v[kk * ${LDA // VWM} + tm + ${i * MDIMC}];
+% endfor
+% for j in range(NV):
+            const ${vt(VWN)} b${j} = b_v[kk * ${LDB // VWN} + tn + ${j * NDIMC}];
+% endfor
+% for i in range(MV):
+%   for v in range(VWM):
+%     for j in range(NV):
+            c${i * VWM + v}_${j} = mad((${vt(VWN)})(${comp(f"a{i}", VWM, v)}), b${j}, c${i * VWM + v}_${j});
+%     endfor
+%   endfor
+% endfor
+        }
+        if (step + 1 < steps) {
+${store_local("(buf ^ 1)", g)}
+        }
+        // the next step overwrites the buffer that others may still be reading
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+
+% if partial:
+    // the raw sums of this K slice, for clnn_gemm_splitk: ws[batch, split] is M x N
+    c += (batch * splits + split) * M * N;
+%   for i in range(MV):
+%     for v in range(VWM):
+    {
+        const int m = m0 + (tm + ${i * MDIMC}) * VWM + ${v};
+%       for j in range(NV):
+        {
+            const int n = n0 + (tn + ${j * NDIMC}) * VWN;
+%         if VWN > 1:
+            if (m < M && n + ${VWN - 1} < N && N % VWN == 0)
+                *(__global ${vt(VWN)} *)(c + m * N + n) = c${i * VWM + v}_${j};
+            else if (m < M) {
+%           for u in range(VWN):
+                if (n + ${u} < N)
+                    c[m * N + n + ${u}] = ${comp(f"c{i * VWM + v}_{j}", VWN, u)};
+%           endfor
+            }
+%         else:
+            if (m < M && n < N)
+                c[m * N + n] = c${i * VWM + v}_${j};
+%         endif
+        }
+%       endfor
+    }
+%     endfor
+%   endfor
+% else:
+    const int ldc = c_desc.s1;
+    c += c_desc.s0 + batch * c_desc.s2;
+    bias += bias_off;
+%   for i in range(MV):
+%     for v in range(VWM):
+    {
+        const int m = m0 + (tm + ${i * MDIMC}) * VWM + ${v};
+%       for j in range(NV):
+        {
+            const int n = n0 + (tn + ${j * NDIMC}) * VWN;
+            const ${vt(VWN)} s = c${i * VWM + v}_${j};
+%         if VWN > 1 and vec_c and not c_map:
+            if (inside) {
+                // whole vectors: the routine checked that C's rows are aligned to VWN
+                ${vt(VWN)} r = alpha * s;
+                if (beta != (acc_t)0)
+                    r += beta * ${loadv(VWN, "c", "m * ldc + n").replace("const ", "")};
+%           if bias == "col":
+                r += (${vt(VWN)})(${", ".join(f"CLNN_LOAD(bias, n + {u})" for u in range(VWN))});
+%           elif bias == "row":
+                r += CLNN_LOAD(bias, m);
+%           endif
+%           if act != "none":
+%             for u in range(VWN):
+                r.s${comps[u]} = clnn_f(r.s${comps[u]}, act_p);
+%             endfor
+%           endif
+%           if dtype == "float16":
+                vstore_half${VWN}_rte(r, 0, c + m * ldc + n);
+%           else:
+                *(__global ${rt(VWN)} *)(c + m * ldc + n) = r;
+%           endif
+            } else
+%         endif
+            if (m < M) {
+%         for u in range(VWN):
+                if (n + ${u} < N)
+                    clnn_epilogue(c, CLNN_C_IDX(m, n + ${u}), m, n + ${u}, ${comp("s", VWN, u)}, alpha, beta, act_p, bias);
+%         endfor
+            }
+        }
+%       endfor
+    }
+%     endfor
+%   endfor
+% endif
+}
+
+// Split-K, second stage: C = act(alpha * (sum of the slices' sums, in slice order) +
+// beta * C + bias). A fixed order and no atomics: bitwise the same result every run.
+__kernel void clnn_gemm_splitk(const int M, const int N, const int splits,
+                               const acc_t alpha, const acc_t beta, const acc_t act_p,
+                               __global const acc_t *ws,
+                               __global const real_t *bias, const int bias_off,
+                               __global real_t *c, const int4 c_desc${", const int16 cols" if c_map else ""})
+{
+    const int n = (int)get_global_id(0), m = (int)get_global_id(1);
+    const int batch = (int)get_global_id(2);
+    if (n >= N || m >= M)
+        return;
+    ws += batch * splits * M * N + m * N + n;
+    acc_t sum = (acc_t)0;
+    for (int s = 0; s < splits; ++s)
+        sum += ws[s * M * N];
+    const int ldc = c_desc.s1;
+    c += c_desc.s0 + batch * c_desc.s2;
+    clnn_epilogue(c, CLNN_C_IDX(m, n), m, n, sum, alpha, beta, act_p, bias + bias_off);
 }
 % endif

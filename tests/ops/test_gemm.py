@@ -23,7 +23,12 @@ VARIANTS = {
     "gpu-generic": tuning.GEMM_TABLE["type"]["GPU"],
     "gpu-default": tuning.GEMM_TABLE["default"],
     "gpu-odd": {"variant": "local", "MWG": 12, "NWG": 8, "KWG": 5, "MDIMC": 4, "NDIMC": 2},
+    # NVIDIA's rows: 64x64 tiles of 8x8 vector blocks (inside tiles from 64 up), and
+    # split-K forced into three slices on the small tile
+    "gpu-nvidia-64": tuning.GEMM_TABLE["vendor"][("nvidia", "GPU")][3],
+    "gpu-nvidia-splitk": dict(tuning.GEMM_TABLE["vendor"][("nvidia", "GPU")][-1], KSPLIT=3),
 }
+NVIDIA_BIG = tuning.GEMM_TABLE["vendor"][("nvidia", "GPU")][0]
 # sizes around every tile edge used above
 EDGES = [1, 2, 3, 5, 7, 8, 9, 12, 13, 15, 16, 17, 31, 32, 33, 63, 64, 65]
 
@@ -139,6 +144,46 @@ def test_local_fast_path_when_sizes_divide_the_tiles(variant):
             check_gemm(M, N, K, ta, tb, -1.5, 1.0, np.float32, bias=True, act="relu")
 
 
+@pytest.mark.parametrize("split", [None, 2, 5])
+@pytest.mark.parametrize("offset", [0, 1, 2], ids=["vec4", "vec1", "vec2"])
+def test_nvidia_big_tile(split, offset):
+    """The 128x128 tile with inside and edge tiles, vector loads 4, 2 or 1 wide as the
+    operands' offsets allow, vector stores of C, split-K, batches."""
+    p = dict(NVIDIA_BIG, KSPLIT=split) if split else NVIDIA_BIG
+    rng = np.random.default_rng(offset)
+    with tuning.override("gemm", p):
+        for M, N, K, ta, tb in [(256, 260, 48, False, False), (130, 256, 64, True, True),
+                                (128, 128, 35, False, True), (257, 129, 16, True, False)]:
+            a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
+            b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
+            c = rng.standard_normal((M, N)).astype(np.float32)
+            bias = rng.standard_normal(N).astype(np.float32)
+            flat = clnn.asarray(np.concatenate([np.zeros(offset, np.float32), a.ravel()]))
+            A = flat[offset:].reshape(a.shape)
+            big = clnn.asarray(np.full(offset + c.size + 7, CANARY, np.float32))
+            C = big[offset:offset + c.size].reshape(c.shape)
+            C.set(c)
+            clnn.gemm(A, clnn.asarray(b), out=C, alpha=0.5, beta=-1.0, trans_a=ta,
+                      trans_b=tb, bias=clnn.asarray(bias), activation="tanh")
+            ref = np.tanh(0.5 * (a.T if ta else a).astype(np.float64) @ (b.T if tb else b)
+                          - c + bias)
+            np.testing.assert_allclose(C.get(), ref, rtol=1e-4, atol=1e-4)
+            rest = big.get()
+            assert np.all(rest[:offset] == CANARY) and np.all(rest[offset + c.size:] == CANARY)
+        check_gemm(130, 70, 33, False, True, 1.0, 0.0, np.float32, batch=3)
+
+
+def test_split_k_is_bitwise_reproducible_and_leaves_out_alone_on_error():
+    a = clnn.asarray(RNG.standard_normal((40, 3000)).astype(np.float32))
+    b = clnn.asarray(RNG.standard_normal((3000, 50)).astype(np.float32))
+    with tuning.override("gemm", VARIANTS["gpu-nvidia-splitk"]):
+        first = clnn.gemm(a, b).get()
+        for _ in range(3):
+            assert clnn.gemm(a, b).get().tobytes() == first.tobytes()
+    ref = a.get().astype(np.float64) @ b.get()
+    np.testing.assert_allclose(first, ref, rtol=1e-4, atol=1e-3)
+
+
 def test_k_zero_gives_beta_times_out():
     c = RNG.standard_normal((5, 4)).astype(np.float32)
     C = clnn.asarray(c)
@@ -209,7 +254,7 @@ class TestBadInput:
 # (1100, 1000) is big enough that A^T takes the GEMM path on CPUs
 @pytest.mark.parametrize("mk", [(1, 1), (7, 300), (513, 97), (1100, 1000)],
                          ids=lambda s: "x".join(map(str, s)))
-def test_gemv(dtype, trans, mk):
+def test_gemv(dtype, trans, mk, kernels):
     M, K = mk
     a = RNG.standard_normal((K, M) if trans else (M, K)).astype(dtype)
     x = RNG.standard_normal(K).astype(dtype)
