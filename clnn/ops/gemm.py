@@ -6,17 +6,40 @@ views (an offset and a row stride, e.g. a block of columns of a bigger matrix); 
 operand makes a strided batch, and a 2-D one beside it is shared by every batch.
 """
 
-from .. import programs, tuning
+from typing import NamedTuple
+
+import numpy as np
+
+import pyopencl.cltypes as cltypes
+
+from .. import plans, programs, tuning
 from ..errors import ArgumentError, ShapeError
 from ._args import (INT_MAX, as_array, check, common_device, dev_empty, dev_scratch,
                     finite, scratch_cap)
 from .elementwise import ACTIVATIONS, _done, _param
+from .reduce import reduce3
 
 programs.register(
     "gemm",
     {"variant": "reg", "trans_a": False, "trans_b": False, "act": "none", "bias": "none",
-     "even": False, "conv": "none", "tuning": tuning.template_tuning(tuning.GEMM_TABLE["type"]["CPU"])},
+     "conv": "none", "vec": 1, "vec_c": False, "partial": False,
+     "tuning": tuning.template_tuning(tuning.GEMM_TABLE["type"]["CPU"])},
     lambda: _variants(), lambda p: _complete(p))
+
+
+class Operand(NamedTuple):
+    """A matrix operand as the kernels see it: the array (or a bare buffer), its element
+    offset, leading dimension (row stride) and batch stride (0: shared by every batch),
+    and how many batches it has. The tiled kernel takes (off, ld, bstride) as one int4."""
+
+    data: object
+    off: int = 0
+    ld: int = 0
+    bstride: int = 0
+    batches: int = 1
+
+    def desc(self):
+        return np.array((self.off, self.ld, self.bstride, 0), cltypes.int4)
 
 
 def _complete(params):
@@ -46,7 +69,19 @@ def _variants():
                         "tuning": tuning.template_tuning(p)})
     for act in ACTIVATIONS:
         out.append(dict(out[0], act=act, bias="col"))
-    out += [dict(p, even=True) for p in out if p["variant"] == "local"]
+    # the tiled kernel's vector loads and stores, and its split-K partial sums
+    for p in [r for r in rows if r["variant"] == "local"]:
+        vec = plans.vector_width(p, ())
+        for ta, tb in ((False, False), (True, True)):
+            out.append({"variant": "local", "trans_a": ta, "trans_b": tb, "act": "tanh",
+                        "bias": "col", "conv": "none", "vec": vec, "vec_c": True,
+                        "tuning": tuning.template_tuning(p)})
+        out.append({"variant": "local", "trans_a": False, "trans_b": True, "act": "none",
+                    "bias": "none", "conv": "none", "vec": vec, "partial": True,
+                    "tuning": tuning.template_tuning(p)})
+        out.append({"variant": "local", "trans_a": False, "trans_b": False, "act": "none",
+                    "bias": "none", "conv": "wgrad", "partial": True,
+                    "tuning": tuning.template_tuning(p)})
     return out
 
 
@@ -81,6 +116,9 @@ class _Layout:
             self.cols
         if x.size and last > INT_MAX:
             raise ShapeError(f"{name} spans {last} elements; clnn indexes with 32-bit ints")
+
+    def operand(self, x):
+        return Operand(x, self.off, self.ld, self.bstride, self.batch)
 
     def disjoint_rows(self):
         """True when no two elements of different batches share memory."""
@@ -141,47 +179,100 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, b
     if out.size == 0:
         return out
 
-    evt = run_gemm(dev, dt, M=M, N=N, K=K, nbatch=nbatch, alpha=alpha, beta=beta,
-                   act=act, act_p=act_p, bias=bias, bias_mode="col",
-                   a=a, a_off=A.off, lda=A.ld, a_bstride=A.bstride, a_batches=A.batch,
-                   b=b, b_off=B.off, ldb=B.ld, b_bstride=B.bstride, b_batches=B.batch,
-                   out=out, c_off=C.off, ldc=C.ld, c_bstride=C.bstride,
-                   trans_a=trans_a, trans_b=trans_b)
+    evt = run_gemm(dev, dt, M=M, N=N, K=K, nbatch=nbatch, a=A.operand(a), b=B.operand(b),
+                   c=C.operand(out), alpha=alpha, beta=beta, act=act, act_p=act_p,
+                   bias=bias, bias_mode="col", trans_a=trans_a, trans_b=trans_b)
     return _done(out, evt)
 
 
-def run_gemm(dev, dt, *, M, N, K, nbatch, alpha, beta, act, act_p, bias, bias_mode,
-             a, a_off, lda, a_bstride, a_batches, b, b_off, ldb, b_bstride, b_batches,
-             out, c_off, ldc, c_bstride, trans_a=False, trans_b=False, conv="none",
-             geometry=None, params=None):
-    """Launch a validated GEMM (plain, or a convolution's implicit GEMM when ``conv``
-    names its loaders and ``geometry`` holds the cv_* sizes; a convolution passes the
-    ``params`` it chose). Returns the last event."""
-    klass = f"conv-{conv}" if conv != "none" else \
-        tuning.shape_class(M, N, K, trans_a, trans_b)
-    if params is None:
-        params = tuning.gemm_params(dev.facts, dt.itemsize, dt, klass)
-    prm = {"dtype": dt.name, "variant": params["variant"], "trans_a": bool(trans_a),
-           "trans_b": bool(trans_b), "act": act,
-           "bias": bias_mode if bias is not None else "none", "conv": conv,
-           "tuning": tuning.template_tuning(params, dt)}
-    geometry = geometry or {}
+# Bound on split-K's partial sums, in bytes
+SPLITK_BYTES = 64 << 20
+
+
+def run_gemm(dev, dt, *, M, N, K, nbatch, a, b, c, alpha=1.0, beta=0.0, act="none",
+             act_p=0.0, bias=None, bias_mode="none", trans_a=False, trans_b=False,
+             conv="none", conv_args=None, params=None, rows=None, klass=None):
+    """Launch a validated GEMM on Operands a, b, c: a plain one, or a convolution's
+    implicit GEMM when ``conv`` names its loaders ("fwd", "dgrad", "wgrad") and
+    ``conv_args`` holds what they read (the packed variant: the cv_* sizes; the tiled
+    one: ktab and the column map, see clnn/ops/conv.py). ``params`` forces one
+    parameter set, ``rows`` gives the sets to plan from; else the tuning rows for
+    ``klass`` (by default the GEMM's shape class) are planned. Returns the last event."""
+    if params is not None:
+        rows = [params]
+    elif rows is None:
+        klass = klass or tuning.shape_class(M, N, K, trans_a, trans_b, nbatch)
+        rows = tuning.gemm_rows(dev.facts, dt.itemsize, dt, klass)
+    bias_mode = bias_mode if bias is not None else "none"
     common = dict(M=M, N=N, K=K, alpha=alpha, beta=beta, act_p=act_p,
-                  bias=bias if bias is not None else out,
-                  bias_off=bias.offset // dt.itemsize if bias is not None else 0,
-                  c=out, c_off=c_off, ldc=ldc, c_bstride=c_bstride)
-    a_args = dict(a=a, a_off=a_off, lda=lda, a_bstride=a_bstride)
-    b_args = dict(b=b, b_off=b_off, ldb=ldb, b_bstride=b_bstride)
-    if params["variant"] == "reg":
-        return _gemm_packed(dev, dt, prm, params, a_args, a_batches, b_args, b_batches,
-                            nbatch, common, geometry)
-    prm["even"] = M % params["MWG"] == 0 and N % params["NWG"] == 0 and \
-        K % params["KWG"] == 0
-    kern = programs.get_kernel(dev, "gemm", "clnn_gemm", prm)
-    gsize = (-(-M // params["MWG"]) * params["MDIMC"],
-             -(-N // params["NWG"]) * params["NDIMC"], nbatch)
-    lsize = (params["MDIMC"], params["NDIMC"], 1)
-    return kern(gsize, lsize, **a_args, **b_args, **common, **geometry)
+                  bias=bias if bias is not None else c.data,
+                  bias_off=bias.offset // dt.itemsize if bias is not None else 0)
+    if rows[0]["variant"] == "reg":
+        prm = {"dtype": programs.dtype_name(dt), "variant": "reg", "trans_a": bool(trans_a),
+               "trans_b": bool(trans_b), "act": act, "bias": bias_mode, "conv": conv,
+               "tuning": tuning.template_tuning(rows[0], dt)}
+        return _gemm_packed(dev, dt, prm, rows[0], a, b, c, nbatch, common, conv_args or {})
+    plan, kern, red = _tiled_launch(dev, dt, rows, M, N, K, nbatch, a, b, c, act,
+                                    bias_mode, bool(trans_a), bool(trans_b), conv)
+    args = dict(common, splits=plan.splits, k_split=plan.k_split, a=a.data, a_desc=a.desc(),
+                b=b.data, b_desc=b.desc(), **(conv_args or {}))
+    if plan.splits == 1:
+        return kern(plan.global_size, plan.local_size, c=c.data, c_desc=c.desc(), **args)
+    # split-K: each slice's sums go to the workspace, then one pass adds them up in
+    # slice order and applies the epilogue (no atomics: bitwise reproducible)
+    ws = dev_scratch(dev, plan.workspace, programs.acc_dtype(dt))
+    kern(plan.global_size, plan.local_size, c=ws, c_desc=_PLAIN, **args)
+    wg = min(64, dev.facts.max_work_group_size)
+    extra = {"cols": conv_args["cols"]} if conv in ("fwd", "dgrad") else {}
+    return red((-(-N // wg) * wg, M, nbatch), (wg, 1, 1), M=M, N=N, splits=plan.splits,
+               alpha=alpha, beta=beta, act_p=act_p, ws=ws, bias=common["bias"],
+               bias_off=common["bias_off"], c=c.data, c_desc=c.desc(), **extra)
+
+
+_PLAIN = np.array((0, 0, 0, 0), cltypes.int4)
+# (device, dtype, sizes, structure, alignment, rows) -> (frozen rows, plan, kernels): a
+# training step asks for the same GEMMs every step, and planning and choosing the
+# kernel's parameters cost more Python than the launch itself
+_launches = {}
+
+
+def _tiled_launch(dev, dt, rows, M, N, K, nbatch, a, b, c, act, bias_mode, trans_a,
+                  trans_b, conv):
+    """(plan, GEMM kernel, split-K kernel) of the tiled variant for one launch."""
+    frozen = plans.freeze(rows)
+    key = (dev, dt, M, N, K, nbatch, act, bias_mode, trans_a, trans_b, conv, id(frozen),
+           (a.off | a.ld | a.bstride) & 3, (b.off | b.ld | b.bstride) & 3,
+           (c.off | c.ld | c.bstride) & 3)
+    hit = _launches.get(key)
+    if hit is not None and hit[0] is frozen:
+        return hit[1:]
+    acc = programs.acc_dtype(dt)
+    # the workspace bound is a constant, not a share of the pool's budget: how a GEMM
+    # is split (and so its bits) must not depend on the budget, only whether it fits
+    plan = plans.cached_best(dev.facts, frozen, M, N, K, nbatch, dt.itemsize,
+                             SPLITK_BYTES // acc.itemsize)
+    p = plan.params
+    # vector loads of the plain matrix operands where every offset and stride allows
+    # (a convolution's gathered operands load element by element)
+    vec_ops = [a.off, a.ld, a.bstride] + ([b.off, b.ld, b.bstride] if conv == "none" else [])
+    vwn = p.get("VWN", 1)
+    prm = {"dtype": programs.dtype_name(dt), "variant": "local", "trans_a": trans_a,
+           "trans_b": trans_b, "act": act, "bias": bias_mode, "conv": conv,
+           "vec": plans.vector_width(p, vec_ops) if conv in ("none", "fwd") else 1,
+           "vec_c": vwn > 1 and conv in ("none", "wgrad") and
+           all(x % vwn == 0 for x in (c.off, c.ld, c.bstride)),
+           "partial": plan.splits > 1, "tuning": tuning.template_tuning(p, dt)}
+    kern = programs.get_kernel(dev, "gemm", "clnn_gemm_tiled", prm)
+    red = programs.get_kernel(dev, "gemm", "clnn_gemm_splitk", prm) if plan.splits > 1 \
+        else None
+    if len(_launches) > 4096:
+        _launches.clear()
+    _launches[key] = (frozen, plan, kern, red)
+    return plan, kern, red
+
+
+def clear_launches():
+    _launches.clear()
 
 
 # Bound on the packed-panel workspace of one launch: batches are packed in groups and,
@@ -191,9 +282,12 @@ def run_gemm(dev, dt, *, M, N, K, nbatch, alpha, beta, act, act_p, bias, bias_mo
 PANEL_BYTES = 32 << 20
 
 
-def _gemm_packed(dev, dt, prm, params, a_args, a_batches, b_args, b_batches, nbatch,
-                 common, geometry):
+def _gemm_packed(dev, dt, prm, params, a, b, c, nbatch, common, geometry):
     """The CPU variant: pack op(A) and op(B) into pool workspace, then multiply."""
+    a_batches, b_batches = a.batches, b.batches
+    a_args = dict(a=a.data, a_off=a.off, lda=a.ld, a_bstride=a.bstride)
+    b_args = dict(b=b.data, b_off=b.off, ldb=b.ld, b_bstride=b.bstride)
+    common = dict(common, c=c.data, c_off=c.off, ldc=c.ld, c_bstride=c.bstride)
     M, N, K = common["M"], common["N"], common["K"]
     mwi, nwi, wgm = params["MWI"], params["NWI"], params["WGM"]
     Mb = -(-M // mwi)
@@ -220,7 +314,7 @@ def _gemm_packed(dev, dt, prm, params, a_args, a_batches, b_args, b_batches, nba
             kc = max(1, cap // panel_bytes(1, 1, N))
     pack_a = programs.get_kernel(dev, "gemm", "clnn_pack_a", prm)
     pack_b = programs.get_kernel(dev, "gemm", "clnn_pack_b", prm)
-    kern = programs.get_kernel(dev, "gemm", "clnn_gemm", prm)
+    kern = programs.get_kernel(dev, "gemm", "clnn_gemm_packed", prm)
     pack_wg = min(8, dev.facts.max_work_group_size)  # 8 measured best for conv packing on PoCL
     wg = min(wgm, dev.facts.max_work_group_size)
     evt = None
@@ -277,6 +371,14 @@ def gemv(a, x, y=None, *, alpha=1.0, beta=0.0, trans_a=False):
                 raise ShapeError(f"y overlaps {n}")
     if M == 0:
         return y
+    if not dev.facts.is_cpu or (tuning.forced("reduce") or {}).get("wg"):
+        # GPUs: a deterministic work-group reduction (reduce.cl) over the rows of A, or
+        # down its columns for A^T x (the bias gradient of a dense layer, summed over
+        # the batch): one work-item per output would leave most of the device idle
+        # (the tutorial's 10000-row batch: 0.8 ms a bias gradient, 0.05 ms now)
+        shape3, strides = ((1, K, M), (0, A.ld)) if trans_a else ((M, K, 1), (A.ld, 1))
+        return reduce3(dev, dt, a, shape3, y, map="xv", final="axpby", post=alpha, y=x,
+                       strides=strides, beta=beta, wg=True)
     if trans_a and dev.facts.is_cpu and M * K >= 1 << 20:
         # Measured on PoCL: for op(A) = A^T on big matrices the GEMM path with N = 1
         # beats the one-row-per-work-item kernel, whose rows are strided there (27 ms
@@ -286,7 +388,7 @@ def gemv(a, x, y=None, *, alpha=1.0, beta=0.0, trans_a=False):
         # MNIST epochs of 0.44 s against 0.51 s).
         gemm(a, x.reshape(K, 1), out=y.reshape(M, 1), alpha=alpha, beta=beta, trans_a=True)
         return y
-    kern = programs.get_kernel(dev, "gemm", "clnn_gemv", {"dtype": dt.name,
+    kern = programs.get_kernel(dev, "gemm", "clnn_gemv", {"dtype": programs.dtype_name(dt),
                                                           "trans_a": bool(trans_a)})
     wg = min(64, dev.facts.max_work_group_size)
     groups = max(1, min(-(-M // wg), dev.facts.compute_units * 64))
