@@ -1,7 +1,8 @@
 """Device selection and device facts.
 
 A ``Device`` owns one context, one in-order queue (with profiling, so benchmarks and
-the tuner can time kernels from events), the buffer pool and the kernel cache. There
+the tuner can time kernels from events), the buffer pool, the kernel cache and a small
+cache of constant tables. There
 is one ``Device`` per OpenCL device per process, so every array clnn makes for a device
 lives in the same context and can be mixed freely.
 """
@@ -96,6 +97,9 @@ class Device:
                          budget=_default_budget(self.facts),
                          exact=os.environ.get("CLNN_POOL_EXACT", "") not in ("", "0"))
         self.kernels = KernelCache()
+        # constant device data that ops rebuild per shape otherwise (the convolution
+        # loaders' k tables): bounded, and emptied by clnn.programs.clear_caches()
+        self.tables = KernelCache(maxsize=64)
 
     def __repr__(self):
         f = self.facts
@@ -117,6 +121,11 @@ class Device:
 
     def check_dtype(self, dtype, what="array"):
         """Raise DTypeError unless clnn computes in ``dtype`` on this device."""
+        ok = self.__dict__.get("_supported")
+        if ok is None:      # every op checks its arrays' dtypes: a set lookup, once built
+            ok = self._supported = {t for t in SUPPORTED_DTYPES if self.supports(t)}
+        if dtype in ok:
+            return dtype
         dtype = np.dtype(dtype)
         if dtype not in SUPPORTED_DTYPES:
             raise DTypeError(f"{what} has dtype {dtype}; clnn computes in float32, "
@@ -237,6 +246,75 @@ def device_of(array):
         raise DeviceError("array was not made by clnn: create it with clnn.asarray/empty/zeros "
                           "so it lives in a clnn device's context")
     return dev
+
+
+# ---------------------------------------------------------------- unregistered drivers
+
+# vendor OpenCL libraries that an ICD loader only sees through a file in
+# /etc/OpenCL/vendors: (vendor, library, .icd file name, platform name it gives)
+VENDOR_ICDS = (("NVIDIA", "libnvidia-opencl.so.1", "nvidia.icd", "nvidia"),
+               ("AMD ROCm", "libamdocl64.so", "amdocl64.icd", "amd"),
+               ("Intel", "libigdrcl.so", "intel.icd", "intel"))
+LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/nvidia/lib64",
+                "/usr/local/nvidia/lib", "/usr/lib/wsl/lib", "/opt/rocm/lib",
+                "/usr/lib/aarch64-linux-gnu")
+
+
+def _ldconfig_paths():
+    """{library file name: path} from the dynamic linker's cache (``ldconfig -p``)."""
+    import subprocess
+    try:
+        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True,
+                             timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        try:
+            out = subprocess.run(["/sbin/ldconfig", "-p"], capture_output=True, text=True,
+                                 timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            return {}
+    found = {}
+    for line in out.splitlines():
+        name, _, path = line.strip().partition(" => ")
+        if path:
+            found.setdefault(name.split()[0], path.strip())
+    return found
+
+
+def unregistered_drivers(platform_names, libraries=None, vendors_dir=None):
+    """[(vendor, library path, advice)] for vendor OpenCL libraries present on this
+    machine whose platform the ICD loader does not list.
+
+    A machine with the NVIDIA driver often has libnvidia-opencl.so.1 but no
+    /etc/OpenCL/vendors/nvidia.icd (cloud and container images; the H100 clnn was
+    first measured on was one): OpenCL programs then see no NVIDIA platform at all.
+    ``libraries`` ({file name: path}) and ``vendors_dir`` are for tests.
+    """
+    if libraries is None:
+        libraries = _ldconfig_paths()
+        for folder in LIBRARY_DIRS:
+            for _, lib, _, _ in VENDOR_ICDS:
+                path = os.path.join(folder, lib)
+                if lib not in libraries and os.path.exists(path):
+                    libraries[lib] = path
+    vendors_dir = vendors_dir or os.environ.get("OCL_ICD_VENDORS") or "/etc/OpenCL/vendors"
+    names = " ".join(platform_names).lower()
+    notes = []
+    for vendor, lib, icd, platform_word in VENDOR_ICDS:
+        path = libraries.get(lib)
+        if path is None or platform_word in names:
+            continue
+        icd_path = os.path.join(vendors_dir, icd) if os.path.isdir(vendors_dir) else vendors_dir
+        if os.path.exists(icd_path) and os.path.isdir(vendors_dir):
+            advice = (f"{icd_path} exists but the platform did not load: check that the "
+                      f"driver works (nvidia-smi for NVIDIA) and, in a container, that the "
+                      f"runtime passes the compute capability (NVIDIA_DRIVER_CAPABILITIES="
+                      f"compute,utility)")
+        else:
+            advice = (f"register it with the ICD loader:  echo {path} | sudo tee "
+                      f"/etc/OpenCL/vendors/{icd}  (or point OCL_ICD_VENDORS at a folder "
+                      f"holding such a file)")
+        notes.append((vendor, path, advice))
+    return notes
 
 
 def open_devices():

@@ -19,6 +19,23 @@ def close(got, ref, tol=1e-5):
 
 
 def ops():
+    """Element-wise, reductions, softmax and losses; then again with the GPUs'
+    work-group kernels (reductions, rows, gemv) forced."""
+    from clnn import tuning
+    _ops()
+    with tuning.override("reduce", {"wg": True}), tuning.override("rows", {"wg": True}):
+        _ops()
+        rng = np.random.default_rng(3)
+        a = rng.standard_normal((37, 70)).astype(np.float32)
+        v = rng.standard_normal(37).astype(np.float32)
+        close(clnn.gemv(clnn.asarray(a), clnn.asarray(v), trans_a=True).get(), a.T @ v, 1e-4)
+        wide = rng.standard_normal((3, 300)).astype(np.float32)
+        close(clnn.softmax(clnn.asarray(wide)).get(),
+              np.exp(wide) / np.exp(wide).sum(1, keepdims=True))
+        close(clnn.sum(clnn.asarray(wide), axis=0).get(), wide.sum(0), 1e-4)
+
+
+def _ops():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((7, 13)).astype(np.float32)
     y = rng.standard_normal((7, 13)).astype(np.float32)
@@ -52,27 +69,34 @@ def gemm():
     for params in rows:
         if tuning.gemm_problems(params, facts):
             continue
-        with tuning.override("gemm", params):
-            # edges, transposes, a single element, and sizes every tile divides
-            for M, N, K, ta, tb in [(70, 37, 19, False, False), (9, 130, 33, True, True),
-                                    (1, 1, 1, False, True), (128, 128, 32, True, False)]:
-                a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
-                b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
-                bias = rng.standard_normal(N).astype(np.float32)
-                c = rng.standard_normal((M, N)).astype(np.float32)
-                C = clnn.asarray(c)
-                clnn.gemm(clnn.asarray(a), clnn.asarray(b), out=C, alpha=0.5, beta=-1.5,
-                          trans_a=ta, trans_b=tb, bias=clnn.asarray(bias), activation="tanh")
-                ref = np.tanh(0.5 * (a.T if ta else a) @ (b.T if tb else b) - 1.5 * c + bias)
-                close(C.get(), ref, 1e-4)
-            x = rng.standard_normal((2, 5, 7)).astype(np.float32)
-            w = rng.standard_normal((3, 7)).astype(np.float32)
-            close(clnn.gemm(clnn.asarray(x), clnn.asarray(w), trans_b=True).get(), x @ w.T,
-                  1e-4)
+        for p in ([params, dict(params, KSPLIT=3)] if params["variant"] == "local"
+                  else [params]):
+            _gemm_cases(p, rng)
         checked += 1
     if not checked:
         raise SystemExit("no GEMM variant fits this device")
     print(f"checked {checked} GEMM variants")
+
+
+def _gemm_cases(params, rng):
+    from clnn import tuning
+    with tuning.override("gemm", params):
+        # edges, transposes, a single element, and sizes every tile divides
+        for M, N, K, ta, tb in [(70, 37, 19, False, False), (9, 130, 33, True, True),
+                                (1, 1, 1, False, True), (128, 128, 32, True, False)]:
+            a = rng.standard_normal((K, M) if ta else (M, K)).astype(np.float32)
+            b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float32)
+            bias = rng.standard_normal(N).astype(np.float32)
+            c = rng.standard_normal((M, N)).astype(np.float32)
+            C = clnn.asarray(c)
+            clnn.gemm(clnn.asarray(a), clnn.asarray(b), out=C, alpha=0.5, beta=-1.5,
+                      trans_a=ta, trans_b=tb, bias=clnn.asarray(bias), activation="tanh")
+            ref = np.tanh(0.5 * (a.T if ta else a) @ (b.T if tb else b) - 1.5 * c + bias)
+            close(C.get(), ref, 1e-4)
+        x = rng.standard_normal((2, 5, 7)).astype(np.float32)
+        w = rng.standard_normal((3, 7)).astype(np.float32)
+        close(clnn.gemm(clnn.asarray(x), clnn.asarray(w), trans_b=True).get(), x @ w.T,
+              1e-4)
 
 
 def conv():
@@ -90,16 +114,21 @@ def conv():
     dx_ref, dw_ref = conv2d_backward_ref(dy, x, w, (2, 1), (1, 1))
     X, Wd, B, DY = (clnn.asarray(v) for v in (x, w, b, dy))
     facts = clnn.device().facts
+    from unittest import mock
+    conv_module = sys.modules["clnn.ops.conv"]
     checked = 0
     for params in tuning.all_gemm_rows():
         if tuning.gemm_problems(params, facts):
             continue
-        with tuning.override("gemm", params):
-            close(clnn.conv2d(X, Wd, B, stride=(2, 1), padding=1).get(), ref, 1e-4)
-            close(clnn.conv2d_backward_data(DY, Wd, x.shape, stride=(2, 1), padding=1).get(),
-                  dx_ref, 1e-4)
-            close(clnn.conv2d_backward_weight(DY, X, w.shape, stride=(2, 1),
-                                              padding=1).get(), dw_ref, 1e-4)
+        # the GPU rows' data gradient both through col2im and by stride phase
+        for col2im in ((16, 0) if params["variant"] == "local" else (16,)):
+            with tuning.override("gemm", params), \
+                    mock.patch.object(conv_module, "COL2IM_CHANNELS", col2im):
+                close(clnn.conv2d(X, Wd, B, stride=(2, 1), padding=1).get(), ref, 1e-4)
+                close(clnn.conv2d_backward_data(DY, Wd, x.shape, stride=(2, 1),
+                                                padding=1).get(), dx_ref, 1e-4)
+                close(clnn.conv2d_backward_weight(DY, X, w.shape, stride=(2, 1),
+                                                  padding=1).get(), dw_ref, 1e-4)
         checked += 1
     # conv.cl's gathered kernels: flat and line layouts, the padded copy and the
     # bounds-checked reads, both data-gradient methods, float64's narrower vectors

@@ -13,7 +13,8 @@
 ##                clnn/tuning.py holds VW and the work-group size)
 ## Kernels: clnn_conv_pack (B panels and the k offset table), clnn_conv_gather (the
 ## GEMM), clnn_conv_col2im (the data gradient from dcol), clnn_conv_pad (a copy of
-## the input with a zero border). Used by clnn/ops/conv.py for the forward pass, the
+## the input with a zero border), and clnn_conv_ktab (the k table of gemm.cl's tiled
+## convolution loaders, which GPUs use). Used by clnn/ops/conv.py for the forward pass, the
 ## data gradient (a forward pass over padded dy with the filters flipped, or dcol and
 ## col2im) and the weight gradient.
 <%include file="_common.cl"/>
@@ -349,4 +350,50 @@ __kernel void clnn_conv_pad(const int rows, const int H, const int W, const int 
         dst[w] = src[w];
     for (int w = pw + W; w < Wp; ++w)
         dst[w] = (real_t)0;
+}
+
+// The k table of gemm.cl's tiled convolution loaders (the GPU path): k = (k1, k2, k3)
+// over (K1, K2, K3) adds k1 * X1 + k2 * X2 + k3 * X3 + X0 to each of (src offset, h, w,
+// A offset); coef holds (X1, X2, X3, X0) for each of the four (clnn/ops/conv.py says
+// what they are for the forward pass, each data-gradient phase and the weight gradient).
+__kernel void clnn_conv_ktab(const int K, const int K2, const int K3, const int16 coef,
+                             __global int4 *ktab)
+{
+    const int k = (int)get_global_id(0);
+    if (k >= K)
+        return;
+    const int k3 = k % K3, k2 = (k / K3) % K2, k1 = k / (K2 * K3);
+    ktab[k] = (int4)(k1 * coef.s0 + k2 * coef.s1 + k3 * coef.s2 + coef.s3,
+                     k1 * coef.s4 + k2 * coef.s5 + k3 * coef.s6 + coef.s7,
+                     k1 * coef.s8 + k2 * coef.s9 + k3 * coef.sa + coef.sb,
+                     k1 * coef.sc + k2 * coef.sd + k3 * coef.se + coef.sf);
+}
+
+// col2im for the GPU path's data gradient: dcol holds, for images n0 .. n0 + count /
+// (C H W) - 1, the unrolled gradient transposed, dcol[(n - n0, c, r, s), (p, q)] (one
+// batched GEMM of w^T and dy wrote it, its rows of P Q positions contiguous). A
+// work-item per dx element gathers the entries that land on it, in a fixed order:
+// no atomics, and neighbouring work-items read neighbouring positions.
+__kernel void clnn_conv_col2im_t(const int n0, const int count, const int C, const int H,
+                                 const int W, const int P, const int Q, const int R,
+                                 const int S, const int sh, const int sw, const int ph,
+                                 const int pw, __global const real_t *dcol,
+                                 __global real_t *dx, const int dx_off)
+{
+    for (int e = (int)get_global_id(0); e < count; e += (int)get_global_size(0)) {
+        const int w = e % W, h = e / W % H, nc = e / (W * H);   // nc = (n - n0) * C + c
+        acc_t acc = (acc_t)0;
+        for (int r = 0; r < R; ++r) {
+            const int hp = h + ph - r;                // p * sh
+            if (hp < 0 || hp % sh != 0 || hp / sh >= P)
+                continue;
+            __global const real_t *row = dcol + ((nc * R + r) * S) * P * Q + hp / sh * Q;
+            for (int s = 0; s < S; ++s) {
+                const int wq = w + pw - s;            // q * sw
+                if (wq >= 0 && wq % sw == 0 && wq / sw < Q)
+                    acc += CLNN_LOAD(row, s * P * Q + wq / sw);
+            }
+        }
+        CLNN_STORE(acc, dx, dx_off + n0 * C * H * W + e);
+    }
 }

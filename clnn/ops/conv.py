@@ -29,13 +29,14 @@ reproducible results.
 """
 
 import numpy as np
+import pyopencl.cltypes as cltypes
 
 from .. import programs, tuning
 from ..errors import ShapeError
-from ._args import (check, check_out, common_device, dev_scratch, finite, offset,
-                    scratch_cap)
+from ._args import (check, check_out, common_device, dev_scratch, finite, launch_size,
+                    offset, scratch_cap)
 from .elementwise import _done, _param
-from .gemm import run_gemm
+from .gemm import Operand, run_gemm
 
 _TILES = ((("MWI", 10), ("NWI", 16), ("VW", 8)), (("MWI", 5), ("NWI", 8), ("VW", 8)))
 programs.register(
@@ -94,7 +95,7 @@ def _run_gather(dev, dt, p, *, x, x_off, H, W, ph, pw, rows3, row_steps, k3, k_s
     rows = rows3[0] * rows3[1] * rows3[2]
     Nb = -(-cols // nwi)
     acc = programs.acc_dtype(dt)
-    prm = {"dtype": dt.name, "padded": bool(ph or pw), "act": act, "line": line,
+    prm = {"dtype": programs.dtype_name(dt), "padded": bool(ph or pw), "act": act, "line": line,
            "vstore": vstore,
            "bias": "col" if bias is not None else "none",
            "tuning": (("MWI", mwi), ("NWI", nwi), ("VW", vw))}
@@ -147,7 +148,8 @@ def _dgrad_col2im(dev, dt, p, dy, w, out, C, H, W, M, P, Q, R, S, st, pd):
     ld = -(-CRS // nwi) * nwi              # whole panels per row: vector stores
     group = max(1, min(N, scratch_cap(dev, SCRATCH_BYTES) // (P * Q * ld * acc.itemsize)))
     dcol = dev_scratch(dev, group * P * Q * ld, acc)
-    col2im = programs.get_kernel(dev, "conv", "clnn_conv_col2im", {"dtype": dt.name})
+    col2im = programs.get_kernel(dev, "conv", "clnn_conv_col2im",
+                                 {"dtype": programs.dtype_name(dt)})
     for n0 in range(0, N, group):
         g = min(group, N - n0)
         _run_gather(dev, dt, p, x=dy, x_off=offset(dy) + n0 * M * P * Q, H=P, W=Q, ph=0,
@@ -159,6 +161,112 @@ def _dgrad_col2im(dev, dt, p, dy, w, out, C, H, W, M, P, Q, R, S, st, pd):
         evt = col2im((-(-W // 64), -(-g * C * H // wg) * wg), (1, wg), n0=n0,
                      rows=g * C * H, C=C, H=H, W=W, P=P, Q=Q, R=R, S=S, sh=st[0], sw=st[1],
                      ph=pd[0], pw=pd[1], dcol=dcol, ldcol=ld, dx=out, dx_off=offset(out))
+    return evt
+
+
+def _klass(mode, M, N, K):
+    return f"conv-{mode}-{tuning.size_bucket(M, N, K)}"
+
+
+def _ktab(dev, k3, coef):
+    """The k table of gemm.cl's tiled loaders: for k = (k1, k2, k3) over ``k3`` =
+    (K1, K2, K3), (src offset, h, w, A offset) = sum of k_i * X_i + X0 with ``coef`` =
+    the (X1, X2, X3, X0) of each of the four. Built on the device once per geometry and
+    kept in the device's bounded table cache (a training step reuses it every step)."""
+    key = (k3, coef)
+    tab = dev.tables.get(key)
+    if tab is not None:
+        return tab
+    K = k3[0] * k3[1] * k3[2]
+    tab = dev_scratch(dev, max(K, 1) * 4, np.int32)
+    if K:
+        kern = programs.get_kernel(dev, "conv", "clnn_conv_ktab", {"dtype": "float32"})
+        wg = min(64, dev.facts.max_work_group_size)
+        kern((-(-K // wg) * wg,), (wg,), K=K, K2=k3[1], K3=k3[2],
+             coef=np.array(tuple(int(v) for c in coef for v in c), cltypes.int16), ktab=tab)
+    dev.tables.put(key, tab)
+    return tab
+
+
+def _colmap(grid, b, h, w, bounds, c=(0, 0, 0, 0)):
+    """The column map of gemm.cl's tiled loaders: columns j = (i, u, v) over ``grid``
+    = (U, V) give bc = i b0 + u b1 + v b2 + b3, hc = u h0 + h1, wc = v w0 + w1, and
+    (for a convolution output) C's offset i c0 + u c1 + v c2 + c3."""
+    return np.array((grid[0], grid[1], b[0], b[1], b[2], b[3], h[0], h[1], w[0], w[1],
+                     bounds[0], bounds[1], c[0], c[1], c[2], c[3]), cltypes.int16)
+
+
+def _tiled(dev, dt, rows, mode, *, M, N, K, a, b, c, k3, coef, cols, alpha=1.0,
+           beta=0.0, act="none", act_p=0.0, bias=None):
+    """One tiled implicit GEMM (the GPU path): build the k table, then run the GEMM."""
+    tab = _ktab(dev, k3, coef)
+    return run_gemm(dev, dt, M=M, N=N, K=K, nbatch=1, a=a, b=b, c=c, alpha=alpha,
+                    beta=beta, act=act, act_p=act_p, bias=bias,
+                    bias_mode="row" if bias is not None else "none", conv=mode,
+                    conv_args={"ktab": tab, "cols": cols}, rows=rows)
+
+
+# Below this many input channels the GPU data gradient goes through col2im: as a GEMM
+# with C rows it would fill a few rows of every tile (the 3-channel stem: 3 of 16)
+COL2IM_CHANNELS = 16
+
+
+def _tiled_dgrad_col2im(dev, dt, rows, dy, w, out, C, H, W, M, P, Q, R, S, st, pd):
+    """dcol (CRS x PQ, per image) = w^T (CRS x M) @ dy (M x PQ): one batched GEMM of
+    plain matrices for a group of images (within SCRATCH_BYTES), then col2im."""
+    N = dy.shape[0]
+    CRS, PQ = C * R * S, P * Q
+    # images per group from a constant, not the budget: the GEMM's plan (so the bits)
+    # must not depend on the budget
+    group = max(1, min(N, SCRATCH_BYTES // (CRS * PQ * dt.itemsize)))
+    dcol = dev_scratch(dev, group * CRS * PQ, dt)
+    col2im = programs.get_kernel(dev, "conv", "clnn_conv_col2im_t",
+                                 {"dtype": programs.dtype_name(dt)})
+    evt = None
+    for n0 in range(0, N, group):
+        g = min(group, N - n0)
+        run_gemm(dev, dt, M=CRS, N=PQ, K=M, nbatch=g, a=Operand(w, offset(w), CRS),
+                 b=Operand(dy, offset(dy) + n0 * M * PQ, PQ, M * PQ, g),
+                 c=Operand(dcol, 0, PQ, CRS * PQ, g), trans_a=True, rows=rows)
+        count = g * C * H * W
+        g_size, l_size = launch_size(dev, count)
+        evt = col2im(g_size, l_size, n0=n0, count=count, C=C, H=H, W=W, P=P, Q=Q, R=R,
+                     S=S, sh=st[0], sw=st[1], ph=pd[0], pw=pd[1], dcol=dcol, dx=out,
+                     dx_off=offset(out))
+    return evt
+
+
+def _tiled_dgrad(dev, dt, rows, dy, w, out, C, H, W, M, P, Q, R, S, st, pd):
+    """dx by stride phase: the positions h = h0 + sh hh (and likewise w) receive only
+    from the taps r = a + sh i with a = (h0 + ph) mod sh, from p = hh + pbase - i. Each
+    phase is one dense GEMM over its own taps: none of the zeros that the stride puts
+    between dy's entries is multiplied (3/4 of the work at stride 2)."""
+    (sh, sw), (ph, pw) = st, pd
+    N = dy.shape[0]
+    evt = None
+    for h0 in range(sh):
+        Hh = -(-(H - h0) // sh)
+        alpha_h = (h0 + ph) % sh
+        Rh = max(0, -(-(R - alpha_h) // sh))
+        pbase = (h0 + ph - alpha_h) // sh
+        for w0 in range(sw):
+            Wh = -(-(W - w0) // sw)
+            if Hh <= 0 or Wh <= 0:
+                continue
+            alpha_w = (w0 + pw) % sw
+            Sw = max(0, -(-(S - alpha_w) // sw))
+            qbase = (w0 + pw - alpha_w) // sw
+            # dx (C x N Hh Wh) = A (C x M Rh Sw) @ B (M Rh Sw x N Hh Wh):
+            #   A(c, (m, i, j)) = w[m, c, alpha_h + sh i, alpha_w + sw j]
+            #   B((m, i, j), (n, hh, ww)) = dy[n, m, hh + pbase - i, ww + qbase - j]
+            coef = ((P * Q, -Q, -1, 0), (0, -1, 0, 0), (0, 0, -1, 0),
+                    (C * R * S, sh * S, sw, alpha_h * S + alpha_w))
+            cols = _colmap((Hh, Wh), (M * P * Q, Q, 1, pbase * Q + qbase), (1, pbase),
+                           (1, qbase), (P, Q), (C * H * W, sh * W, sw, h0 * W + w0))
+            evt = _tiled(dev, dt, rows, "dgrad", M=C, N=N * Hh * Wh, K=M * Rh * Sw,
+                         a=Operand(w, offset(w), R * S), b=Operand(dy, offset(dy)),
+                         c=Operand(out, offset(out), H * W), k3=(M, Rh, Sw), coef=coef,
+                         cols=cols)
     return evt
 
 
@@ -214,7 +322,7 @@ def _pad_input(dev, dt, x, images, H, W, ph, pw):
     if not (ph or pw) or min(ph, pw) < 0 or nbytes > scratch_cap(dev, PAD_BYTES):
         return x, offset(x), H, W, ph, pw, None
     xp = dev_scratch(dev, images * Hp * Wp, dt)
-    pad = programs.get_kernel(dev, "conv", "clnn_conv_pad", {"dtype": dt.name})
+    pad = programs.get_kernel(dev, "conv", "clnn_conv_pad", {"dtype": programs.dtype_name(dt)})
     rows = images * Hp
     pad((-(-rows // 64) * 64,), (64,), rows=rows, H=H, W=W, ph=ph, pw=pw, x=x,
         x_off=offset(x), xp=xp)
@@ -236,7 +344,8 @@ def conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_par
     act = "none" if activation is None else activation
     act_p = _param(act, activation_param) if act != "none" else 0.0
     out = check_out(out, (N, M, P, Q), dt, dev, inputs=(x, w, b), allow_alias=False)
-    p = tuning.conv_params(dev.facts, dt.itemsize, dt, "conv-fwd")
+    rows = tuning.conv_rows(dev.facts, dt.itemsize, dt, _klass("fwd", M, N * P * Q, C * R * S))
+    p = rows[0]
     if p["variant"] == "gather":
         xg, xg_off, Hg, Wg, phg, pwg, zr = _pad_input(dev, dt, x, N * C, H, W, *pd)
         evt = _run_gather(dev, dt, p, x=xg, x_off=xg_off, H=Hg, W=Wg, ph=phg, pw=pwg,
@@ -247,13 +356,22 @@ def conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_par
                           out=out, out_steps=(M * P * Q, Q, 1, P * Q), act=act,
                           act_p=act_p, bias=b)
         return _done(out, evt)
-    evt = run_gemm(dev, dt, M=M, N=N * P * Q, K=C * R * S, nbatch=1, alpha=1.0, beta=0.0,
-                   act=act, act_p=act_p, bias=b, bias_mode="row",
-                   a=w, a_off=offset(w), lda=C * R * S, a_bstride=0, a_batches=1,
-                   b=x, b_off=offset(x), ldb=0, b_bstride=0, b_batches=1,
-                   out=out, c_off=offset(out), ldc=0, c_bstride=0,
-                   conv="fwd", geometry=_geometry_args(C, H, W, M, P, Q, R, S, st, pd),
-                   params=p)
+    if p["variant"] == "local":
+        # y (M x NPQ) = w (M x CRS) @ unroll(x) (CRS x NPQ): k = (c, r, s) reads
+        # x[n, c, p sh - ph + r, q sw - pw + s] for column (n, p, q)
+        evt = _tiled(dev, dt, rows, "fwd", M=M, N=N * P * Q, K=C * R * S,
+                     a=Operand(w, offset(w), C * R * S), b=Operand(x, offset(x)),
+                     c=Operand(out, offset(out), P * Q), k3=(C, R, S),
+                     coef=((H * W, W, 1, 0), (0, 1, 0, 0), (0, 0, 1, 0), (R * S, S, 1, 0)),
+                     cols=_colmap((P, Q), (C * H * W, st[0] * W, st[1], -pd[0] * W - pd[1]),
+                                  (st[0], -pd[0]), (st[1], -pd[1]), (H, W),
+                                  (M * P * Q, Q, 1, 0)),
+                     act=act, act_p=act_p, bias=b)
+        return _done(out, evt)
+    evt = run_gemm(dev, dt, M=M, N=N * P * Q, K=C * R * S, nbatch=1, a=Operand(w, offset(w),
+                   C * R * S), b=Operand(x, offset(x)), c=Operand(out, offset(out)),
+                   act=act, act_p=act_p, bias=b, bias_mode="row", conv="fwd",
+                   conv_args=_geometry_args(C, H, W, M, P, Q, R, S, st, pd), params=p)
     return _done(out, evt)
 
 
@@ -271,7 +389,8 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None):
         raise ShapeError(f"dy has shape {dy.shape}; this convolution's output is "
                          f"{(N, M, P, Q)}")
     out = check_out(out, (N, C, H, W), dt, dev, inputs=(dy, w), allow_alias=False)
-    p = tuning.conv_params(dev.facts, dt.itemsize, dt, "conv-dgrad")
+    rows = tuning.conv_rows(dev.facts, dt.itemsize, dt, _klass("dgrad", C, N * H * W, M * R * S))
+    p = rows[0]
     if p["variant"] == "gather" and st == (1, 1) and pd[0] < R and pd[1] < S and \
             p.get("DGRAD", _dgrad_method(C, H, W, M, P, Q, R, S)) == "flip":
         # at unit stride the data gradient is a forward pass over dy padded by
@@ -289,13 +408,13 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None):
     if p["variant"] == "gather":
         evt = _dgrad_col2im(dev, dt, p, dy, w, out, C, H, W, M, P, Q, R, S, st, pd)
         return _done(out, evt)
-    evt = run_gemm(dev, dt, M=C, N=N * H * W, K=M * R * S, nbatch=1, alpha=1.0, beta=0.0,
-                   act="none", act_p=0.0, bias=None, bias_mode="none",
-                   a=w, a_off=offset(w), lda=0, a_bstride=0, a_batches=1,
-                   b=dy, b_off=offset(dy), ldb=0, b_bstride=0, b_batches=1,
-                   out=out, c_off=offset(out), ldc=0, c_bstride=0,
-                   conv="dgrad", geometry=_geometry_args(C, H, W, M, P, Q, R, S, st, pd),
-                   params=p)
+    if p["variant"] == "local":
+        method = _tiled_dgrad_col2im if C < COL2IM_CHANNELS else _tiled_dgrad
+        evt = method(dev, dt, rows, dy, w, out, C, H, W, M, P, Q, R, S, st, pd)
+        return _done(out, evt)
+    evt = run_gemm(dev, dt, M=C, N=N * H * W, K=M * R * S, nbatch=1, a=Operand(w, offset(w)),
+                   b=Operand(dy, offset(dy)), c=Operand(out, offset(out)), conv="dgrad",
+                   conv_args=_geometry_args(C, H, W, M, P, Q, R, S, st, pd), params=p)
     return _done(out, evt)
 
 
@@ -318,7 +437,8 @@ def conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, alp
     if out is None and beta != 0:
         raise ShapeError("beta != 0 reads out: pass the out array")
     out = check_out(out, (M, C, R, S), dt, dev, inputs=(dy, x), allow_alias=False)
-    p = tuning.conv_params(dev.facts, dt.itemsize, dt, "conv-wgrad")
+    rows = tuning.conv_rows(dev.facts, dt.itemsize, dt, _klass("wgrad", M, C * R * S, N * P * Q))
+    p = rows[0]
     if p["variant"] == "gather":
         xg, xg_off, Hg, Wg, phg, pwg, zr = _pad_input(dev, dt, x, N * C, H, W, *pd)
         # dy^T is packed for a group of images at a time (at most SCRATCH_BYTES), and
@@ -337,11 +457,20 @@ def conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, alp
                               out_steps=(R * S, S, 1, C * R * S), alpha=alpha,
                               beta=beta if n0 == 0 else 1.0)
         return _done(out, evt)
-    evt = run_gemm(dev, dt, M=M, N=C * R * S, K=N * P * Q, nbatch=1, alpha=alpha, beta=beta,
-                   act="none", act_p=0.0, bias=None, bias_mode="none",
-                   a=dy, a_off=offset(dy), lda=0, a_bstride=0, a_batches=1,
-                   b=x, b_off=offset(x), ldb=0, b_bstride=0, b_batches=1,
-                   out=out, c_off=offset(out), ldc=C * R * S, c_bstride=0,
-                   conv="wgrad", geometry=_geometry_args(C, H, W, M, P, Q, R, S, st, pd),
-                   params=p)
+    if p["variant"] == "local":
+        # dw (M x CRS) = dy (M x NPQ) @ unroll(x)^T (NPQ x CRS): k = (n, p, q), column
+        # (c, r, s) reads x[n, c, p sh - ph + r, q sw - pw + s] and A(m, k) dy[n, m, p, q]
+        evt = _tiled(dev, dt, rows, "wgrad", M=M, N=C * R * S, K=N * P * Q,
+                     a=Operand(dy, offset(dy), P * Q), b=Operand(x, offset(x)),
+                     c=Operand(out, offset(out), C * R * S), k3=(N, P, Q),
+                     coef=((C * H * W, st[0] * W, st[1], -pd[0] * W - pd[1]),
+                           (0, st[0], 0, -pd[0]), (0, 0, st[1], -pd[1]),
+                           (M * P * Q, Q, 1, 0)),
+                     cols=_colmap((R, S), (H * W, W, 1, 0), (1, 0), (1, 0), (H, W)),
+                     alpha=alpha, beta=beta)
+        return _done(out, evt)
+    evt = run_gemm(dev, dt, M=M, N=C * R * S, K=N * P * Q, nbatch=1, a=Operand(dy, offset(dy)),
+                   b=Operand(x, offset(x)), c=Operand(out, offset(out), C * R * S),
+                   alpha=alpha, beta=beta, conv="wgrad",
+                   conv_args=_geometry_args(C, H, W, M, P, Q, R, S, st, pd), params=p)
     return _done(out, evt)

@@ -16,33 +16,43 @@ from reference import conv2d_backward_ref, conv2d_ref
 RNG = np.random.default_rng(31)
 conv_module = sys.modules["clnn.ops.conv"]
 GATHER = tuning.CONV_TABLE["type"]["CPU"]
-# (kernel to override, parameters, bytes allowed for a padded copy of the input)
+NV = tuning.GEMM_TABLE["vendor"][("nvidia", "GPU")]
+# (kernel to override, parameters, conv.py constants to patch)
 VARIANTS = {
-    "default": (None, None, None),
+    "default": (None, None, {}),
     # conv.cl, gathered: each row at its own offset; rows along a line; the padding
     # read with bounds checks instead of from a padded copy; both data gradients;
     # narrow vectors and a single row per work-item
-    "gather-flat": ("conv", dict(GATHER, MWI=3, NWI=8, LINE=False, DGRAD="col2im"), None),
-    "gather-line": ("conv", dict(GATHER, MWI=2, NWI=16, LINE=True, DGRAD="flip"), None),
-    "gather-checked": ("conv", dict(GATHER, MWI=3, NWI=8, DGRAD="flip"), 0),
-    "gather-vw4": ("conv", dict(GATHER, MWI=1, NWI=4, VW=4, WG=1, DGRAD="col2im"), 0),
-    # gemm.cl's loaders: the CPU's packed panels, the GPU tiles
-    "gemm-reg": ("gemm", tuning.GEMM_TABLE["type"]["CPU"], None),
-    "gpu": ("gemm", tuning.GEMM_TABLE["type"]["GPU"], None),
+    "gather-flat": ("conv", dict(GATHER, MWI=3, NWI=8, LINE=False, DGRAD="col2im"), {}),
+    "gather-line": ("conv", dict(GATHER, MWI=2, NWI=16, LINE=True, DGRAD="flip"), {}),
+    "gather-checked": ("conv", dict(GATHER, MWI=3, NWI=8, DGRAD="flip"), {"PAD_BYTES": 0}),
+    "gather-vw4": ("conv", dict(GATHER, MWI=1, NWI=4, VW=4, WG=1, DGRAD="col2im"),
+                   {"PAD_BYTES": 0}),
+    # gemm.cl's loaders: the CPU's packed panels, the GPU tiles (k tables and column
+    # maps; the data gradient through col2im below 16 channels, else by stride phase)
+    "gemm-reg": ("gemm", tuning.GEMM_TABLE["type"]["CPU"], {}),
+    "gpu": ("gemm", tuning.GEMM_TABLE["type"]["GPU"], {}),
     "gpu-odd": ("gemm", {"variant": "local", "MWG": 12, "NWG": 8, "KWG": 5, "MDIMC": 4,
-                         "NDIMC": 2}, None),
+                         "NDIMC": 2}, {}),
+    "gpu-nvidia-phases": ("gemm", NV[3], {"COL2IM_CHANNELS": 0}),
+    "gpu-nvidia-splitk": ("gemm", dict(NV[-1], KSPLIT=3), {}),
+    "gpu-odd-splitk-phases": ("gemm", {"variant": "local", "MWG": 12, "NWG": 8, "KWG": 5,
+                                       "MDIMC": 4, "NDIMC": 2, "KSPLIT": 2},
+                              {"COL2IM_CHANNELS": 0}),
 }
 
 
 @contextlib.contextmanager
 def variant_in_force(name):
-    kernel, params, pad_bytes = VARIANTS[name]
+    kernel, params, patches = VARIANTS[name]
     with contextlib.ExitStack() as stack:
         if kernel:
             stack.enter_context(tuning.override(kernel, params))
-        if pad_bytes is not None:
-            stack.enter_context(mock.patch.object(conv_module, "PAD_BYTES", pad_bytes))
+        for attr, value in patches.items():
+            stack.enter_context(mock.patch.object(conv_module, attr, value))
         yield
+
+
 LENET = {"C1": (1, 32, 32, 6, 5, 5), "C3": (6, 14, 14, 16, 5, 5), "C5": (16, 5, 5, 120, 5, 5)}
 
 
@@ -197,3 +207,28 @@ def test_bounded_panels_split_columns(monkeypatch):
     monkeypatch.setattr(sys.modules["clnn.ops.gemm"], "PANEL_BYTES", 2048)  # 16-column blocks
     with tuning.override("gemm", tuning.GEMM_TABLE["type"]["CPU"]):
         check_conv(3, 2, 9, 7, 5, 3, 3, (1, 2), (1, 0), act="relu")
+
+
+@pytest.mark.parametrize("variant", ["gpu-nvidia-phases", "gpu-nvidia-splitk", "gpu"])
+@pytest.mark.parametrize("shape", [(2, 20, 11, 9, 7, 3, 3, (2, 2), (1, 1)),
+                                   (1, 3, 23, 19, 8, 7, 7, (2, 2), (3, 3)),
+                                   (3, 17, 6, 7, 5, 1, 1, (2, 3), (0, 0)),
+                                   (2, 4, 9, 9, 3, 2, 4, (3, 1), (1, 2))],
+                         ids=["20ch-s2", "stem-like", "1x1-s2x3", "odd"])
+def test_gpu_paths_on_strided_layers(variant, shape):
+    """The tiled GPU path: phases of a strided data gradient (a 1x1 filter at stride 2
+    leaves phases with no taps, which must come out zero), split-K weight gradients."""
+    N, C, H, W, M, R, S, st, pad = shape
+    with variant_in_force(variant):
+        check_conv(N, C, H, W, M, R, S, st, pad)
+
+
+def test_gpu_split_k_is_bitwise_reproducible():
+    """Split-K sums its slices in a fixed order: the same call gives the same bits."""
+    x = clnn.asarray(RNG.standard_normal((4, 5, 12, 12)).astype(np.float32))
+    dy = clnn.asarray(RNG.standard_normal((4, 6, 10, 10)).astype(np.float32))
+    with variant_in_force("gpu-nvidia-splitk"):
+        first = clnn.conv2d_backward_weight(dy, x, (6, 5, 3, 3)).get()
+        for _ in range(3):
+            assert np.array_equal(clnn.conv2d_backward_weight(dy, x, (6, 5, 3, 3)).get(),
+                                  first)
