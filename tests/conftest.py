@@ -28,6 +28,18 @@ def dev():
     return clnn.device(TEST_DEVICE)
 
 
+@pytest.fixture(params=["device", "work-groups"])
+def kernels(request):
+    """Run a test with the device's own reduction and row-wise kernels, then again with
+    the GPUs' work-group kernels forced, so PoCL (and Oclgrind) check those too."""
+    from clnn import tuning
+    if request.param == "device":
+        yield request.param
+        return
+    with tuning.override("reduce", {"wg": True}), tuning.override("rows", {"wg": True}):
+        yield request.param
+
+
 def float_dtypes(dev_=None):
     d = dev_ or clnn.device(TEST_DEVICE)
     return [t for t in (np.float32, np.float64, np.float16) if d.supports(t)]

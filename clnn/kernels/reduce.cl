@@ -1,23 +1,30 @@
-## reduce.cl: deterministic reductions along one axis, without atomics or local memory.
+## reduce.cl: deterministic reductions along one axis, without atomics.
 ## Parameters:  dtype  float32 | float64 | float16
 ##              map    "x" | "xy" (x*y, for dot) | "sq" (x*x, for nrm2)
+##                     | "xv" (x[o, r, i] * v[r], for gemv)
 ##              op     "sum" | "max"
 ##              final  "none" | "scale" (times post) | "sqrt" (sqrt of times post)
+##                     | "axpby" (post * result + beta * out, for gemv)
 ##              inp    "real" (input is real_t) | "acc" (input is acc_t partial sums)
 ##              outp   "real" | "acc" (write acc_t partials for a second stage)
-## Used by clnn/ops/reduce.py (sum, mean, max, dot, nrm2) and clnn/ops/bias.py (bias_grad).
+##              wg     0: clnn_reduce, a work-item per output (CPUs)
+##                     (LX, LY): clnn_reduce_wg, a work-group of LX x LY per LX outputs (GPUs)
+## Used by clnn/ops/reduce.py (sum, mean, max, dot, nrm2), clnn/ops/bias.py (bias_grad)
+## and, on GPUs, clnn/ops/gemm.py (gemv).
 <%include file="_common.cl"/>
 <%
     in_t = "real_t" if inp == "real" else "acc_t"
     out_t = "real_t" if outp == "real" else "acc_t"
 %>
 //
-// The input is viewed as (outer, R, inner) in C order and reduced along R:
+// The input is viewed as (outer, R, inner), element (o, r, i) at o * os + r * rs + i
+// (os = R * inner, rs = inner for a contiguous array; a matrix with a row stride
+// gives other values), and reduced along R:
 //   out[o, g, i] = final(op over r in chunk g of map(x[o, r, i]))
 // Chunk g covers r in [g * chunk_len, min(R, (g + 1) * chunk_len)). With chunks > 1 the
 // routine reduces the (outer, chunks, inner) partials again in a second launch. Each
-// output is summed by one work-item in a fixed order, so results are bitwise
-// reproducible run after run, whatever the device schedules.
+// output is summed in a fixed order, so results are bitwise reproducible run after
+// run, whatever the device schedules.
 //
 % if inp == "real":
 #define CLNN_IN(p, i) CLNN_LOAD(p, i)
@@ -34,9 +41,43 @@
 % else:
 <% raise ValueError("unknown op " + op) %>
 % endif
+<%def name="mapped(k, r)">\
+% if map == "x":
+CLNN_IN(x, x_off + ${k})\
+% elif map == "xy":
+CLNN_IN(x, x_off + ${k}) * CLNN_IN(y, y_off + ${k})\
+% elif map == "sq":
+clnn_sq(CLNN_IN(x, x_off + ${k}))\
+% elif map == "xv":
+CLNN_IN(x, x_off + ${k}) * CLNN_IN(y, y_off + ${r})\
+% else:
+<% raise ValueError("unknown map " + map) %>
+% endif
+</%def>
+<%def name="finish(acc, w)">
+% if final == "scale":
+        ${acc} *= post;
+% elif final == "sqrt":
+        ${acc} = sqrt(${acc} * post);
+% elif final == "axpby":
+        ${acc} *= post;
+        if (beta != (acc_t)0)
+            ${acc} += beta * CLNN_LOAD(out, out_off + ${w});
+% endif
+% if outp == "real":
+        CLNN_STORE(${acc}, out, out_off + ${w});
+% else:
+        out[out_off + ${w}] = ${acc};
+% endif
+</%def>
+% if map == "sq":
+inline acc_t clnn_sq(const acc_t v) { return v * v; }
+% endif
 
-__kernel void clnn_reduce(const int outer, const int R, const int inner,
-                          const int chunks, const int chunk_len, const acc_t post,
+% if not wg:
+__kernel void clnn_reduce(const int outer, const int R, const int inner, const int os,
+                          const int rs, const int chunks, const int chunk_len,
+                          const acc_t post, const acc_t beta,
                           __global const ${in_t} *x, const int x_off,
                           __global const ${in_t} *y, const int y_off,
                           __global ${out_t} *out, const int out_off)
@@ -50,28 +91,53 @@ __kernel void clnn_reduce(const int outer, const int R, const int inner,
         const int r1 = min(R, r0 + chunk_len);
         acc_t acc = CLNN_INIT;
         for (int r = r0; r < r1; ++r) {
-            const int k = (o * R + r) * inner + i;
-% if map == "x":
-            const acc_t v = CLNN_IN(x, x_off + k);
-% elif map == "xy":
-            const acc_t v = CLNN_IN(x, x_off + k) * CLNN_IN(y, y_off + k);
-% elif map == "sq":
-            const acc_t xv = CLNN_IN(x, x_off + k);
-            const acc_t v = xv * xv;
-% else:
-<% raise ValueError("unknown map " + map) %>
-% endif
+            const int k = o * os + r * rs + i;
+            const acc_t v = ${mapped("k", "r")};
             acc = CLNN_OP(acc, v);
         }
-% if final == "scale":
-        acc *= post;
-% elif final == "sqrt":
-        acc = sqrt(acc * post);
-% endif
-% if outp == "real":
-        CLNN_STORE(acc, out, out_off + w);
-% else:
-        out[out_off + w] = acc;
-% endif
+${finish("acc", "w")}
     }
 }
+% else:
+<% LX, LY = wg %>
+// The GPU form: a work-group of ${LX} x ${LY} work-items reduces one chunk of ${LX}
+// neighbouring outputs (LX = 1 for rows, which are contiguous; LX > 1 for columns, so
+// neighbouring work-items read neighbouring addresses). Work-item (lx, ly) folds
+// r = r0 + ly, r0 + ly + LY, ... in order, then the LY partial results of a column meet
+// in a tree in local memory, always in the same pairs: the result does not depend on
+// how the device schedules the work-items, so it is bitwise the same on every run.
+__kernel __attribute__((reqd_work_group_size(${LX}, ${LY}, 1)))
+void clnn_reduce_wg(const int outer, const int R, const int inner, const int os,
+                    const int rs, const int chunks, const int chunk_len,
+                    const acc_t post, const acc_t beta,
+                    __global const ${in_t} *x, const int x_off,
+                    __global const ${in_t} *y, const int y_off,
+                    __global ${out_t} *out, const int out_off)
+{
+    __local acc_t part[${LY}][${LX}];
+    const int lx = (int)get_local_id(0), ly = (int)get_local_id(1);
+    const int i = (int)get_group_id(0) * ${LX} + lx;
+    const int g = (int)get_group_id(1) % chunks, o = (int)get_group_id(1) / chunks;
+    const int r0 = g * chunk_len, r1 = min(R, r0 + chunk_len);
+    acc_t acc = CLNN_INIT;
+    if (i < inner) {
+        for (int r = r0 + ly; r < r1; r += ${LY}) {
+            const int k = o * os + r * rs + i;
+            const acc_t v = ${mapped("k", "r")};
+            acc = CLNN_OP(acc, v);
+        }
+    }
+    part[ly][lx] = acc;
+    barrier(CLK_LOCAL_MEM_FENCE);
+% for s in [LY >> (j + 1) for j in range(LY.bit_length() - 1)]:
+    if (ly < ${s})
+        part[ly][lx] = CLNN_OP(part[ly][lx], part[ly + ${s}][lx]);
+    barrier(CLK_LOCAL_MEM_FENCE);
+% endfor
+    if (ly == 0 && i < inner) {
+        acc = part[0][lx];
+        const int w = (o * chunks + g) * inner + i;
+${finish("acc", "w")}
+    }
+}
+% endif

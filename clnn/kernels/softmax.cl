@@ -1,5 +1,7 @@
 ## softmax.cl: row-wise softmax, log-softmax and softmax cross-entropy with its gradient.
 ## Parameters:  dtype  float32 | float64 | float16
+##              wg     0: a work-item per row (CPUs, and rows too short to share)
+##                     WG: a work-group of WG work-items per row (GPUs), entries *_wg
 ## Used by clnn/ops/softmax.py.
 <%include file="_common.cl"/>
 //
@@ -67,3 +69,69 @@ __kernel void clnn_softmax_xent(const int rows, const int cols, const acc_t grad
         loss_row[r] = loss;
     }
 }
+% if wg:
+
+// ---- GPUs: a work-group of ${wg} per row. Each work-item strides over the row (so
+// neighbours read neighbouring addresses), and the row's max and sum of exponentials
+// come from work-group reductions in a fixed order (_wg.cl).
+<%include file="_wg.cl" args="wg=wg"/>
+#define CLNN_FOR_EACH_ROW_WG(r, rows) for (int r = (int)get_group_id(0); r < (rows); r += (int)get_num_groups(0))
+#define CLNN_FOR_EACH_COL(j, cols) for (int j = (int)get_local_id(0); j < (cols); j += CLNN_WG)
+
+inline void clnn_row_stats_wg(__local acc_t *scratch, __global const real_t *x,
+                              const int base, const int cols, acc_t *m_out, acc_t *lse_out)
+{
+    acc_t m = (acc_t)(-INFINITY);
+    CLNN_FOR_EACH_COL(j, cols)
+        m = fmax(m, CLNN_LOAD(x, base + j));
+    m = clnn_wg_max(scratch, m);
+    acc_t s = (acc_t)0;
+    CLNN_FOR_EACH_COL(j, cols)
+        s += exp(CLNN_LOAD(x, base + j) - m);
+    *m_out = m;
+    *lse_out = log(clnn_wg_sum(scratch, s));
+}
+
+<%def name="rowwise_wg(entry, value)">
+__kernel __attribute__((reqd_work_group_size(CLNN_WG, 1, 1)))
+void ${entry}(const int rows, const int cols,
+              __global const real_t *x, const int x_off,
+              __global real_t *out, const int out_off)
+{
+    __local acc_t scratch[CLNN_WG];
+    CLNN_FOR_EACH_ROW_WG(r, rows) {
+        acc_t m, lse;
+        clnn_row_stats_wg(scratch, x, x_off + r * cols, cols, &m, &lse);
+        CLNN_FOR_EACH_COL(j, cols) {
+            const acc_t v = CLNN_LOAD(x, x_off + r * cols + j);
+            CLNN_STORE(${value}, out, out_off + r * cols + j);
+        }
+    }
+}
+</%def>
+${rowwise_wg("clnn_softmax_wg", "exp(v - m - lse)")}
+${rowwise_wg("clnn_log_softmax_wg", "v - m - lse")}
+__kernel __attribute__((reqd_work_group_size(CLNN_WG, 1, 1)))
+void clnn_softmax_xent_wg(const int rows, const int cols, const acc_t grad_scale,
+                          __global const real_t *z, const int z_off,
+                          __global const real_t *y, const int y_off,
+                          __global real_t *dz, const int dz_off,
+                          __global acc_t *loss_row)
+{
+    __local acc_t scratch[CLNN_WG];
+    CLNN_FOR_EACH_ROW_WG(r, rows) {
+        acc_t m, lse;
+        clnn_row_stats_wg(scratch, z, z_off + r * cols, cols, &m, &lse);
+        acc_t loss = (acc_t)0;
+        CLNN_FOR_EACH_COL(j, cols) {
+            const acc_t zj = CLNN_LOAD(z, z_off + r * cols + j) - m - lse;
+            const acc_t yj = CLNN_LOAD(y, y_off + r * cols + j);
+            loss -= yj != (acc_t)0 ? yj * zj : (acc_t)0;
+            CLNN_STORE((exp(zj) - yj) * grad_scale, dz, dz_off + r * cols + j);
+        }
+        loss = clnn_wg_sum(scratch, loss);
+        if (get_local_id(0) == 0)
+            loss_row[r] = loss;
+    }
+}
+% endif

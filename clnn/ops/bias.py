@@ -6,10 +6,10 @@ shape (F,), an image batch (N, C, H, W) one of shape (C,).
 
 import numpy as np
 
-from ._args import check, check_out, common_device, dev_empty, offset
+from ._args import check, check_out, common_device, dev_empty, finite, offset
 from .elementwise import _kernel, _launch, _done
 from .reduce import reduce3
-from ..errors import ShapeError
+from ..errors import ArgumentError, ShapeError
 
 
 def _channels(x, name):
@@ -32,19 +32,26 @@ def bias_add(x, b, out=None):
     return _done(out, evt)
 
 
-def bias_grad(dy, out=None):
-    """db = dy summed over every axis but axis 1 (batch, and H, W for images).
+def bias_grad(dy, out=None, *, alpha=1.0, beta=0.0):
+    """db = alpha * (dy summed over every axis but axis 1) + beta * out.
 
-    Overwrites ``out`` (shape (C,)); deterministic.
+    Sums over the batch, and H, W for images; deterministic. With the defaults it
+    overwrites ``out`` (shape (C,)); ``alpha = -lr/batch, beta = momentum`` makes it a
+    momentum update of a bias's velocity in one pass (beta != 0 needs ``out``).
     """
     dev = common_device(dy=dy, out=out)
     dt = check(dy, "dy", dev)
     channels, inner = _channels(dy, "dy")
+    alpha, beta = finite(alpha, "alpha"), finite(beta, "beta")
+    if out is None and beta != 0:
+        raise ArgumentError("beta != 0 reads out: pass the out array")
     n = dy.shape[0]
     out = check_out(out, (channels,), dt, dev, allow_alias=False, inputs=(dy,))
+    final = "axpby" if (alpha, beta) != (1.0, 0.0) else "none"
     if inner == 1:
-        return reduce3(dev, dt, dy, (1, n, channels), out)
+        return reduce3(dev, dt, dy, (1, n, channels), out, final=final, post=alpha, beta=beta)
     # Images: sum over H*W first (rows of the (N*C, H*W) view), then over the batch.
     per_image = dev_empty(dev, (n * channels,), dt)
     reduce3(dev, dt, dy, (n * channels, inner, 1), per_image)
-    return reduce3(dev, dt, per_image, (1, n, channels), out)
+    return reduce3(dev, dt, per_image, (1, n, channels), out, final=final, post=alpha,
+                   beta=beta)

@@ -3,12 +3,25 @@
 (The softmax cross-entropy lives in softmax.py, beside the softmax it is fused with.)
 """
 
-from .. import programs
+from .. import programs, tuning
 from ..errors import ShapeError
-from ._args import check, check_out, common_device, dev_empty, finite, offset
+from ._args import check, check_out, common_device, dev_empty, done, finite, offset
 from .reduce import reduce3
 
-programs.register("loss", {})
+programs.register("loss", {"wg": 0}, lambda: [{"wg": 0}, {"wg": 64}, {"wg": 256}])
+
+
+def row_groups(dev, rows, cols):
+    """(global, local) for the GPU row-wise kernels (a work-group per row), or None for
+    a work-item per row: on CPUs, and for rows shorter than a warp (10 classes), which
+    one work-item walks faster than a group could share them."""
+    forced = tuning.forced("rows")
+    if not (forced["wg"] if forced else not dev.facts.is_cpu) or cols < 32:
+        return None
+    wg = min(256 if cols >= 1024 else 64, dev.facts.max_work_group_size)
+    wg = 1 << (wg.bit_length() - 1)            # the tree needs a power of two
+    groups = min(rows, dev.facts.compute_units * 32)
+    return (groups * wg,), (wg,)
 
 
 def fused_loss(stem, entry, pred, y, grad, grad_scale, names):
@@ -25,9 +38,15 @@ def fused_loss(stem, entry, pred, y, grad, grad_scale, names):
     grad = check_out(grad, pred.shape, dt, dev, inputs=(pred, y))
     gs = 1.0 / rows if grad_scale is None else finite(grad_scale, "grad_scale")
     loss_rows = dev_empty(dev, (rows,), programs.acc_dtype(dt))
-    kern = programs.get_kernel(dev, stem, entry, {"dtype": dt.name})
-    wg = min(64, dev.facts.max_work_group_size)
-    grad.add_event(kern((-(-rows // wg) * wg,), (wg,), rows=rows, cols=cols, grad_scale=gs,
+    groups = row_groups(dev, rows, cols)
+    if groups:
+        kern = programs.get_kernel(dev, stem, entry + "_wg", {"dtype": programs.dtype_name(dt),
+                                                              "wg": groups[1][0]})
+    else:
+        kern = programs.get_kernel(dev, stem, entry, {"dtype": programs.dtype_name(dt)})
+        wg = min(64, dev.facts.max_work_group_size)
+        groups = (-(-rows // wg) * wg,), (wg,)
+    done(grad, kern(*groups, rows=rows, cols=cols, grad_scale=gs,
                         y=y, y_off=offset(y), loss_row=loss_rows,
                         **{p: pred, p + "_off": offset(pred), g: grad,
                            g + "_off": offset(grad)}))

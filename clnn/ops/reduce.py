@@ -10,15 +10,17 @@ import builtins
 
 import numpy as np
 
-from .. import programs
+from .. import programs, tuning
 from ..errors import ShapeError
-from ._args import (check, check_out, common_device, dev_empty, normalize_axis, offset)
+from ._args import (check, check_out, common_device, dev_scratch, done, normalize_axis)
 
 _MIN_CHUNK = 256     # below this, a second launch costs more than it saves
 
 programs.register(
-    "reduce", {"map": "x", "op": "sum", "final": "none", "inp": "real", "outp": "real"},
-    lambda: [{"map": m, "op": o, "final": f, "inp": i, "outp": p}
+    "reduce", {"map": "x", "op": "sum", "final": "none", "inp": "real", "outp": "real",
+               "wg": 0},
+    lambda: [{"map": m, "op": o, "final": f, "inp": i, "outp": p, "wg": wg}
+             for wg in (0, (1, 256), (32, 8))
              for m, o, f, i, p in [("x", "sum", "none", "real", "real"),
                                    ("x", "sum", "scale", "real", "real"),
                                    ("x", "max", "none", "real", "real"),
@@ -30,52 +32,93 @@ programs.register(
                                    ("sq", "sum", "sqrt", "real", "real"),
                                    ("x", "sum", "scale", "acc", "real"),
                                    ("x", "sum", "sqrt", "acc", "real"),
-                                   ("x", "max", "none", "acc", "real")]])
+                                   ("x", "max", "none", "acc", "real"),
+                                   ("xv", "sum", "axpby", "real", "real"),
+                                   ("xv", "sum", "none", "real", "acc"),
+                                   ("x", "sum", "axpby", "acc", "real")]])
 
 
 def _chunks(dev, outputs, R):
-    """How many chunks to split each length-R reduction into."""
-    target = dev.facts.compute_units * (32 if dev.facts.is_cpu else 256)
+    """How many chunks to split each length-R reduction into (CPU kernel)."""
+    target = dev.facts.compute_units * 32
     want = -(-target // builtins.max(outputs, 1))
     return builtins.max(1, builtins.min(want, R // _MIN_CHUNK))
 
 
+def _wg_shape(dev, inner):
+    """(LX, LY) of the GPU kernel: rows (inner == 1) get 256 work-items along R; columns
+    32 neighbouring outputs by 8 along R, so a warp reads 128 contiguous bytes."""
+    lx = 1 if inner == 1 else 32
+    ly = 256 // lx
+    while lx * ly > dev.facts.max_work_group_size and ly > 1:
+        ly //= 2
+    return lx, ly
+
+
 def reduce3(dev, dt, x, shape3, out, *, op="sum", map="x", final="none", post=1.0, y=None,
-            inp="real"):
+            inp="real", strides=None, beta=0.0, wg=None):
     """Reduce ``x`` viewed as (outer, R, inner) along R into ``out`` (outer, inner).
 
     ``dt`` is the storage dtype of ``out``; ``inp="acc"`` says ``x`` holds partial
     results in the arithmetic type (see programs.acc_dtype) rather than in ``dt``.
+    ``strides`` (os, rs) place element (o, r, i) of x at o * os + r * rs + i (default:
+    contiguous); map "xv" multiplies it by y[r], final "axpby" writes post * result +
+    beta * out (gemv). ``wg`` forces the GPU (True) or CPU (False) kernel.
+    On CPUs a work-item sums each output (or chunk of one); on GPUs a work-group does,
+    with a tree in local memory (clnn_reduce_wg). Both split long reductions into
+    chunks whose partial results a second launch reduces; the split depends only on
+    the shape and the device, so results are bitwise reproducible.
     """
     outer, R, inner = shape3
     outputs = outer * inner
     if outputs == 0:
         return out
-    chunks = _chunks(dev, outputs, R)
     y = x if y is None else y
+    forced = tuning.forced("reduce")
+    gpu = wg if wg is not None else forced["wg"] if forced else not dev.facts.is_cpu
+    os_, rs_ = strides or (R * inner, inner)
 
-    def run(params, n_chunks, chunk_len, R_, src, src_y, dst, post_):
-        kern = programs.get_kernel(dev, "reduce", "clnn_reduce", dict(params, dtype=dt.name))
-        total = outer * n_chunks * inner
+    def run(params, n_chunks, chunk_len, R_, src, src_y, dst, post_, strides_):
+        common = dict(outer=outer, R=R_, inner=inner, os=strides_[0], rs=strides_[1],
+                      chunks=n_chunks, chunk_len=chunk_len, post=post_, beta=beta,
+                      x=src, x_off=_off(src), y=src_y, y_off=_off(src_y), out=dst,
+                      out_off=_off(dst))
+        if gpu:
+            lx, ly = _wg_shape(dev, inner)
+            kern = programs.get_kernel(dev, "reduce", "clnn_reduce_wg",
+                                       dict(params, dtype=programs.dtype_name(dt), wg=(lx, ly)))
+            return kern((-(-inner // lx) * lx, outer * n_chunks * ly), (lx, ly), **common)
+        kern = programs.get_kernel(dev, "reduce", "clnn_reduce",
+                                   dict(params, dtype=programs.dtype_name(dt)))
         wg = min(64, dev.facts.max_work_group_size)
-        gsize = -(-total // wg) * wg
-        return kern((gsize,), (wg,), outer=outer, R=R_, inner=inner, chunks=n_chunks,
-                    chunk_len=chunk_len, post=post_, x=src, x_off=offset(src), y=src_y,
-                    y_off=offset(src_y), out=dst, out_off=offset(dst))
+        total = outer * n_chunks * inner
+        return kern((-(-total // wg) * wg,), (wg,), **common)
 
+    if gpu:
+        lx, ly = _wg_shape(dev, inner)
+        groups = outer * -(-inner // lx)
+        # enough work-groups to fill the device, each work-item folding 16 or more
+        chunks = builtins.max(1, builtins.min(-(-dev.facts.compute_units * 8 // groups),
+                                              R // (ly * 16)))
+    else:
+        chunks = _chunks(dev, outputs, R)
     if chunks == 1:
         evt = run({"map": map, "op": op, "final": final, "inp": inp, "outp": "real"},
-                  1, builtins.max(R, 1), R, x, y, out, post)
+                  1, builtins.max(R, 1), R, x, y, out, post, (os_, rs_))
     else:
         chunk_len = -(-R // chunks)
         chunks = -(-R // chunk_len)
-        part = dev_empty(dev, (outer * chunks * inner,), programs.acc_dtype(dt))
+        part = dev_scratch(dev, outer * chunks * inner, programs.acc_dtype(dt))
         run({"map": map, "op": op, "final": "none", "inp": inp, "outp": "acc"},
-            chunks, chunk_len, R, x, y, part, 1.0)
+            chunks, chunk_len, R, x, y, part, 1.0, (os_, rs_))
         evt = run({"map": "x", "op": op, "final": final, "inp": "acc", "outp": "real"},
-                  1, chunks, chunks, part, part, out, post)
-    out.add_event(evt)
-    return out
+                  1, chunks, chunks, part, part, out, post, (chunks * inner, inner))
+    return done(out, evt) if hasattr(out, "queue") else evt
+
+
+def _off(a):
+    """The element offset of an array, 0 for a bare (scratch) buffer."""
+    return a.offset // a.dtype.itemsize if hasattr(a, "dtype") else 0
 
 
 def _along(x, axis):

@@ -3,10 +3,10 @@ Kernel: clnn/kernels/softmax.cl.
 """
 
 from .. import programs
-from ._args import check, check_out, common_device, launch_size, offset
-from .loss import fused_loss
+from ._args import check, check_out, common_device, done, launch_size, offset
+from .loss import fused_loss, row_groups
 
-programs.register("softmax", {})
+programs.register("softmax", {"wg": 0}, lambda: [{"wg": 0}, {"wg": 64}, {"wg": 256}])
 
 
 def _rows(x):
@@ -20,10 +20,16 @@ def _rowwise(entry, x, out):
     out = check_out(out, x.shape, dt, dev, inputs=(x,))
     rows, cols = _rows(x)
     if rows and cols:
-        kern = programs.get_kernel(dev, "softmax", entry, {"dtype": dt.name})
-        g, l = launch_size(dev, rows)
-        out.add_event(kern(g, l, rows=rows, cols=cols, x=x, x_off=offset(x), out=out,
-                           out_off=offset(out)))
+        wg = row_groups(dev, rows, cols)
+        if wg:
+            kern = programs.get_kernel(dev, "softmax", entry + "_wg",
+                                       {"dtype": programs.dtype_name(dt), "wg": wg[1][0]})
+            g, l = wg
+        else:
+            kern = programs.get_kernel(dev, "softmax", entry, {"dtype": programs.dtype_name(dt)})
+            g, l = launch_size(dev, rows)
+        done(out, kern(g, l, rows=rows, cols=cols, x=x, x_off=offset(x), out=out,
+                       out_off=offset(out)))
     return out
 
 

@@ -11,7 +11,7 @@ RNG = np.random.default_rng(11)
 @pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
 @pytest.mark.parametrize("shape", [(1, 1), (1, 10), (97, 3), (1000, 10)],
                          ids=lambda s: "x".join(map(str, s)))
-def test_quadratic_loss_and_gradient(dev, shape, dtype):
+def test_quadratic_loss_and_gradient(dev, shape, dtype, kernels):
     a = RNG.random(shape).astype(dtype)
     y = RNG.random(shape).astype(dtype)
     d = a.astype(np.float64) - y

@@ -15,7 +15,7 @@ def guarded_scalar(dev, dtype):
 
 @DTYPES
 @pytest.mark.parametrize("n", AWKWARD, ids=lambda n: f"n{n}")
-def test_full_reductions(dev, n, dtype):
+def test_full_reductions(dev, n, dtype, kernels):
     x = RNG.standard_normal(n).astype(dtype)
     y = RNG.standard_normal(n).astype(dtype)
     X, Y = guarded_input(dev, x), guarded_input(dev, y)
@@ -53,7 +53,22 @@ def test_axis_reductions(shape, data):
         assert_close(out.check(), ref, np.float32, k=k, scale=np.maximum(scale, 1e-30), ulps=2)
 
 
-def test_long_axis_is_split_and_still_exact(dev):
+@pytest.mark.parametrize("shape", [(3, 5000, 7), (1, 70000, 1), (40, 33, 70), (1, 3, 100)])
+def test_axes_with_work_group_kernels(dev, shape):
+    """The GPU kernels' rows (inner 1) and columns (inner > 1), with chunks."""
+    from clnn import tuning
+    x = RNG.standard_normal(shape).astype(np.float32)
+    X = clnn.asarray(x)
+    with tuning.override("reduce", {"wg": True}):
+        for axis in range(3):
+            got = clnn.sum(X, axis=axis).get()
+            ref = x.astype(np.float64).sum(axis)
+            assert_close(got, ref, np.float32, k=shape[axis],
+                         scale=np.abs(x.astype(np.float64)).sum(axis), ulps=2)
+            assert np.array_equal(clnn.max(X, axis=axis).get(), x.max(axis))
+
+
+def test_long_axis_is_split_and_still_exact(dev, kernels):
     # 3 rows of 200003: the split into chunks and the second pass must cover every element
     x = RNG.standard_normal((3, 200003)).astype(np.float32)
     got = clnn.sum(clnn.asarray(x), axis=1).get()
@@ -64,7 +79,7 @@ def test_long_axis_is_split_and_still_exact(dev):
     assert np.array_equal(got, x.max(0))
 
 
-def test_deterministic(dev):
+def test_deterministic(dev, kernels):
     x = clnn.asarray(RNG.standard_normal(1000003).astype(np.float32))
     first = [clnn.sum(x).get(), clnn.dot(x, x).get(), clnn.nrm2(x).get()]
     for _ in range(5):
@@ -72,13 +87,13 @@ def test_deterministic(dev):
         assert [a.tobytes() for a in again] == [a.tobytes() for a in first]
 
 
-def test_max_propagates_nan(dev):
+def test_max_propagates_nan(dev, kernels):
     x = np.arange(1000, dtype=np.float32)
     x[500] = np.nan
     assert np.isnan(clnn.max(clnn.asarray(x)).get())
 
 
-def test_sum_of_empty_is_zero_and_max_of_empty_is_an_error(dev):
+def test_sum_of_empty_is_zero_and_max_of_empty_is_an_error(dev, kernels):
     x = clnn.empty((0,))
     assert clnn.sum(x).get() == 0
     with pytest.raises(clnn.ShapeError):

@@ -19,7 +19,7 @@ def log_softmax_ref(z):
 
 @DTYPES
 @SHAPES
-def test_softmax_and_log_softmax(dev, shape, dtype):
+def test_softmax_and_log_softmax(dev, shape, dtype, kernels):
     z = (RNG.standard_normal(shape) * 5).astype(dtype)
     ref = log_softmax_ref(z)
     out = Guarded(dev, shape, dtype)
@@ -30,7 +30,7 @@ def test_softmax_and_log_softmax(dev, shape, dtype):
     assert_close(out.check(), ref, dtype, k=shape[1])
 
 
-def test_softmax_large_inputs_do_not_overflow(dev):
+def test_softmax_large_inputs_do_not_overflow(dev, kernels):
     z = np.array([[1e4, 0, -1e4], [1e4, 1e4, 1e4], [-1e4, -1e4, -3e4]], np.float32)
     got = clnn.softmax(clnn.asarray(z)).get()
     assert np.all(np.isfinite(got))
@@ -40,7 +40,7 @@ def test_softmax_large_inputs_do_not_overflow(dev):
 
 @DTYPES
 @SHAPES
-def test_softmax_cross_entropy(dev, shape, dtype):
+def test_softmax_cross_entropy(dev, shape, dtype, kernels):
     n, k = shape
     z = (RNG.standard_normal(shape) * 3).astype(dtype)
     y = np.eye(k, dtype=dtype)[RNG.integers(0, k, n)]
