@@ -164,11 +164,6 @@ class Conv2d(Layer):
     def parameters(self):
         return [self.weight, self.bias]
 
-    def update_buffers(self):
-        # plus one for the bias gradient, summed over batch and positions
-        return super().update_buffers() + [clnn.empty(self.bias.shape, self.bias.dtype,
-                                                      clnn.device_of(self.bias))]
-
     def forward(self, x, out, logits=False):
         fused = None if self.activation == "identity" else self.activation
         return clnn.conv2d(x, self.weight, self.bias, stride=self.stride,
@@ -180,14 +175,13 @@ class Conv2d(Layer):
                                   padding=self.padding, out=dx)
 
     def update(self, delta, x, step, momentum, velocity):
-        v_w, v_b, db = velocity[:3]
+        v_w, v_b = velocity[:2]
         clnn.conv2d_backward_weight(delta, x, self.weight.shape, stride=self.stride,
                                     padding=self.padding, out=v_w, alpha=step,
                                     beta=momentum)
         clnn.axpy(1.0, v_w, self.weight)
-        clnn.bias_grad(delta, out=db)
-        clnn.scale(momentum, v_b, out=v_b)
-        clnn.axpy(step, db, v_b)
+        # v_b = momentum v_b - lr/batch (delta summed over batch and positions)
+        clnn.bias_grad(delta, out=v_b, alpha=step, beta=momentum)
         clnn.axpy(1.0, v_b, self.bias)
 
 

@@ -284,16 +284,23 @@ class Sequential:
                     order = rng.permutation(n)
                     xd.set(np.ascontiguousarray(x_host[order]))
                     yd.set(np.ascontiguousarray(y_dense[order]))
-                total, seen = 0.0, 0
+                # the epoch's loss is summed on the device: reading it every step would
+                # make the host wait for the device after every step (on a GPU, most
+                # of a small network's step time); the bar reads it now and then
+                total = clnn.zeros((), self.dtype, self.device)
+                seen, shown = 0, time.perf_counter()
                 for start in range(0, n, batch_size):
                     stop = min(n, start + batch_size)
                     value = self.train_step(xd[start:stop], yd[start:stop], lr, momentum, loss)
-                    total += float(value.get()) * (stop - start)
+                    clnn.axpy(float(stop - start), value, total)
                     seen += stop - start
                     if bar is not None:
                         bar.update(1)
-                        bar.set_postfix(epoch=epoch + 1, loss=f"{total / seen:.4f}")
-                hist["loss"].append(total / max(seen, 1))
+                        if time.perf_counter() - shown > 0.5 or stop == n:
+                            shown = time.perf_counter()
+                            bar.set_postfix(epoch=epoch + 1,
+                                            loss=f"{float(total.get()) / seen:.4f}")
+                hist["loss"].append(float(total.get()) / max(seen, 1))
                 hist["epoch_time"].append(time.perf_counter() - t0)
                 if validation is not None:
                     vl, va = self.evaluate(xv, yv, loss)

@@ -9,7 +9,7 @@ import pyopencl as cl
 
 from .. import programs
 from ..errors import ArgumentError
-from ._args import (check, check_out, common_device, finite, launch_size, offset)
+from ._args import (check, check_out, common_device, done, finite, launch_size, offset)
 
 ACTIVATIONS = ("identity", "sigmoid", "tanh", "relu", "leaky_relu", "elu", "softplus")
 # The parameter p of each activation that has one, and its default.
@@ -22,7 +22,8 @@ programs.register(
 
 
 def _kernel(dev, dtype, entry, **params):
-    return programs.get_kernel(dev, "elementwise", entry, dict(params, dtype=dtype.name))
+    return programs.get_kernel(dev, "elementwise", entry,
+                               dict(params, dtype=programs.dtype_name(dtype)))
 
 
 def _launch(kern, dev, n, **args):
@@ -170,6 +171,4 @@ def copy(x, out=None):
 
 
 def _done(out, evt):
-    if evt is not None:
-        out.add_event(evt)
-    return out
+    return done(out, evt)

@@ -53,11 +53,11 @@ def _forward(mode, x, kernel_size, stride, padding, out):
     out = check_out(out, (N, C, P, Q), dt, dev, inputs=(x,), allow_alias=False)
     if _is_22(mode, k, s, p):
         kern = programs.get_kernel(dev, "pool", "clnn_pool22_forward",
-                                   {"dtype": dt.name, "mode": mode})
+                                   {"dtype": programs.dtype_name(dt), "mode": mode})
         evt = kern(*_grid(dev, Q, N * C * P), planes=N * C, H=H, W=W, P=P, Q=Q, x=x,
                    x_off=offset(x), y=out, y_off=offset(out))
         return _done(out, evt)
-    kern = programs.get_kernel(dev, "pool", "clnn_pool_forward", {"dtype": dt.name,
+    kern = programs.get_kernel(dev, "pool", "clnn_pool_forward", {"dtype": programs.dtype_name(dt),
                                                                    "mode": mode})
     g, l = launch_size(dev, N * C * P)          # a work-item per output row
     evt = kern(g, l, x=x, x_off=offset(x), y=out, y_off=offset(out),
@@ -73,11 +73,11 @@ def _backward(mode, dy, x, kernel_size, stride, padding, out):
     out = check_out(out, x.shape, dt, dev, inputs=(dy, x), allow_alias=False)
     if _is_22(mode, k, s, p):
         kern = programs.get_kernel(dev, "pool", "clnn_pool22_backward",
-                                   {"dtype": dt.name, "mode": mode})
+                                   {"dtype": programs.dtype_name(dt), "mode": mode})
         evt = kern(*_grid(dev, W, N * C * H), planes=N * C, H=H, W=W, P=P, Q=Q, x=x,
                    x_off=offset(x), dy=dy, dy_off=offset(dy), dx=out, dx_off=offset(out))
         return _done(out, evt)
-    kern = programs.get_kernel(dev, "pool", "clnn_pool_backward", {"dtype": dt.name,
+    kern = programs.get_kernel(dev, "pool", "clnn_pool_backward", {"dtype": programs.dtype_name(dt),
                                                                     "mode": mode})
     g, l = launch_size(dev, N * C * H)          # a work-item per input row
     evt = kern(g, l, x=x, x_off=offset(x), dy=dy, dy_off=offset(dy), dx=out,
