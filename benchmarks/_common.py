@@ -61,6 +61,57 @@ def torch_or_none():
         return None
 
 
+def torch_cuda():
+    """PyTorch when it has a CUDA GPU (the cuBLAS/cuDNN reference on NVIDIA machines),
+    with TF32 off so float32 is float32; else None."""
+    torch = torch_or_none()
+    if torch is None or not torch.cuda.is_available():
+        return None
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return torch
+
+
+def cuda_time(torch, fn, repeats, warmup=2):
+    """median_time for PyTorch CUDA: synchronised after every call, as clnn's finish."""
+    return median_time(fn, repeats, warmup=warmup, sync=torch.cuda.synchronize)
+
+
+def clblast_gemm():
+    """A function gemm(dev, M, N, K, a, b, c, ta, tb) running CLBlast's SGEMM on clnn's
+    queue: through pyclblast when it is installed, else through Debian's libclblast
+    with ctypes (GPU images often have the library but cannot build pyclblast); None
+    without either."""
+    try:
+        import pyclblast
+
+        def run(dev, M, N, K, a, b, c, ta, tb):
+            pyclblast.gemm(dev.queue, M, N, K, a, b, c, a_ld=a.shape[1], b_ld=b.shape[1],
+                           c_ld=N, a_transp=ta, b_transp=tb)
+        return run
+    except ImportError:
+        pass
+    import ctypes
+    import ctypes.util
+    try:
+        lib = ctypes.CDLL(ctypes.util.find_library("clblast") or "libclblast.so.1")
+    except OSError:
+        return None
+
+    def run(dev, M, N, K, a, b, c, ta, tb):
+        q, ev, sz = ctypes.c_void_p(dev.queue.int_ptr), ctypes.c_void_p(0), ctypes.c_size_t
+        status = lib.CLBlastSgemm(
+            ctypes.c_int(101), ctypes.c_int(112 if ta else 111),
+            ctypes.c_int(112 if tb else 111), sz(M), sz(N), sz(K), ctypes.c_float(1.0),
+            ctypes.c_void_p(a.base_data.int_ptr), sz(a.offset // 4), sz(a.shape[1]),
+            ctypes.c_void_p(b.base_data.int_ptr), sz(b.offset // 4), sz(b.shape[1]),
+            ctypes.c_float(0.0), ctypes.c_void_p(c.base_data.int_ptr), sz(c.offset // 4),
+            sz(N), ctypes.byref(q), ctypes.byref(ev))
+        if status != 0:
+            raise RuntimeError(f"CLBlastSgemm returned status {status}")
+    return run
+
+
 def numpy_blas():
     """Which BLAS numpy runs, for the report (threadpoolctl when present)."""
     try:
@@ -97,7 +148,8 @@ def write_json(name, payload, path=None):
 
 def step_benchmark(args, make_net, torch_model, x, y, loss, lr, momentum, flops,
                    report=None):
-    """One SGD-with-momentum training step of a clnn network beside PyTorch CPU's.
+    """One SGD-with-momentum training step of a clnn network beside PyTorch CPU's (and
+    PyTorch CUDA's, on a machine with an NVIDIA GPU).
 
     ``make_net(dev)`` builds the clnn network; ``torch_model(torch, net)`` returns
     (model, loss_fn) with the same weights. Before timing, one step from the same
@@ -108,10 +160,14 @@ def step_benchmark(args, make_net, torch_model, x, y, loss, lr, momentum, flops,
     torch = torch_or_none()
     result = {"step_seconds": {}, "extra": {}}
 
-    def torch_step_fn(net):
+    def torch_step_fn(net, cuda=False):
         model, loss_fn = torch_model(torch, net)
+        if cuda:
+            model = model.cuda()
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
         X, Y = torch.from_numpy(x), torch.from_numpy(y)
+        if cuda:
+            X, Y = X.cuda(), Y.cuda()
 
         def step():
             opt.zero_grad(set_to_none=False)
@@ -153,4 +209,13 @@ def step_benchmark(args, make_net, torch_model, x, y, loss, lr, momentum, flops,
         for k, v in result["step_seconds"].items():
             if k.startswith("clnn"):
                 print(f"{k} runs at {t / v:.2f}x PyTorch CPU's speed")
+    cuda = torch_cuda()
+    if cuda is not None:
+        _, tstep = torch_step_fn(make_net(devices(args.device)[0]), cuda=True)
+        t = cuda_time(cuda, tstep, args.repeats)
+        result["step_seconds"]["PyTorch CUDA"] = t
+        print(f"PyTorch CUDA ({cuda.cuda.get_device_name()}): {1e3 * t:.2f} ms per step")
+        for k, v in result["step_seconds"].items():
+            if k.startswith("clnn"):
+                print(f"{k} runs at {t / v:.2f}x PyTorch CUDA's speed")
     return result

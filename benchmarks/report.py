@@ -2,8 +2,8 @@
 
     python benchmarks/report.py [--results benchmarks/results]
 
-Reads bench_gemm.json, bench_mlp.json, bench_lenet.json and bench_conv.json (whichever
-exist) and writes
+Reads bench_gemm.json, bench_mlp.json, bench_lenet.json, bench_conv.json and
+bench_tutorial.json (whichever exist) and writes
 report.md, gemm.png and conv.png beside them.
 """
 
@@ -50,6 +50,19 @@ def conv_table(data):
             t = row["ms"].get(k)
             cells.append(" / ".join(f"{v:.2f}" for v in t.values()) if t else "")
         lines.append(f"| {row['layer']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def tutorial_table(data):
+    lines = ["| device | batch | library | ms per step | pool peak GiB |", "|---|---|---|---|---|"]
+    for run in data["runs"]:
+        for lib, ms in run["step_ms"].items():
+            peak = run.get("pool_peak_bytes_4gib" if "4 GiB" in lib else "pool_peak_bytes")
+            lines.append(f"| {run['device']} | {run['batch']} | {lib} | "
+                         f"{'did not fit' if ms is None else f'{ms:.1f}'} | "
+                         f"{peak / 2**30:.2f} |" if lib.startswith("clnn") and peak else
+                         f"| {run['device']} | {run['batch']} | {lib} | "
+                         f"{'did not fit' if ms is None else f'{ms:.1f}'} | |")
     return "\n".join(lines)
 
 
@@ -100,13 +113,15 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=RESULTS)
     args = ap.parse_args(argv)
-    gemm, mlp, lenet, conv = (_load(args.results, n) for n in (
-        "bench_gemm", "bench_mlp", "bench_lenet", "bench_conv"))
+    gemm, mlp, lenet, conv, tutorial = (_load(args.results, n) for n in (
+        "bench_gemm", "bench_mlp", "bench_lenet", "bench_conv", "bench_tutorial"))
     parts = ["# clnn benchmark report"]
     for title, data, table in (("GEMM, float32 GFLOP/s", gemm, gemm_table),
                                ("MLP training step", mlp, step_table),
                                ("LeNet-5 training step", lenet, step_table),
-                               ("Convolution", conv, conv_table)):
+                               ("Convolution", conv, conv_table),
+                               ("The tutorial's step (10000-5000-1000-10)", tutorial,
+                                tutorial_table)):
         if data:
             parts += [f"## {title}", f"{data.get('date', '')}, "
                       f"{data.get('machine', {}).get('blas', '')}", table(data)]

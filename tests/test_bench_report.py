@@ -17,12 +17,17 @@ def test_report_from_result_files(tmp_path):
     conv = {"rows": [{"layer": "C1", "ms": {"clnn (dev)": {"forward": 1, "data grad": 2,
                                                             "weight grad": 3}}}]}
     lenet = {"step_seconds": {"clnn (dev)": 0.008, "PyTorch CPU": 0.004}}
+    tutorial = {"runs": [{"device": "dev", "batch": 10, "step_ms": {
+        "PyTorch CUDA": 40.0, "clnn": 50.0, "clnn, 4 GiB pool budget": None},
+        "pool_peak_bytes": 2**30}]}
     for name, data in (("bench_gemm", gemm), ("bench_mlp", mlp), ("bench_conv", conv),
-                       ("bench_lenet", lenet)):
+                       ("bench_lenet", lenet), ("bench_tutorial", tutorial)):
         (tmp_path / f"{name}.json").write_text(json.dumps(data))
     report.main(["--results", str(tmp_path)])
     text = (tmp_path / "report.md").read_text()
     assert "| square n=8 (8x8x8) | 10.0 | 5.0 | 0.50 |" in text
     assert "| clnn (dev) | 0.500 |" in text and "| C1 | 1.00 / 2.00 / 3.00 |" in text
     assert "## LeNet-5 training step" in text and "| clnn (dev) | 0.008 |" in text
+    assert "| dev | 10 | clnn | 50.0 | 1.00 |" in text
+    assert "| dev | 10 | clnn, 4 GiB pool budget | did not fit | |" in text
     assert (tmp_path / "gemm.png").exists() and (tmp_path / "conv.png").exists()
