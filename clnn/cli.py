@@ -4,11 +4,23 @@ import argparse
 import sys
 
 
+def _driver_notes(found):
+    from .device import unregistered_drivers
+    names = {d.platform.name for _, _, d in found}
+    for vendor, path, advice in unregistered_drivers(names):
+        print(f"note: {vendor}'s OpenCL driver {path} is installed, but no {vendor} "
+              f"platform is listed: {advice}")
+
+
 def _devices(args):
     from .device import DeviceFacts, all_devices, select_cl_device
-    found = all_devices()
+    try:
+        found = all_devices()
+    except Exception:  # noqa: BLE001 - no ICD loader at all: still explain what is there
+        found = []
     if not found:
         print("no OpenCL devices found; pip install 'clnn[pocl]' for a CPU device")
+        _driver_notes(found)
         return 1
     try:
         default = select_cl_device(None)
@@ -26,6 +38,7 @@ def _devices(args):
               f"{f.max_alloc_size / 2**30:.1f} GiB, fp64 {'yes' if f.fp64 else 'no'}, "
               f"fp16 {'yes' if f.fp16 else 'no'}")
     print("(* = the default device; choose another with CLNN_DEVICE=gpu|cpu|pocl|NAME|P:D)")
+    _driver_notes(found)
     return 0
 
 
@@ -74,7 +87,8 @@ def _train(args):
 
 
 def _bench(args):
-    """Run benchmarks/bench_{gemm,mlp,lenet,conv}.py and report.py from a checkout."""
+    """Run benchmarks/bench_{gemm,mlp,lenet,conv,tutorial}.py and report.py from a
+    checkout."""
     import importlib.util
     import os
     folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -84,11 +98,11 @@ def _bench(args):
               "which this installation lacks", file=sys.stderr)
         return 2
     from tqdm.auto import tqdm
-    names = ["bench_gemm", "bench_mlp", "bench_lenet", "bench_conv"]
+    names = ["bench_gemm", "bench_mlp", "bench_lenet", "bench_conv", "bench_tutorial"]
     dev = ["--device", args.device] if args.device else []
     quick = {"bench_gemm": ["--sizes", "512,1024", "--no-dense", "--repeats", "3"],
              "bench_mlp": ["--repeats", "3"], "bench_lenet": ["--repeats", "3"],
-             "bench_conv": ["--repeats", "3"]}
+             "bench_conv": ["--repeats", "3"], "bench_tutorial": ["--repeats", "2"]}
     sys.path.insert(0, folder)
     for name in tqdm(names + ["report"], unit="benchmark", disable=args.no_progress):
         spec = importlib.util.spec_from_file_location(name, os.path.join(folder, name + ".py"))

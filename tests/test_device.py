@@ -67,3 +67,23 @@ def test_pocl_threads_are_pinned_unless_the_user_chose(given, expected):
                           "print(os.environ['POCL_AFFINITY'])"], env=env,
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == expected
+
+
+def test_unregistered_nvidia_driver_is_explained(tmp_path):
+    """A machine with libnvidia-opencl.so.1 but no nvidia.icd sees no NVIDIA platform:
+    clnn devices says where the library is and how to register it."""
+    from clnn.device import unregistered_drivers
+    libs = {"libnvidia-opencl.so.1": "/usr/lib/x86_64-linux-gnu/libnvidia-opencl.so.1"}
+    vendors = tmp_path / "vendors"
+    vendors.mkdir()
+    (notes,) = unregistered_drivers(["Portable Computing Language"], libs, str(vendors))
+    vendor, path, advice = notes
+    assert vendor == "NVIDIA" and path == libs["libnvidia-opencl.so.1"]
+    assert "/etc/OpenCL/vendors/nvidia.icd" in advice and path in advice
+    # registered but not loading: say so instead
+    (vendors / "nvidia.icd").write_text(path + "\n")
+    (notes,) = unregistered_drivers([], libs, str(vendors))
+    assert "exists but the platform did not load" in notes[2]
+    # a listed NVIDIA platform, or no library: nothing to say
+    assert unregistered_drivers(["NVIDIA CUDA"], libs, str(vendors)) == []
+    assert unregistered_drivers(["NVIDIA CUDA"], {}, str(vendors)) == []
