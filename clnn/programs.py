@@ -357,6 +357,7 @@ def clear_caches():
         dev.tables.clear()
     plans.cached_best.cache_clear()
     tuning.table_rows.cache_clear()
+    tuning.conv_vendor_rows.cache_clear()
     import sys
     gemm = sys.modules.get("clnn.ops.gemm")
     if gemm is not None:          # the routines' launch cache holds kernels too

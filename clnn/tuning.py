@@ -104,6 +104,29 @@ CONV_TABLE = {
         "pthread-Intel(R) Xeon(R) Processor": {"variant": "gather", "VW": 8, "WG": 4,
                                                "tuned": True},
     },
+    # GPU rows of gemm.cl's convolution loaders, for the planner: the same tiles as the
+    # GEMM rows with "speed" measured on convolutions (an H100, driver 580.159.04,
+    # 2026-11-23: kernel times of the 56x56x64, 14x14x256 and stem layers). Gathered
+    # loads favour 256 work-items on 64x64 tiles; the 128x128 tiles that win plain
+    # GEMMs ran the 56x56x64 forward pass 2.7x slower.
+    "vendor": {
+        ("nvidia", "GPU"): [
+            {"variant": "local", "MWG": 64, "NWG": 64, "KWG": 16, "MDIMC": 16,
+             "NDIMC": 16, "VWM": 2, "VWN": 2, "speed": 1.0, "tuned": True},
+            {"variant": "local", "MWG": 128, "NWG": 64, "KWG": 16, "MDIMC": 16,
+             "NDIMC": 16, "VWM": 4, "VWN": 4, "speed": 0.85, "tuned": True},
+            {"variant": "local", "MWG": 64, "NWG": 64, "KWG": 16, "MDIMC": 8,
+             "NDIMC": 8, "VWM": 4, "VWN": 4, "speed": 0.8, "tuned": True},
+            {"variant": "local", "MWG": 128, "NWG": 128, "KWG": 16, "MDIMC": 16,
+             "NDIMC": 16, "VWM": 4, "VWN": 4, "speed": 0.6, "tuned": True},
+            {"variant": "local", "MWG": 128, "NWG": 32, "KWG": 16, "MDIMC": 32,
+             "NDIMC": 8, "VWM": 4, "VWN": 4, "speed": 0.7, "tuned": True},
+            {"variant": "local", "MWG": 32, "NWG": 128, "KWG": 16, "MDIMC": 8,
+             "NDIMC": 32, "VWM": 4, "VWN": 4, "speed": 0.7, "tuned": True},
+            {"variant": "local", "MWG": 16, "NWG": 64, "KWG": 16, "MDIMC": 4,
+             "NDIMC": 16, "VWM": 4, "VWN": 4, "speed": 0.6, "tuned": True},
+        ],
+    },
     "type": {
         # Any CPU (untuned): AVX2's 8 float lanes, which AVX-512 machines run too.
         "CPU": {"variant": "gather", "VW": 8, "WG": 4, "tuned": False},
@@ -363,7 +386,8 @@ def conv_rows(facts, itemsize=4, dtype="float32", klass=None):
     (gemm.cl's loaders; a GPU's planner chooses among them per shape).
 
     Order: the innermost override of "conv" or "gemm", the user's database entry for
-    the class, CONV_TABLE for the exact device, then its type, the device's GEMM rows.
+    the class, CONV_TABLE for the exact device, its vendor and type, then the device's
+    GEMM rows.
     """
     params = _overridden(("conv", "gemm"), facts, itemsize)
     if params is not None:
@@ -375,7 +399,19 @@ def conv_rows(facts, itemsize=4, dtype="float32", klass=None):
     for row in (CONV_TABLE["device"].get(facts.name), CONV_TABLE["type"].get(facts.type)):
         if row is not None and not gemm_problems(row, facts, itemsize):
             return [row]
-    return gemm_rows(facts, itemsize, dtype)
+    return conv_vendor_rows(facts, itemsize) or gemm_rows(facts, itemsize, dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def conv_vendor_rows(facts, itemsize=4):
+    """CONV_TABLE's rows for the device's vendor that fit it, as a tuple (or empty)."""
+    vendor = facts.vendor.lower()
+    for (v, typ), rows in CONV_TABLE.get("vendor", {}).items():
+        if v in vendor and typ == facts.type:
+            fit = tuple(r for r in rows if not gemm_problems(r, facts, itemsize))
+            if fit:
+                return fit
+    return ()
 
 
 def conv_params(facts, itemsize=4, dtype="float32", klass=None):
