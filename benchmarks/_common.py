@@ -146,6 +146,20 @@ def write_json(name, payload, path=None):
     return path
 
 
+def torch_mlp(torch, net, in_features, layers, batch):
+    """PyTorch's copy of a dense clnn network of (width, "tanh" | "sigmoid") layers with
+    the same weights, and the tutorial's quadratic loss sum((out - y)^2) / (2 batch)."""
+    modules, width = [], in_features
+    for (w, a), layer in zip(layers, net.layers):
+        lin = torch.nn.Linear(width, w)
+        with torch.no_grad():
+            lin.weight.copy_(torch.from_numpy(layer.weight.get()))
+            lin.bias.copy_(torch.from_numpy(layer.bias.get()))
+        modules += [lin, torch.nn.Tanh() if a == "tanh" else torch.nn.Sigmoid()]
+        width = w
+    return torch.nn.Sequential(*modules), lambda out, y: ((out - y) ** 2).sum() / (2 * batch)
+
+
 def step_benchmark(args, make_net, torch_model, x, y, loss, lr, momentum, flops,
                    report=None):
     """One SGD-with-momentum training step of a clnn network beside PyTorch CPU's (and

@@ -30,16 +30,7 @@ def make_net(dev):
 
 def torch_model(torch, net):
     """PyTorch's copy of the network, and the tutorial's quadratic loss."""
-    layers = []
-    width = IN
-    for (w, a), layer in zip(LAYERS, net.layers):
-        lin = torch.nn.Linear(width, w)
-        with torch.no_grad():
-            lin.weight.copy_(torch.from_numpy(layer.weight.get()))
-            lin.bias.copy_(torch.from_numpy(layer.bias.get()))
-        layers += [lin, torch.nn.Tanh() if a == "tanh" else torch.nn.Sigmoid()]
-        width = w
-    return torch.nn.Sequential(*layers), lambda out, y: ((out - y) ** 2).sum() / (2 * BATCH)
+    return _common.torch_mlp(torch, net, IN, LAYERS, BATCH)
 
 
 def buffers_needed(net):

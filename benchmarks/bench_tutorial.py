@@ -32,18 +32,6 @@ def make_net(dev):
     return nn.Sequential([nn.Dense(w, a) for w, a in LAYERS], IN, device=dev, seed=0)
 
 
-def torch_model(torch, net, batch):
-    layers, width = [], IN
-    for (w, a), layer in zip(LAYERS, net.layers):
-        lin = torch.nn.Linear(width, w)
-        with torch.no_grad():
-            lin.weight.copy_(torch.from_numpy(layer.weight.get()))
-            lin.bias.copy_(torch.from_numpy(layer.bias.get()))
-        layers += [lin, torch.nn.Tanh() if a == "tanh" else torch.nn.Sigmoid()]
-        width = w
-    return torch.nn.Sequential(*layers), lambda out, y: ((out - y) ** 2).sum() / (2 * batch)
-
-
 def main(argv=None):
     ap = _common.arg_parser(__doc__)
     ap.add_argument("--batch", type=int, help="default 10000 on GPUs, 1000 on CPUs")
@@ -64,7 +52,7 @@ def main(argv=None):
         peer = cuda if (cuda is not None and not dev.facts.is_cpu) else torch
         if peer is not None:
             on_gpu = peer is cuda
-            model, loss_fn = torch_model(peer, net, B)
+            model, loss_fn = _common.torch_mlp(peer, net, IN, LAYERS, B)
             Xt, Yt = peer.from_numpy(x), peer.from_numpy(y)
             if on_gpu:
                 model, Xt, Yt = model.cuda(), Xt.cuda(), Yt.cuda()

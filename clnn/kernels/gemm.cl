@@ -478,6 +478,24 @@ inline int clnn_c_index(const int m, const int j, const int ldc, const int16 *co
 #define CLNN_C_IDX(m, n) ((m) * ldc + (n))
 % endif
 
+<%def name="matrix_load(dst, gv, ptr, row, col, ld, rlim, clim, guarded, g)">
+<% loadv, comp = g["loadv"], g["comp"] %>\
+## gv elements of a stored matrix along its contiguous axis: (row, col .. col + gv - 1),
+## zeros outside row < rlim, col < clim when guarded
+% if guarded:
+                if (${row} < ${rlim} && ${col} + ${gv - 1} < ${clim})
+                    ${dst} = ${loadv(gv, ptr, f"{row} * {ld} + {col}")};
+                else {
+%   for i in range(gv):
+                    ${comp(dst, gv, i)} = (${row} < ${rlim} && ${col} + ${i} < ${clim})
+                        ? CLNN_LOAD(${ptr}, ${row} * ${ld} + ${col} + ${i}) : (acc_t)0;
+%   endfor
+                }
+% else:
+                ${dst} = ${loadv(gv, ptr, f"{row} * {ld} + {col}")};
+% endif
+</%def>
+
 <%def name="load_a(guarded, g)">
 <%
     # a def sees only its arguments and the template's parameters: unpack the tiling
@@ -498,30 +516,12 @@ inline int clnn_c_index(const int m, const int j, const int ldc, const int16 *co
                 const int m = m0 + mm;
 %     if a_tab:
                 ra${l} = ${"(m < M && k < kend) ? " if guarded else ""}CLNN_LOAD(a, m * lda + ktab[k].w)${" : (acc_t)0" if guarded else ""};
-%     elif guarded:
-                if (m < M && k + ${GVA - 1} < kend)
-                    ra${l} = ${loadv(GVA, "a", "m * lda + k")};
-                else {
-%       for g in range(GVA):
-                    ${comp(f"ra{l}", GVA, g)} = (m < M && k + ${g} < kend) ? CLNN_LOAD(a, m * lda + k + ${g}) : (acc_t)0;
-%       endfor
-                }
 %     else:
-                ra${l} = ${loadv(GVA, "a", "m * lda + k")};
+${matrix_load(f"ra{l}", GVA, "a", "m", "k", "lda", "M", "kend", guarded, g)}
 %     endif
 %   else:
                 const int k = k0 + idx / ${MWG // GVA}, m = m0 + idx % ${MWG // GVA} * ${GVA};
-%     if guarded:
-                if (k < kend && m + ${GVA - 1} < M)
-                    ra${l} = ${loadv(GVA, "a", "k * lda + m")};
-                else {
-%       for g in range(GVA):
-                    ${comp(f"ra{l}", GVA, g)} = (k < kend && m + ${g} < M) ? CLNN_LOAD(a, k * lda + m + ${g}) : (acc_t)0;
-%       endfor
-                }
-%     else:
-                ra${l} = ${loadv(GVA, "a", "k * lda + m")};
-%     endif
+${matrix_load(f"ra{l}", GVA, "a", "k", "m", "lda", "kend", "M", guarded, g)}
 %   endif
             }
         }
@@ -540,30 +540,10 @@ inline int clnn_c_index(const int m, const int j, const int ldc, const int16 *co
             rb${l} = ${"k < kend ? " if guarded else ""}clnn_gathered(b, col${l % DC}, ktab[k], cols.sa, cols.sb)${" : (acc_t)0" if guarded else ""};
 %   elif b_kfast:
                 const int n = n0 + idx / ${KWG // GVB}, k = k0 + idx % ${KWG // GVB} * ${GVB};
-%     if guarded:
-                if (n < N && k + ${GVB - 1} < kend)
-                    rb${l} = ${loadv(GVB, "b", "n * ldb + k")};
-                else {
-%       for g in range(GVB):
-                    ${comp(f"rb{l}", GVB, g)} = (n < N && k + ${g} < kend) ? CLNN_LOAD(b, n * ldb + k + ${g}) : (acc_t)0;
-%       endfor
-                }
-%     else:
-                rb${l} = ${loadv(GVB, "b", "n * ldb + k")};
-%     endif
+${matrix_load(f"rb{l}", GVB, "b", "n", "k", "ldb", "N", "kend", guarded, g)}
 %   else:
                 const int k = k0 + idx / ${NWG // GVB}, n = n0 + idx % ${NWG // GVB} * ${GVB};
-%     if guarded:
-                if (k < kend && n + ${GVB - 1} < N)
-                    rb${l} = ${loadv(GVB, "b", "k * ldb + n")};
-                else {
-%       for g in range(GVB):
-                    ${comp(f"rb{l}", GVB, g)} = (k < kend && n + ${g} < N) ? CLNN_LOAD(b, k * ldb + n + ${g}) : (acc_t)0;
-%       endfor
-                }
-%     else:
-                rb${l} = ${loadv(GVB, "b", "k * ldb + n")};
-%     endif
+${matrix_load(f"rb{l}", GVB, "b", "k", "n", "ldb", "kend", "N", guarded, g)}
 %   endif
             }
         }
