@@ -97,6 +97,8 @@ class Device:
                          budget=_default_budget(self.facts),
                          exact=os.environ.get("CLNN_POOL_EXACT", "") not in ("", "0"))
         self.kernels = KernelCache()
+        # the dtypes this device computes in (every op checks its arrays against it)
+        self._supported = {t for t in SUPPORTED_DTYPES if self.supports(t)}
         # constant device data that ops rebuild per shape otherwise (the convolution
         # loaders' k tables): bounded, and emptied by clnn.programs.clear_caches()
         self.tables = KernelCache(maxsize=64)
@@ -121,10 +123,7 @@ class Device:
 
     def check_dtype(self, dtype, what="array"):
         """Raise DTypeError unless clnn computes in ``dtype`` on this device."""
-        ok = self.__dict__.get("_supported")
-        if ok is None:      # every op checks its arrays' dtypes: a set lookup, once built
-            ok = self._supported = {t for t in SUPPORTED_DTYPES if self.supports(t)}
-        if dtype in ok:
+        if dtype in self._supported:
             return dtype
         dtype = np.dtype(dtype)
         if dtype not in SUPPORTED_DTYPES:

@@ -62,8 +62,9 @@ def check(x, name, dev, *, dtype=None, ndim=None, shape=None, contiguous=True):
 
 
 def offset(x):
-    """The element offset of ``x`` in its buffer (kernels take element offsets)."""
-    return x.offset // x.dtype.itemsize
+    """The element offset of ``x`` in its buffer (kernels take element offsets); 0 for
+    a bare scratch buffer (dev_scratch), which kernels read from its start."""
+    return x.offset // x.dtype.itemsize if hasattr(x, "dtype") else 0
 
 
 def _span(x):

@@ -116,7 +116,7 @@ def _run_gather(dev, dt, p, *, x, x_off, H, W, ph, pw, rows3, row_steps, k3, k_s
                 K3=k3[2], KA=k_steps[0], KBH=k_steps[1], KCW=k_steps[2], x=x, x_off=x_off,
                 H=H, W=W, ph=ph, pw=pw, zlo=zero_rows[0] if zero_rows else 0,
                 zhi=H - zero_rows[1] if zero_rows else H, cols=cols, b_pk=b_pk, koff=koff,
-                out=out, out_off=offset(out) if hasattr(out, "base_data") else 0,
+                out=out, out_off=offset(out),
                 OA=out_steps[0], OB=out_steps[1], OC=out_steps[2], OM=out_steps[3],
                 alpha=alpha, beta=beta, act_p=act_p, bias=bias if bias is not None else out,
                 bias_off=offset(bias) if bias is not None else 0)
@@ -164,8 +164,11 @@ def _dgrad_col2im(dev, dt, p, dy, w, out, C, H, W, M, P, Q, R, S, st, pd):
     return evt
 
 
-def _klass(mode, M, N, K):
-    return f"conv-{mode}-{tuning.size_bucket(M, N, K)}"
+def _rows(dev, dt, mode, M, N, K):
+    """The parameter sets for one convolution op, looked up by its class
+    "conv-<mode>-<size bucket of its GEMM>" (see tuning.conv_rows)."""
+    return tuning.conv_rows(dev.facts, dt.itemsize, dt,
+                            f"conv-{mode}-{tuning.size_bucket(M, N, K)}")
 
 
 def _ktab(dev, k3, coef):
@@ -344,7 +347,7 @@ def conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_par
     act = "none" if activation is None else activation
     act_p = _param(act, activation_param) if act != "none" else 0.0
     out = check_out(out, (N, M, P, Q), dt, dev, inputs=(x, w, b), allow_alias=False)
-    rows = tuning.conv_rows(dev.facts, dt.itemsize, dt, _klass("fwd", M, N * P * Q, C * R * S))
+    rows = _rows(dev, dt, "fwd", M, N * P * Q, C * R * S)
     p = rows[0]
     if p["variant"] == "gather":
         xg, xg_off, Hg, Wg, phg, pwg, zr = _pad_input(dev, dt, x, N * C, H, W, *pd)
@@ -389,7 +392,7 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None):
         raise ShapeError(f"dy has shape {dy.shape}; this convolution's output is "
                          f"{(N, M, P, Q)}")
     out = check_out(out, (N, C, H, W), dt, dev, inputs=(dy, w), allow_alias=False)
-    rows = tuning.conv_rows(dev.facts, dt.itemsize, dt, _klass("dgrad", C, N * H * W, M * R * S))
+    rows = _rows(dev, dt, "dgrad", C, N * H * W, M * R * S)
     p = rows[0]
     if p["variant"] == "gather" and st == (1, 1) and pd[0] < R and pd[1] < S and \
             p.get("DGRAD", _dgrad_method(C, H, W, M, P, Q, R, S)) == "flip":
@@ -437,7 +440,7 @@ def conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, alp
     if out is None and beta != 0:
         raise ShapeError("beta != 0 reads out: pass the out array")
     out = check_out(out, (M, C, R, S), dt, dev, inputs=(dy, x), allow_alias=False)
-    rows = tuning.conv_rows(dev.facts, dt.itemsize, dt, _klass("wgrad", M, C * R * S, N * P * Q))
+    rows = _rows(dev, dt, "wgrad", M, C * R * S, N * P * Q)
     p = rows[0]
     if p["variant"] == "gather":
         xg, xg_off, Hg, Wg, phg, pwg, zr = _pad_input(dev, dt, x, N * C, H, W, *pd)

@@ -12,7 +12,8 @@ import numpy as np
 
 from .. import programs, tuning
 from ..errors import ShapeError
-from ._args import (check, check_out, common_device, dev_scratch, done, normalize_axis)
+from ._args import (check, check_out, common_device, dev_scratch, done, normalize_axis,
+                    offset)
 
 _MIN_CHUNK = 256     # below this, a second launch costs more than it saves
 
@@ -81,8 +82,8 @@ def reduce3(dev, dt, x, shape3, out, *, op="sum", map="x", final="none", post=1.
     def run(params, n_chunks, chunk_len, R_, src, src_y, dst, post_, strides_):
         common = dict(outer=outer, R=R_, inner=inner, os=strides_[0], rs=strides_[1],
                       chunks=n_chunks, chunk_len=chunk_len, post=post_, beta=beta,
-                      x=src, x_off=_off(src), y=src_y, y_off=_off(src_y), out=dst,
-                      out_off=_off(dst))
+                      x=src, x_off=offset(src), y=src_y, y_off=offset(src_y), out=dst,
+                      out_off=offset(dst))
         if gpu:
             lx, ly = _wg_shape(dev, inner)
             kern = programs.get_kernel(dev, "reduce", "clnn_reduce_wg",
@@ -113,12 +114,7 @@ def reduce3(dev, dt, x, shape3, out, *, op="sum", map="x", final="none", post=1.
             chunks, chunk_len, R, x, y, part, 1.0, (os_, rs_))
         evt = run({"map": "x", "op": op, "final": final, "inp": "acc", "outp": "real"},
                   1, chunks, chunks, part, part, out, post, (chunks * inner, inner))
-    return done(out, evt) if hasattr(out, "queue") else evt
-
-
-def _off(a):
-    """The element offset of an array, 0 for a bare (scratch) buffer."""
-    return a.offset // a.dtype.itemsize if hasattr(a, "dtype") else 0
+    return done(out, evt)
 
 
 def _along(x, axis):
