@@ -191,17 +191,17 @@ SPLITK_BYTES = 64 << 20
 
 def run_gemm(dev, dt, *, M, N, K, nbatch, a, b, c, alpha=1.0, beta=0.0, act="none",
              act_p=0.0, bias=None, bias_mode="none", trans_a=False, trans_b=False,
-             conv="none", conv_args=None, params=None, rows=None, klass=None):
+             conv="none", conv_args=None, params=None, rows=None):
     """Launch a validated GEMM on Operands a, b, c: a plain one, or a convolution's
     implicit GEMM when ``conv`` names its loaders ("fwd", "dgrad", "wgrad") and
     ``conv_args`` holds what they read (the packed variant: the cv_* sizes; the tiled
     one: ktab and the column map, see clnn/ops/conv.py). ``params`` forces one
-    parameter set, ``rows`` gives the sets to plan from; else the tuning rows for
-    ``klass`` (by default the GEMM's shape class) are planned. Returns the last event."""
+    parameter set, ``rows`` gives the sets to plan from; else the tuning rows of the
+    GEMM's shape class are planned. Returns the last event."""
     if params is not None:
         rows = [params]
     elif rows is None:
-        klass = klass or tuning.shape_class(M, N, K, trans_a, trans_b, nbatch)
+        klass = tuning.shape_class(M, N, K, trans_a, trans_b, nbatch)
         rows = tuning.gemm_rows(dev.facts, dt.itemsize, dt, klass)
     bias_mode = bias_mode if bias is not None else "none"
     common = dict(M=M, N=N, K=K, alpha=alpha, beta=beta, act_p=act_p,
