@@ -11,8 +11,8 @@ import numpy as np
 import pyopencl.array as cla
 
 from .device import Device, DeviceFacts, device, device_of
-from .errors import (ArgumentError, ClnnError, DeviceError, DTypeError, KernelBuildError,
-                     OutOfDeviceMemory, ShapeError, TemplateError)
+from .errors import (ArgumentError, CheckpointError, ClnnError, DeviceError, DTypeError,
+                     KernelBuildError, OutOfDeviceMemory, ShapeError, TemplateError)
 from .programs import clear_caches, render
 from .ops import *  # noqa: F401,F403 - the public ops
 from .ops import __all__ as _ops_all
@@ -26,7 +26,8 @@ def asarray(a, device=None, dtype=None):
     """Copy a numpy array (or anything numpy takes) to the device, as C-contiguous."""
     from .device import device as _device
     dev = _device(device)
-    host = np.ascontiguousarray(a, dtype=dtype)
+    host = np.asarray(a, dtype=dtype, order="C")   # 0-d stays 0-d (ascontiguousarray
+                                                   # would make it (1,))
     if host.dtype.kind == "f":
         dev.check_dtype(host.dtype)
     out = cla.empty(dev.queue, host.shape, host.dtype, allocator=dev.pool)
@@ -51,5 +52,6 @@ def zeros(shape, dtype=np.float32, device=None):
 
 __all__ = ["Device", "DeviceFacts", "device", "device_of", "asarray", "empty", "zeros",
            "render", "clear_caches", "ClnnError", "ShapeError", "ArgumentError",
+           "CheckpointError",
            "DTypeError", "DeviceError", "OutOfDeviceMemory", "KernelBuildError",
            "TemplateError"] + list(_ops_all)

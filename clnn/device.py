@@ -7,6 +7,7 @@ is one ``Device`` per OpenCL device per process, so every array clnn makes for a
 lives in the same context and can be mixed freely.
 """
 
+import math
 import os
 import threading
 from dataclasses import dataclass, asdict
@@ -142,9 +143,13 @@ def _default_budget(facts):
     env = os.environ.get("CLNN_POOL_BYTES")
     if env:
         try:
-            return int(float(env))
+            value = float(env)
         except ValueError:
-            raise DeviceError(f"CLNN_POOL_BYTES={env!r} is not a number of bytes") from None
+            value = float("nan")
+        if not (math.isfinite(value) and value >= 1):
+            raise DeviceError(f"CLNN_POOL_BYTES={env!r} is not a positive, finite number of "
+                              "bytes")
+        return int(value)
     # Leave room for the driver, other processes and the user's own buffers.
     return int(facts.global_mem_size * 0.75)
 

@@ -23,6 +23,11 @@ class DTypeError(ClnnError, TypeError):
     """A dtype the op or the device does not support; clnn never casts silently."""
 
 
+class CheckpointError(ClnnError, ValueError):
+    """A saved network that is not a valid clnn checkpoint (damaged, crafted, or with
+    weights that do not match its architecture); found before anything is built."""
+
+
 class DeviceError(ClnnError):
     """No such device, or arrays that live on different devices."""
 

@@ -19,12 +19,14 @@ device: a kernel enqueued later cannot overtake one still reading the old conten
 """
 
 import gc
+import math
+import numbers
 import sys
 import threading
 
 import pyopencl as cl
 
-from .errors import OutOfDeviceMemory
+from .errors import ArgumentError, OutOfDeviceMemory
 
 _MIN_BLOCK = 256          # bytes; also keeps sub-256-byte requests in one bin
 _BIN_BITS = 4             # size bins keep 4 leading bits: under 1/8 of a block wasted
@@ -43,6 +45,14 @@ def _is_alloc_failure(exc):
     code = getattr(exc, "code", None)
     return code in (cl.status_code.MEM_OBJECT_ALLOCATION_FAILURE,
                     cl.status_code.OUT_OF_RESOURCES, cl.status_code.OUT_OF_HOST_MEMORY)
+
+
+def _budget_bytes(nbytes):
+    if isinstance(nbytes, (bool, str, bytes)) or not isinstance(nbytes, numbers.Real) or \
+            not math.isfinite(nbytes) or nbytes < 1:
+        raise ArgumentError(f"pool budget must be a positive, finite number of bytes, got "
+                            f"{nbytes!r}")
+    return int(nbytes)
 
 
 def _fmt(n):
@@ -67,7 +77,7 @@ class Pool:
         self.exact = exact
         self.queue = queue
         self.max_alloc = int(max_alloc)
-        self._budget = int(budget)
+        self._budget = _budget_bytes(budget)
         self._allocator = allocator or self._cl_allocate
         self._bins = {}              # block size -> [Buffer]
         self._lock = threading.RLock()
@@ -83,9 +93,7 @@ class Pool:
 
     @budget.setter
     def budget(self, nbytes):
-        nbytes = int(nbytes)
-        if nbytes <= 0:
-            raise ValueError("pool budget must be a positive number of bytes")
+        nbytes = _budget_bytes(nbytes)
         with self._lock:
             self._budget = nbytes
             if self.real_bytes > nbytes:

@@ -210,17 +210,24 @@ class Kernel:
         # work out each argument's type (measured on PoCL), which was a third of the
         # cost of a small launch.
         cl_kernel.set_scalar_arg_dtypes(self.types)
+        # an OpenCL kernel object holds its arguments: setting them and enqueueing is
+        # one step under this lock, or two threads launching the same kernel could
+        # enqueue each other's arguments
+        self._lock = threading.Lock()
 
     def __call__(self, global_size, local_size=None, **args):
         if args.keys() != self._names:
             missing = self._names - args.keys()
             extra = args.keys() - self._names
             raise TypeError(f"{self.entry}: missing {sorted(missing)}, unknown {sorted(extra)}")
-        self.cl_kernel.set_args(*[getattr(args[n], "base_data", args[n]) if t is None
-                                  else args[n] for n, t in zip(self.names, self.types)])
-        evt = cl.enqueue_nd_range_kernel(self.device.queue, self.cl_kernel,
-                                         tuple(global_size),
-                                         None if local_size is None else tuple(local_size))
+        values = [getattr(args[n], "base_data", args[n]) if t is None else args[n]
+                  for n, t in zip(self.names, self.types)]
+        with self._lock:
+            self.cl_kernel.set_args(*values)
+            evt = cl.enqueue_nd_range_kernel(self.device.queue, self.cl_kernel,
+                                             tuple(global_size),
+                                             None if local_size is None
+                                             else tuple(local_size))
         for events in getattr(_recording, "lists", ()):
             events.append(evt)
         return evt

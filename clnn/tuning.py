@@ -16,6 +16,7 @@ import contextlib
 import functools
 import json
 import os
+import stat
 import threading
 import warnings
 
@@ -140,19 +141,37 @@ _KEYS = {"reg": ("MWI", "NWI", "VW", "WGM"),
 _OPTIONAL = {"local": {"VWM": 1, "VWN": 1}}
 
 
+# Ranges of the integer tile parameters: outside them a kernel would not fit any
+# device's registers (or would take minutes to compile: MWI 400), so a tuning entry
+# or override with one is refused up front.
+_RANGES = {"MWI": 32, "NWI": 128, "VW": 16, "WG": 1024, "WGM": 1024, "MWG": 256,
+           "NWG": 256, "KWG": 64, "MDIMC": 64, "NDIMC": 64, "VWM": 4, "VWN": 4,
+           "KSPLIT": 64}
+
+
+def _is_int(v):
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
 def gemm_problems(p, facts=None, itemsize=4):
     """Why the GEMM parameter set ``p`` is invalid (for ``facts``' device), or []."""
+    if not isinstance(p, dict):
+        return ["not a parameter set"]
     variant = p.get("variant")
-    if variant not in _KEYS:
+    if not isinstance(variant, str) or variant not in _KEYS:
         return [f"unknown variant {variant!r}"]
-    missing = [k for k in _KEYS[variant] if not isinstance(p.get(k), int) or p[k] < 1]
+    missing = [k for k in _KEYS[variant] if not _is_int(p.get(k)) or p[k] < 1]
     if missing:
         return [f"missing or non-positive {', '.join(missing)}"]
+    bad = [f"{k}={p[k]!r}" for k in _RANGES if k in p and
+           not (_is_int(p[k]) and 1 <= p[k] <= _RANGES[k])]
+    if bad:
+        return [f"out of range or not an int: {', '.join(bad)} (limits: "
+                + ", ".join(f"{k} <= {_RANGES[k]}" for k in _RANGES if k in p) + ")"]
+    if "LINE" in p and not isinstance(p["LINE"], bool):
+        return ["LINE must be true or false"]
     probs = []
     if variant == "gather":
-        for k in ("MWI", "NWI"):
-            if k in p and (not isinstance(p[k], int) or p[k] < 1):
-                probs.append(f"{k} must be a positive int")
         if p["VW"] not in (1, 2, 4, 8, 16):
             probs.append("VW must be 1, 2, 4, 8 or 16")
         elif isinstance(p.get("NWI"), int) and p["NWI"] % p["VW"]:
@@ -180,10 +199,11 @@ def gemm_problems(p, facts=None, itemsize=4):
         if wg % p["NWG"] and p["NWG"] % wg:
             probs.append("NWG must divide, or be a multiple of, MDIMC * NDIMC (the "
                          "convolution loaders give each work-item whole columns)")
-        if "speed" in p and not (isinstance(p["speed"], (int, float)) and 0 < p["speed"] <= 1):
+        if "speed" in p and not (isinstance(p["speed"], (int, float)) and
+                                 not isinstance(p["speed"], bool) and 0 < p["speed"] <= 1):
             probs.append("speed (relative throughput for the planner) must lie in (0, 1]")
-        if "KSPLIT" in p and (not isinstance(p["KSPLIT"], int) or p["KSPLIT"] < 1):
-            probs.append("KSPLIT (a forced number of K slices) must be a positive int")
+        if wg > 1024:
+            probs.append(f"a work-group of MDIMC * NDIMC = {wg} exceeds 1024")
         local_bytes = 2 * p["KWG"] * (p["MWG"] + p["NWG"] + 8) * max(itemsize, 4)
     if facts is not None:
         if wg > facts.max_work_group_size:
@@ -276,6 +296,7 @@ def _user_db_path():
 
 
 _db_cache = {"path": None, "mtime": None, "entries": {}}
+DB_MAX_BYTES = 16 << 20      # a database with every class of a hundred devices is ~1 MB
 
 
 def db_key(facts, dtype, klass, kernel="gemm"):
@@ -292,12 +313,20 @@ def load_db():
     if _db_cache["path"] == path and _db_cache["mtime"] == mtime:
         return _db_cache["entries"]
     try:
-        with open(path) as f:
-            data = json.load(f)
+        # only a regular file of bounded size: /dev/zero would fill memory, a FIFO
+        # would block forever
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a regular file")
+        if st.st_size > DB_MAX_BYTES:
+            raise ValueError(f"{st.st_size} bytes, more than {DB_MAX_BYTES}")
+        with open(path, "rb") as f:
+            data = json.loads(f.read(DB_MAX_BYTES + 1).decode("utf-8"))
         entries = data["entries"]
         if not isinstance(entries, dict):
             raise ValueError("entries is not a mapping")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError,
+            RecursionError) as exc:
         warnings.warn(f"ignoring the tuning database {path}: {exc}", RuntimeWarning)
         entries = {}
     _db_cache.update(path=path, mtime=mtime, entries=entries)

@@ -13,7 +13,7 @@ inline acc_t clnn_f(acc_t z, acc_t p)
 %   elif act == "tanh":
     return tanh(z);
 %   elif act == "relu":
-    return fmax(z, (acc_t)0);
+    return z < (acc_t)0 ? (acc_t)0 : z;   // NaN stays NaN (fmax would return 0)
 %   elif act == "leaky_relu":
     return z > (acc_t)0 ? z : p * z;
 %   elif act == "elu":

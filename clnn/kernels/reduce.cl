@@ -50,6 +50,8 @@ CLNN_IN(x, x_off + ${k}) * CLNN_IN(y, y_off + ${k})\
 clnn_sq(CLNN_IN(x, x_off + ${k}))\
 % elif map == "xv":
 CLNN_IN(x, x_off + ${k}) * CLNN_IN(y, y_off + ${r})\
+% elif map == "bad":
+(isfinite(CLNN_IN(x, x_off + ${k})) ? (acc_t)0 : (acc_t)1)\
 % else:
 <% raise ValueError("unknown map " + map) %>
 % endif

@@ -5,6 +5,7 @@ enqueues anything, so bad input leaves outputs and weights untouched.
 """
 
 import math
+import numbers
 
 import numpy as np
 import pyopencl.array as cla
@@ -42,6 +43,7 @@ def common_device(**arrays):
 
 def check(x, name, dev, *, dtype=None, ndim=None, shape=None, contiguous=True):
     """Check one array argument; returns its dtype."""
+    as_array(x, name)
     dt = dev.check_dtype(x.dtype, name)
     if dtype is not None and dt != dtype:
         raise DTypeError(f"{name} has dtype {dt}, expected {np.dtype(dtype)} like the "
@@ -58,7 +60,35 @@ def check(x, name, dev, *, dtype=None, ndim=None, shape=None, contiguous=True):
                          f"of its item size")
     if x.size > INT_MAX:
         raise ShapeError(f"{name} has {x.size} elements; clnn indexes with 32-bit ints")
+    check_extent(x, name)
     return dt
+
+
+def check_extent(x, name):
+    """Every element of ``x`` must lie inside its buffer (a view made with ``data=``
+    can claim more than the buffer holds) and at an element index a 32-bit int holds."""
+    if x.size == 0:
+        return
+    if x.flags.c_contiguous:
+        lo, hi = x.offset, x.offset + x.nbytes
+    else:
+        lo = hi = x.offset
+        for n, s in zip(x.shape, x.strides):
+            if s > 0:
+                hi += (n - 1) * s
+            else:
+                lo += (n - 1) * s
+        hi += x.dtype.itemsize
+    buf = x.base_data
+    size = getattr(buf, "size", None)
+    if buf is None or size is None:
+        raise ShapeError(f"{name} has no device buffer behind it")
+    if lo < 0 or hi > size:
+        raise ShapeError(f"{name} reaches bytes {lo}..{hi} of a {size}-byte buffer: its "
+                         "shape, strides or offset go past the buffer")
+    if hi // x.dtype.itemsize > INT_MAX:
+        raise ShapeError(f"{name} reaches element {hi // x.dtype.itemsize} of its buffer; "
+                         "clnn indexes with 32-bit ints")
 
 
 def offset(x):
@@ -129,10 +159,33 @@ def done(out, evt):
     return out
 
 
-def finite(value, name):
-    value = float(value)
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def real(value, name):
+    """A real scalar argument (Python or numpy number, 0-d array) as a float: no None,
+    strings ("2") or bools."""
+    if type(value) is float or type(value) is int:      # the common case, fast
+        return float(value)
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if value is None or isinstance(value, (str, bytes, bool, np.bool_)) or \
+            not isinstance(value, (numbers.Real, np.integer, np.floating)):
+        raise ArgumentError(f"{name} must be a real number, got {value!r}")
+    return float(value)
+
+
+def finite(value, name, dtype=None):
+    """A real scalar argument as a float, finite, and finite in the type the kernel
+    computes in for ``dtype`` (1e39 is finite as a Python float but inf in float32:
+    checked in float64 alone it would pass and turn every result into inf or NaN)."""
+    value = real(value, name)
     if not math.isfinite(value):
         raise ArgumentError(f"{name} must be finite, got {value}")
+    if dtype is not None and abs(value) > _F32_MAX and np.dtype(dtype).itemsize < 8:
+        # float32 and float16 (which computes in float32)
+        raise ArgumentError(f"{name} = {value} is infinite in float32, the type the "
+                            "kernel computes in")
     return value
 
 

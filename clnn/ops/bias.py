@@ -42,7 +42,7 @@ def bias_grad(dy, out=None, *, alpha=1.0, beta=0.0):
     dev = common_device(dy=dy, out=out)
     dt = check(dy, "dy", dev)
     channels, inner = _channels(dy, "dy")
-    alpha, beta = finite(alpha, "alpha"), finite(beta, "beta")
+    alpha, beta = finite(alpha, "alpha", dt), finite(beta, "beta", dt)
     if out is None and beta != 0:
         raise ArgumentError("beta != 0 reads out: pass the out array")
     n = dy.shape[0]

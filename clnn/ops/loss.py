@@ -36,7 +36,7 @@ def fused_loss(stem, entry, pred, y, grad, grad_scale, names):
     if rows == 0:
         raise ShapeError("a loss over an empty batch is undefined")
     grad = check_out(grad, pred.shape, dt, dev, inputs=(pred, y))
-    gs = 1.0 / rows if grad_scale is None else finite(grad_scale, "grad_scale")
+    gs = 1.0 / rows if grad_scale is None else finite(grad_scale, "grad_scale", dt)
     loss_rows = dev_empty(dev, (rows,), programs.acc_dtype(dt))
     groups = row_groups(dev, rows, cols)
     if groups:

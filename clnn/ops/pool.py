@@ -24,6 +24,9 @@ def pool_geometry(x_shape, kernel_size, stride, padding):
         raise ShapeError(f"the {k[0]}x{k[1]} window is bigger than the padded "
                          f"{H + 2 * p[0]}x{W + 2 * p[1]} input")
     P, Q = (H + 2 * p[0] - k[0]) // s[0] + 1, (W + 2 * p[1] - k[1]) // s[1] + 1
+    # one output position along an axis: its stride multiplies nothing (and a huge one
+    # would not fit the kernel's int argument)
+    s = (s[0] if P > 1 else 1, s[1] if Q > 1 else 1)
     return N, C, H, W, P, Q, k, s, p
 
 

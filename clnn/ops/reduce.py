@@ -12,8 +12,8 @@ import numpy as np
 
 from .. import programs, tuning
 from ..errors import ShapeError
-from ._args import (check, check_out, common_device, dev_scratch, done, normalize_axis,
-                    offset)
+from ._args import (check, check_out, common_device, dev_empty, dev_scratch, done,
+                    normalize_axis, offset)
 
 _MIN_CHUNK = 256     # below this, a second launch costs more than it saves
 
@@ -36,7 +36,9 @@ programs.register(
                                    ("x", "max", "none", "acc", "real"),
                                    ("xv", "sum", "axpby", "real", "real"),
                                    ("xv", "sum", "none", "real", "acc"),
-                                   ("x", "sum", "axpby", "acc", "real")]])
+                                   ("x", "sum", "axpby", "acc", "real"),
+                                   ("bad", "sum", "none", "real", "real"),
+                                   ("bad", "sum", "none", "real", "acc")]])
 
 
 def _chunks(dev, outputs, R):
@@ -176,3 +178,16 @@ def nrm2(x, out=None):
     dt = check(x, "x", dev)
     out = check_out(out, (), dt, dev, allow_alias=False, inputs=(x,))
     return reduce3(dev, dt, x, (1, x.size, 1), out, map="sq", final="sqrt")
+
+
+def count_nonfinite(x):
+    """How many elements of ``x`` are NaN or infinite, as a Python int (it waits for
+    the device). A sum would overflow on large finite values (3e37 + 3e37 is inf in
+    float32); this counts instead."""
+    dev = common_device(x=x)
+    dt = check(x, "x", dev, contiguous=True)
+    if x.size == 0:
+        return 0
+    out = dev_empty(dev, (), dt)
+    reduce3(dev, dt, x, (1, x.size, 1), out, map="bad")
+    return int(out.get())
