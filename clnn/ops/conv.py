@@ -33,10 +33,10 @@ import pyopencl.cltypes as cltypes
 
 from .. import programs, tuning
 from ..errors import ShapeError
-from ._args import (check, check_out, common_device, dev_scratch, finite, launch_size,
+from ._args import (INT_MAX, check, check_out, common_device, dev_scratch, finite, launch_size,
                     offset, scratch_cap)
 from .elementwise import _done, _param
-from .gemm import Operand, run_gemm
+from .gemm import Operand, run_gemm, tiled_workspace
 
 _TILES = ((("MWI", 10), ("NWI", 16), ("VW", 8)), (("MWI", 5), ("NWI", 8), ("VW", 8)))
 programs.register(
@@ -85,10 +85,12 @@ def _tiles(p, dt, cols, line_len):
 def _run_gather(dev, dt, p, *, x, x_off, H, W, ph, pw, rows3, row_steps, k3, k_steps,
                 cols, src, src_off, CS, KD, KS, flip, out, out_steps, alpha=1.0,
                 beta=0.0, act="none", act_p=0.0, bias=None, vstore=False, nwi=None,
-                zero_rows=None):
+                zero_rows=None, scratch=None):
     """One gathered GEMM (conv.cl): pack B, then the kernel. See conv.cl for the
     meaning of the row, k and output steps; ``zero_rows`` (top, bottom) counts the
-    all-zero border rows of a padded copy, which the kernel skips."""
+    all-zero border rows of a padded copy, which the kernel skips. ``scratch``: the
+    buffers from _gather_scratch for at least this K, when a caller that launches
+    several times must hold them all before its first write."""
     mwi, nwi_auto, vw, line = _tiles(p, dt, cols, rows3[2] if row_steps[2] == 1 else 0)
     nwi = nwi or nwi_auto
     K = k3[0] * k3[1] * k3[2]
@@ -99,9 +101,8 @@ def _run_gather(dev, dt, p, *, x, x_off, H, W, ph, pw, rows3, row_steps, k3, k_s
            "vstore": vstore,
            "bias": "col" if bias is not None else "none",
            "tuning": (("MWI", mwi), ("NWI", nwi), ("VW", vw))}
-    b_pk = dev_scratch(dev, Nb * K * nwi, acc)
+    b_pk, koff = scratch or _gather_scratch(dev, dt, cols, K, nwi)
     pack = programs.get_kernel(dev, "conv", "clnn_conv_pack", prm)
-    koff = dev_scratch(dev, K, np.int32)
     pack((-(-K // 64) * 64, Nb), (64, 1), K=K, cols=cols, Nb=Nb, src=src, src_off=src_off,
          CS=CS, KD=KD, KS=KS, flip=flip, b_pk=b_pk, K2=k3[1], K3=k3[2], KA=k_steps[0],
          KBH=k_steps[1], KCW=k_steps[2], W=W, koff=koff)
@@ -120,6 +121,12 @@ def _run_gather(dev, dt, p, *, x, x_off, H, W, ph, pw, rows3, row_steps, k3, k_s
                 OA=out_steps[0], OB=out_steps[1], OC=out_steps[2], OM=out_steps[3],
                 alpha=alpha, beta=beta, act_p=act_p, bias=bias if bias is not None else out,
                 bias_off=offset(bias) if bias is not None else 0)
+
+
+def _gather_scratch(dev, dt, cols, K, nwi):
+    """(packed B, k offsets) of one gathered GEMM with ``cols`` columns and K k."""
+    return (dev_scratch(dev, -(-cols // nwi) * K * nwi, programs.acc_dtype(dt)),
+            dev_scratch(dev, K, np.int32))
 
 
 def _dgrad_method(C, H, W, M, P, Q, R, S):
@@ -148,6 +155,7 @@ def _dgrad_col2im(dev, dt, p, dy, w, out, C, H, W, M, P, Q, R, S, st, pd):
     ld = -(-CRS // nwi) * nwi              # whole panels per row: vector stores
     group = max(1, min(N, scratch_cap(dev, SCRATCH_BYTES) // (P * Q * ld * acc.itemsize)))
     dcol = dev_scratch(dev, group * P * Q * ld, acc)
+    scratch = _gather_scratch(dev, dt, CRS, M, nwi)
     col2im = programs.get_kernel(dev, "conv", "clnn_conv_col2im",
                                  {"dtype": programs.dtype_name(dt)})
     for n0 in range(0, N, group):
@@ -156,7 +164,7 @@ def _dgrad_col2im(dev, dt, p, dy, w, out, C, H, W, M, P, Q, R, S, st, pd):
                     pw=0, rows3=(g, P, Q), row_steps=(M * P * Q, 1, 1), k3=(M, 1, 1),
                     k_steps=(P * Q, 0, 0), cols=CRS, src=w, src_off=offset(w), CS=1, KD=1,
                     KS=CRS, flip=0, out=dcol, out_steps=(P * Q * ld, Q * ld, ld, 1),
-                    vstore=True, nwi=nwi)
+                    vstore=True, nwi=nwi, scratch=scratch)
         wg = min(8, dev.facts.max_work_group_size)
         evt = col2im((-(-W // 64), -(-g * C * H // wg) * wg), (1, wg), n0=n0,
                      rows=g * C * H, C=C, H=H, W=W, P=P, Q=Q, R=R, S=S, sh=st[0], sw=st[1],
@@ -200,13 +208,14 @@ def _colmap(grid, b, h, w, bounds, c=(0, 0, 0, 0)):
 
 
 def _tiled(dev, dt, rows, mode, *, M, N, K, a, b, c, k3, coef, cols, alpha=1.0,
-           beta=0.0, act="none", act_p=0.0, bias=None):
-    """One tiled implicit GEMM (the GPU path): build the k table, then run the GEMM."""
-    tab = _ktab(dev, k3, coef)
+           beta=0.0, act="none", act_p=0.0, bias=None, tab=None, workspace=None):
+    """One tiled implicit GEMM (the GPU path): build the k table (unless given), then
+    run the GEMM."""
+    tab = tab if tab is not None else _ktab(dev, k3, coef)
     return run_gemm(dev, dt, M=M, N=N, K=K, nbatch=1, a=a, b=b, c=c, alpha=alpha,
                     beta=beta, act=act, act_p=act_p, bias=bias,
                     bias_mode="row" if bias is not None else "none", conv=mode,
-                    conv_args={"ktab": tab, "cols": cols}, rows=rows)
+                    conv_args={"ktab": tab, "cols": cols}, rows=rows, workspace=workspace)
 
 
 # Below this many input channels the GPU data gradient goes through col2im: as a GEMM
@@ -225,12 +234,19 @@ def _tiled_dgrad_col2im(dev, dt, rows, dy, w, out, C, H, W, M, P, Q, R, S, st, p
     dcol = dev_scratch(dev, group * CRS * PQ, dt)
     col2im = programs.get_kernel(dev, "conv", "clnn_conv_col2im_t",
                                  {"dtype": programs.dtype_name(dt)})
+
+    def gemm_args(n0):
+        g = min(group, N - n0)
+        return dict(M=CRS, N=PQ, K=M, nbatch=g, a=Operand(w, offset(w), CRS),
+                    b=Operand(dy, offset(dy) + n0 * M * PQ, PQ, M * PQ, g),
+                    c=Operand(dcol, 0, PQ, CRS * PQ, g), trans_a=True)
+    # every group writes its part of dx: all workspace is taken before the first
+    need = max(tiled_workspace(dev, dt, rows, **gemm_args(n0)) for n0 in range(0, N, group))
+    ws = dev_scratch(dev, need, programs.acc_dtype(dt)) if need else None
     evt = None
     for n0 in range(0, N, group):
         g = min(group, N - n0)
-        run_gemm(dev, dt, M=CRS, N=PQ, K=M, nbatch=g, a=Operand(w, offset(w), CRS),
-                 b=Operand(dy, offset(dy) + n0 * M * PQ, PQ, M * PQ, g),
-                 c=Operand(dcol, 0, PQ, CRS * PQ, g), trans_a=True, rows=rows)
+        run_gemm(dev, dt, rows=rows, workspace=ws, **gemm_args(n0))
         count = g * C * H * W
         g_size, l_size = launch_size(dev, count)
         evt = col2im(g_size, l_size, n0=n0, count=count, C=C, H=H, W=W, P=P, Q=Q, R=R,
@@ -246,7 +262,7 @@ def _tiled_dgrad(dev, dt, rows, dy, w, out, C, H, W, M, P, Q, R, S, st, pd):
     between dy's entries is multiplied (3/4 of the work at stride 2)."""
     (sh, sw), (ph, pw) = st, pd
     N = dy.shape[0]
-    evt = None
+    launches = []
     for h0 in range(sh):
         Hh = -(-(H - h0) // sh)
         alpha_h = (h0 + ph) % sh
@@ -266,22 +282,53 @@ def _tiled_dgrad(dev, dt, rows, dy, w, out, C, H, W, M, P, Q, R, S, st, pd):
                     (C * R * S, sh * S, sw, alpha_h * S + alpha_w))
             cols = _colmap((Hh, Wh), (M * P * Q, Q, 1, pbase * Q + qbase), (1, pbase),
                            (1, qbase), (P, Q), (C * H * W, sh * W, sw, h0 * W + w0))
-            evt = _tiled(dev, dt, rows, "dgrad", M=C, N=N * Hh * Wh, K=M * Rh * Sw,
-                         a=Operand(w, offset(w), R * S), b=Operand(dy, offset(dy)),
-                         c=Operand(out, offset(out), H * W), k3=(M, Rh, Sw), coef=coef,
-                         cols=cols)
+            launches.append(dict(M=C, N=N * Hh * Wh, K=M * Rh * Sw,
+                                 a=Operand(w, offset(w), R * S), b=Operand(dy, offset(dy)),
+                                 c=Operand(out, offset(out), H * W), k3=(M, Rh, Sw),
+                                 coef=coef, cols=cols))
+    # each phase writes its own part of dx: every k table and the split-K workspace
+    # are taken before the first phase writes
+    tabs = [_ktab(dev, la["k3"], la["coef"]) for la in launches]
+    need = max([tiled_workspace(dev, dt, rows, M=la["M"], N=la["N"], K=la["K"], nbatch=1,
+                                a=la["a"], b=la["b"], c=la["c"], conv="dgrad")
+                for la in launches] + [0])
+    ws = dev_scratch(dev, need, programs.acc_dtype(dt)) if need else None
+    evt = None
+    for la, tab in zip(launches, tabs):
+        evt = _tiled(dev, dt, rows, "dgrad", tab=tab, workspace=ws, **la)
     return evt
 
 
 def _pair(v, name, low):
-    t = (v, v) if isinstance(v, int) else tuple(v)
-    if len(t) != 2 or not all(isinstance(i, int) and i >= low for i in t):
-        raise ShapeError(f"{name} must be an int >= {low} or a pair of them, got {v!r}")
-    return t
+    """An int (numpy's too) or a pair of them, each at least ``low``, as Python ints."""
+    def ok(i):
+        return isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_)) \
+            and i >= low
+    t = (v, v) if ok(v) else v
+    if isinstance(t, (tuple, list)) and len(t) == 2 and all(ok(i) for i in t):
+        return int(t[0]), int(t[1])
+    raise ShapeError(f"{name} must be an int >= {low} or a pair of them, got {v!r}")
 
 
-def conv_geometry(x_shape, w_shape, stride, padding):
-    """(N, C, H, W, M, R, S, P, Q, (sh, sw), (ph, pw)) after checking every size."""
+def _shape(v, name):
+    """A shape argument (x_shape, w_shape) as a tuple of Python ints."""
+    try:
+        t = tuple(v)
+    except TypeError:
+        t = None
+    if t is None or not all(isinstance(i, (int, np.integer)) and
+                            not isinstance(i, (bool, np.bool_)) for i in t):
+        raise ShapeError(f"{name} must be a tuple of ints, got {v!r}")
+    return tuple(int(i) for i in t)
+
+
+def conv_geometry(x_shape, w_shape, stride, padding, x_off=0):
+    """(N, C, H, W, M, R, S, P, Q, (sh, sw), (ph, pw)) after checking every size.
+
+    Every index a kernel computes must fit a 32-bit int: the padded input (from the
+    element offset ``x_off``), the output and the filters, or the call is a ShapeError.
+    A stride along an axis with one output position never multiplies anything, so it
+    comes back as 1 (``stride=10**12`` is a 1-position convolution, as in PyTorch)."""
     if len(x_shape) != 4 or len(w_shape) != 4:
         raise ShapeError(f"x must be (N, C, H, W) and w (M, C, R, S); got {tuple(x_shape)} "
                          f"and {tuple(w_shape)}")
@@ -296,6 +343,13 @@ def conv_geometry(x_shape, w_shape, stride, padding):
         raise ShapeError(f"the {R}x{S} kernel is bigger than the padded {H + 2 * ph}x"
                          f"{W + 2 * pw} input")
     P, Q = (H + 2 * ph - R) // sh + 1, (W + 2 * pw - S) // sw + 1
+    sh, sw = (sh if P > 1 else 1), (sw if Q > 1 else 1)
+    for what, n in (("the padded input", x_off + N * C * (H + 2 * ph) * (W + 2 * pw)),
+                    ("the output", N * M * P * Q), ("the filters", M * C * R * S),
+                    ("a row of the unrolled input", C * R * S * max(P * Q, 1))):
+        if n > INT_MAX:
+            raise ShapeError(f"{what} of this convolution spans {n} elements; clnn "
+                             "indexes with 32-bit ints")
     return N, C, H, W, M, R, S, P, Q, (sh, sw), (ph, pw)
 
 
@@ -341,11 +395,12 @@ def conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_par
     dev = common_device(x=x, w=w, b=b, out=out)
     dt = check(x, "x", dev, ndim=4)
     check(w, "w", dev, dtype=dt, ndim=4)
-    N, C, H, W, M, R, S, P, Q, st, pd = conv_geometry(x.shape, w.shape, stride, padding)
+    N, C, H, W, M, R, S, P, Q, st, pd = conv_geometry(x.shape, w.shape, stride, padding,
+                                                      offset(x))
     if b is not None:
         check(b, "b", dev, dtype=dt, shape=(M,))
     act = "none" if activation is None else activation
-    act_p = _param(act, activation_param) if act != "none" else 0.0
+    act_p = _param(act, activation_param, dt) if act != "none" else 0.0
     out = check_out(out, (N, M, P, Q), dt, dev, inputs=(x, w, b), allow_alias=False)
     rows = _rows(dev, dt, "fwd", M, N * P * Q, C * R * S)
     p = rows[0]
@@ -386,8 +441,8 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None):
     dev = common_device(dy=dy, w=w, out=out)
     dt = check(dy, "dy", dev, ndim=4)
     check(w, "w", dev, dtype=dt, ndim=4)
-    N, C, H, W, M, R, S, P, Q, st, pd = conv_geometry(tuple(x_shape), w.shape, stride,
-                                                      padding)
+    N, C, H, W, M, R, S, P, Q, st, pd = conv_geometry(_shape(x_shape, "x_shape"), w.shape,
+                                                      stride, padding)
     if dy.shape != (N, M, P, Q):
         raise ShapeError(f"dy has shape {dy.shape}; this convolution's output is "
                          f"{(N, M, P, Q)}")
@@ -431,12 +486,12 @@ def conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, alp
     dev = common_device(dy=dy, x=x, out=out)
     dt = check(dy, "dy", dev, ndim=4)
     check(x, "x", dev, dtype=dt, ndim=4)
-    N, C, H, W, M, R, S, P, Q, st, pd = conv_geometry(x.shape, tuple(w_shape), stride,
-                                                      padding)
+    N, C, H, W, M, R, S, P, Q, st, pd = conv_geometry(x.shape, _shape(w_shape, "w_shape"),
+                                                      stride, padding, offset(x))
     if dy.shape != (N, M, P, Q):
         raise ShapeError(f"dy has shape {dy.shape}; this convolution's output is "
                          f"{(N, M, P, Q)}")
-    alpha, beta = finite(alpha, "alpha"), finite(beta, "beta")
+    alpha, beta = finite(alpha, "alpha", dt), finite(beta, "beta", dt)
     if out is None and beta != 0:
         raise ShapeError("beta != 0 reads out: pass the out array")
     out = check_out(out, (M, C, R, S), dt, dev, inputs=(dy, x), allow_alias=False)
@@ -448,7 +503,11 @@ def conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, alp
         # every group after the first adds its sum into dw
         nwi = _tiles(p, dt, M, 0)[1]
         per_image = -(-M // nwi) * nwi * P * Q * programs.acc_dtype(dt).itemsize
-        group = max(1, min(N, scratch_cap(dev, SCRATCH_BYTES) // per_image))
+        # every group after the first adds its sum into dw, which rounds: the groups
+        # come from the constant SCRATCH_BYTES, not the budget, so the bits do not
+        # depend on the budget; and all scratch is taken before the first write
+        group = max(1, min(N, SCRATCH_BYTES // per_image))
+        scratch = _gather_scratch(dev, dt, M, group * P * Q, nwi)
         for n0 in range(0, N, group):
             g = min(group, N - n0)
             evt = _run_gather(dev, dt, p, x=xg, x_off=xg_off + n0 * C * Hg * Wg, H=Hg, W=Wg,
@@ -458,7 +517,7 @@ def conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, alp
                               src_off=offset(dy) + n0 * M * P * Q, CS=P * Q, KD=P * Q,
                               KS=M * P * Q, flip=0, out=out,
                               out_steps=(R * S, S, 1, C * R * S), alpha=alpha,
-                              beta=beta if n0 == 0 else 1.0)
+                              beta=beta if n0 == 0 else 1.0, scratch=scratch)
         return _done(out, evt)
     if p["variant"] == "local":
         # dw (M x CRS) = dy (M x NPQ) @ unroll(x)^T (NPQ x CRS): k = (n, p, q), column

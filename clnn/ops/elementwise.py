@@ -8,8 +8,9 @@ array computes in place, any other array of the right shape and dtype is overwri
 import pyopencl as cl
 
 from .. import programs
-from ..errors import ArgumentError
-from ._args import (check, check_out, common_device, done, finite, launch_size, offset)
+from ..errors import ArgumentError, ShapeError
+from ._args import (check, check_out, common_device, done, finite, launch_size, offset,
+                    real)
 
 ACTIVATIONS = ("identity", "sigmoid", "tanh", "relu", "leaky_relu", "elu", "softplus")
 # The parameter p of each activation that has one, and its default.
@@ -33,12 +34,12 @@ def _launch(kern, dev, n, **args):
     return kern(gsize, lsize, n=n, **args)
 
 
-def _param(name, param):
+def _param(name, param, dt=None):
     if name not in ACTIVATIONS:
         raise ArgumentError(f"unknown activation {name!r}; choose from {', '.join(ACTIVATIONS)}")
     if param is None:
         return ACTIVATION_PARAMS.get(name, 0.0)
-    p = finite(param, f"{name} parameter")
+    p = finite(param, f"{name} parameter", dt)
     if name == "elu" and p <= 0:
         raise ArgumentError(f"elu alpha must be positive, got {p}")
     if name == "leaky_relu" and p < 0:
@@ -48,9 +49,10 @@ def _param(name, param):
 
 def activation(name, z, out=None, param=None):
     """out = f(z) for activation ``name`` (``param``: leaky_relu slope, elu alpha)."""
-    p = _param(name, param)
+    _param(name, param)
     dev = common_device(z=z, out=out)
     dt = check(z, "z", dev)
+    p = _param(name, param, dt)
     out = check_out(out, z.shape, dt, dev, inputs=(z,))
     kern = _kernel(dev, dt, "clnn_act_forward", op="act", act=name, src="z")
     evt = _launch(kern, dev, z.size, p=p, z=z, z_off=offset(z), out=out, out_off=offset(out))
@@ -66,12 +68,13 @@ def _source(z, a, name):
 
 def activation_derivative(name, *, z=None, a=None, out=None, param=None):
     """out = f'(z), from ``z`` or, usually cheaper, from the output ``a = f(z)``."""
-    p = _param(name, param)
+    _param(name, param)
     src, x = _source(z, a, name)
-    if src == "a" and name == "leaky_relu" and p == 0:
-        name = "relu"
     dev = common_device(**{src: x}, out=out)
     dt = check(x, src, dev)
+    p = _param(name, param, dt)
+    if src == "a" and name == "leaky_relu" and p == 0:
+        name = "relu"
     out = check_out(out, x.shape, dt, dev, inputs=(x,))
     kern = _kernel(dev, dt, "clnn_act_derivative", op="act", act=name, src=src)
     evt = _launch(kern, dev, x.size, p=p, src=x, src_off=offset(x), out=out,
@@ -81,10 +84,11 @@ def activation_derivative(name, *, z=None, a=None, out=None, param=None):
 
 def activation_backward(name, dy, *, z=None, a=None, out=None, param=None):
     """out = dy * f'(z): the gradient wrt the pre-activation. Overwrites ``out``."""
-    p = _param(name, param)
+    _param(name, param)
     src, x = _source(z, a, name)
     dev = common_device(dy=dy, **{src: x}, out=out)
     dt = check(dy, "dy", dev)
+    p = _param(name, param, dt)
     check(x, src, dev, dtype=dt, shape=dy.shape)
     out = check_out(out, dy.shape, dt, dev, inputs=(dy, x))
     kern = _kernel(dev, dt, "clnn_act_backward", op="act", act=name, src=src)
@@ -126,9 +130,10 @@ def hadamard(x, y, out=None):
 
 def axpy(alpha, x, y, out=None):
     """y += alpha * x (BLAS axpy); with ``out`` given, out = alpha * x + y instead."""
-    alpha = finite(alpha, "alpha")
+    finite(alpha, "alpha")
     dev = common_device(x=x, y=y, out=out)
     dt = check(x, "x", dev)
+    alpha = finite(alpha, "alpha", dt)
     check(y, "y", dev, dtype=dt, shape=x.shape)
     out = check_out(y if out is None else out, x.shape, dt, dev, inputs=(x, y))
     kern = _kernel(dev, dt, "clnn_axpy", op="linalg")
@@ -137,11 +142,38 @@ def axpy(alpha, x, y, out=None):
     return _done(out, evt)
 
 
+def sgd_update(weight, grad, velocity, step, momentum=0.0):
+    """One SGD step in one pass: velocity = momentum * velocity + step * grad, then
+    weight += velocity (both in place). ``step`` is -lr for a mean gradient, or
+    -lr / batch for one summed over a batch. Returns weight."""
+    finite(step, "step"), finite(momentum, "momentum")
+    dev = common_device(weight=weight, grad=grad, velocity=velocity)
+    dt = check(weight, "weight", dev)
+    check(grad, "grad", dev, dtype=dt, shape=weight.shape)
+    check(velocity, "velocity", dev, dtype=dt, shape=weight.shape)
+    step, momentum = finite(step, "step", dt), finite(momentum, "momentum", dt)
+    for x, y in ((weight, grad), (weight, velocity), (grad, velocity)):
+        if _overlap(x, y):
+            raise ShapeError("weight, grad and velocity must not overlap")
+    kern = _kernel(dev, dt, "clnn_sgd", op="linalg")
+    evt = _launch(kern, dev, weight.size, momentum=momentum, step=step, g=grad,
+                  g_off=offset(grad), v=velocity, v_off=offset(velocity), w=weight,
+                  w_off=offset(weight))
+    return _done(weight, evt)
+
+
+def _overlap(x, y):
+    if not x.size or not y.size or x.base_data.int_ptr != y.base_data.int_ptr:
+        return False
+    return x.offset < y.offset + y.nbytes and y.offset < x.offset + x.nbytes
+
+
 def scale(alpha, x, out=None):
     """out = alpha * x (in place with out=x)."""
-    alpha = finite(alpha, "alpha")
+    finite(alpha, "alpha")
     dev = common_device(x=x, out=out)
     dt = check(x, "x", dev)
+    alpha = finite(alpha, "alpha", dt)
     out = check_out(out, x.shape, dt, dev, inputs=(x,))
     kern = _kernel(dev, dt, "clnn_scale", op="linalg")
     evt = _launch(kern, dev, x.size, alpha=alpha, x=x, x_off=offset(x), out=out,
@@ -154,7 +186,8 @@ def fill(out, value):
     dev = common_device(out=out)
     dt = check(out, "out", dev)
     kern = _kernel(dev, dt, "clnn_fill", op="linalg")
-    evt = _launch(kern, dev, out.size, value=float(value), out=out, out_off=offset(out))
+    evt = _launch(kern, dev, out.size, value=real(value, "value"), out=out,
+                  out_off=offset(out))
     return _done(out, evt)
 
 

@@ -46,7 +46,11 @@ def _complete(params):
     """Tile parameters for ``clnn render``: the variant's first table row, with any
     uppercase NAME=VALUE given on the command line put in."""
     variant = params.get("variant", "reg")
-    row = next(r for r in tuning.all_gemm_rows() if r["variant"] == variant)
+    rows = tuning.all_gemm_rows()
+    row = next((r for r in rows if r["variant"] == variant), None)
+    if row is None:
+        raise ArgumentError(f"no GEMM variant {variant!r}; variants: "
+                            f"{', '.join(sorted({r['variant'] for r in rows}))}")
     row = dict(row, **{k: v for k, v in params.items() if k.isupper()})
     params = {k: v for k, v in params.items() if not k.isupper()}
     params.setdefault("tuning", tuning.template_tuning(row, params.get("dtype", "float32")))
@@ -147,9 +151,9 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, b
     dev = common_device(a=a, b=b, out=out, bias=bias)
     dt = check(a, "a", dev, contiguous=False)
     check(b, "b", dev, dtype=dt, contiguous=False)
-    alpha, beta = finite(alpha, "alpha"), finite(beta, "beta")
+    alpha, beta = finite(alpha, "alpha", dt), finite(beta, "beta", dt)
     act = "none" if activation is None else activation
-    act_p = _param(act, activation_param) if act != "none" else 0.0
+    act_p = _param(act, activation_param, dt) if act != "none" else 0.0
     A, B = _Layout(a, "a"), _Layout(b, "b")
     M, K = (A.cols, A.rows) if trans_a else (A.rows, A.cols)
     Kb, N = (B.cols, B.rows) if trans_b else (B.rows, B.cols)
@@ -191,13 +195,16 @@ SPLITK_BYTES = 64 << 20
 
 def run_gemm(dev, dt, *, M, N, K, nbatch, a, b, c, alpha=1.0, beta=0.0, act="none",
              act_p=0.0, bias=None, bias_mode="none", trans_a=False, trans_b=False,
-             conv="none", conv_args=None, params=None, rows=None):
+             conv="none", conv_args=None, params=None, rows=None, workspace=None):
     """Launch a validated GEMM on Operands a, b, c: a plain one, or a convolution's
     implicit GEMM when ``conv`` names its loaders ("fwd", "dgrad", "wgrad") and
     ``conv_args`` holds what they read (the packed variant: the cv_* sizes; the tiled
     one: ktab and the column map, see clnn/ops/conv.py). ``params`` forces one
     parameter set, ``rows`` gives the sets to plan from; else the tuning rows of the
-    GEMM's shape class are planned. Returns the last event."""
+    GEMM's shape class are planned. ``workspace``: a split-K workspace of at least
+    ``tiled_workspace`` elements taken by a caller that launches several GEMMs into
+    one output and must hold everything before its first write. Returns the last
+    event."""
     if params is not None:
         rows = [params]
     elif rows is None:
@@ -220,13 +227,23 @@ def run_gemm(dev, dt, *, M, N, K, nbatch, a, b, c, alpha=1.0, beta=0.0, act="non
         return kern(plan.global_size, plan.local_size, c=c.data, c_desc=c.desc(), **args)
     # split-K: each slice's sums go to the workspace, then one pass adds them up in
     # slice order and applies the epilogue (no atomics: bitwise reproducible)
-    ws = dev_scratch(dev, plan.workspace, programs.acc_dtype(dt))
+    ws = workspace if workspace is not None else \
+        dev_scratch(dev, plan.workspace, programs.acc_dtype(dt))
     kern(plan.global_size, plan.local_size, c=ws, c_desc=_PLAIN, **args)
     wg = min(64, dev.facts.max_work_group_size)
     extra = {"cols": conv_args["cols"]} if conv in ("fwd", "dgrad") else {}
     return red((-(-N // wg) * wg, M, nbatch), (wg, 1, 1), M=M, N=N, splits=plan.splits,
                alpha=alpha, beta=beta, act_p=act_p, ws=ws, bias=common["bias"],
                bias_off=common["bias_off"], c=c.data, c_desc=c.desc(), **extra)
+
+
+def tiled_workspace(dev, dt, rows, *, M, N, K, nbatch, a, b, c, act="none",
+                    bias_mode="none", trans_a=False, trans_b=False, conv="none"):
+    """Elements of split-K workspace the tiled GEMM run_gemm would launch needs (0
+    without split-K); plans it (cached) without allocating or launching."""
+    plan = _tiled_launch(dev, dt, rows, M, N, K, nbatch, a, b, c, act, bias_mode,
+                         bool(trans_a), bool(trans_b), conv)[0]
+    return plan.workspace if plan.splits > 1 else 0
 
 
 _PLAIN = np.array((0, 0, 0, 0), cltypes.int4)
@@ -292,26 +309,42 @@ def _gemm_packed(dev, dt, prm, params, a, b, c, nbatch, common, geometry):
     mwi, nwi, wgm = params["MWI"], params["NWI"], params["WGM"]
     Mb = -(-M // mwi)
     acc = programs.acc_dtype(dt)
-    cap = scratch_cap(dev, PANEL_BYTES)
 
     def panel_bytes(group, kc, nc):
         return ((group if a_batches > 1 else 1) * Mb * mwi +
                 (group if b_batches > 1 else 1) * -(-nc // nwi) * nwi) * \
             max(kc, 1) * acc.itemsize
-    group = nbatch
-    while group > 1 and panel_bytes(group, K, N) > cap:
-        group = -(-group // 2)
-    kc, nc = K, N
-    if panel_bytes(group, K, N) > cap:
-        a_bytes = panel_bytes(group, K, 0)
+
+    def fit_group(kc, cap):
+        group = nbatch
+        while group > 1 and panel_bytes(group, kc, N) > cap:
+            group = -(-group // 2)
+        return group
+    # Slices of K accumulate into C (beta = 1 after the first), which changes the
+    # rounding, so whether and how K is sliced comes from the constant PANEL_BYTES
+    # and the shape alone, never the budget: a GEMM whose A panel alone is too big,
+    # without a bias or activation epilogue (which must see the whole sum).
+    kc = K
+    g = fit_group(K, PANEL_BYTES)
+    if panel_bytes(g, K, N) > PANEL_BYTES and panel_bytes(g, K, 0) > PANEL_BYTES // 2 \
+            and prm["act"] == "none" and prm["bias"] == "none":
+        kc = max(1, PANEL_BYTES // panel_bytes(1, 1, N))
+    # Groups of batches and blocks of columns leave every sum as it is: those follow
+    # the budget (an eighth of it at most), so a small budget takes more launches.
+    cap = scratch_cap(dev, PANEL_BYTES)
+    group = fit_group(kc, cap)
+    nc = N
+    if panel_bytes(group, kc, N) > cap:
         gb = group if b_batches > 1 else 1
-        if a_bytes <= cap // 2:
-            # panels for a block of columns at a time (the epilogue is unaffected)
-            nc = max(nwi, (cap - a_bytes) // (gb * max(K, 1) * acc.itemsize) // nwi * nwi)
-        elif prm["act"] == "none" and prm["bias"] == "none":
-            # slices of K accumulate into C (beta = 1 after the first), so only a GEMM
-            # without a bias or activation epilogue may be sliced
-            kc = max(1, cap // panel_bytes(1, 1, N))
+        room = cap - panel_bytes(group, kc, 0)
+        nc = min(N, max(nwi, room // (gb * max(kc, 1) * acc.itemsize) // nwi * nwi))
+    # Every panel buffer is taken from the pool before the first launch: C is written
+    # slice by slice and block by block, and a pool error after the first write would
+    # leave it half-written.
+    ga_most, gb_most = (group if a_batches > 1 else 1), (group if b_batches > 1 else 1)
+    kc_most = max(1, min(kc, K))
+    a_pk = dev_scratch(dev, ga_most * Mb * mwi * kc_most, acc)
+    b_pk = dev_scratch(dev, gb_most * -(-nc // nwi) * nwi * kc_most, acc)
     pack_a = programs.get_kernel(dev, "gemm", "clnn_pack_a", prm)
     pack_b = programs.get_kernel(dev, "gemm", "clnn_pack_b", prm)
     kern = programs.get_kernel(dev, "gemm", "clnn_gemm_packed", prm)
@@ -328,13 +361,11 @@ def _gemm_packed(dev, dt, prm, params, a, b, c, nbatch, common, geometry):
         for k0 in range(0, max(K, 1), max(kc, 1)):
             kn = min(kc, K - k0)
             kpad = -(-max(kn, 1) // pack_wg) * pack_wg
-            a_pk = dev_scratch(dev, ga * Mb * mwi * kn, acc)
             if kn:
                 pack_a((kpad, Mb, ga), (pack_wg, 1, 1), M=M, K=kn, Mb=Mb, k0=k0, a_pk=a_pk,
                        **a_g, **geometry)
             for n0 in range(0, N, nc):
                 Nb = -(-min(nc, N - n0) // nwi)
-                b_pk = dev_scratch(dev, gb * Nb * nwi * kn, acc)
                 if kn:
                     pack_b((kpad, Nb, gb), (pack_wg, 1, 1), N=N, K=kn, Nb=Nb, k0=k0,
                            n_base=n0, b_pk=b_pk, **b_g, **geometry)
@@ -359,7 +390,7 @@ def gemv(a, x, y=None, *, alpha=1.0, beta=0.0, trans_a=False):
         raise ShapeError("gemv takes one matrix; use gemm for batches")
     M, K = (A.cols, A.rows) if trans_a else (A.rows, A.cols)
     check(x, "x", dev, dtype=dt, shape=(K,))
-    alpha, beta = finite(alpha, "alpha"), finite(beta, "beta")
+    alpha, beta = finite(alpha, "alpha", dt), finite(beta, "beta", dt)
     if y is None:
         if beta != 0:
             raise ArgumentError("beta != 0 reads y: pass the y array")
