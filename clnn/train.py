@@ -2,12 +2,14 @@
 LeNet-5."""
 
 import os
+import tempfile
 import time
 
 import numpy as np
 
 import clnn
 from . import datasets, nn
+from .errors import ArgumentError
 
 
 def plot_curve(hist, path, title):
@@ -36,6 +38,22 @@ def plot_curve(hist, path, title):
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def check_out_folder(out):
+    """Make sure the model and the plot can be written to folder ``out`` before any
+    training: a file in the way or an unwritable folder found after training would
+    lose the trained model."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ArgumentError(f"--out {out!r} is a file, not a folder")
+    try:
+        os.makedirs(out, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=out, prefix=".clnn-write-test-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ArgumentError(f"cannot write to the folder {out!r}: {exc}") from None
+    return out
 
 
 def _report_and_save(dev, net, hist, x_test, y_test, total, out, name, title):
@@ -84,6 +102,7 @@ def mnist(epochs=20, batch_size=64, lr=0.1, momentum=0.9, seed=0, out="results",
           device=None, progress=None):
     """Train 784-256-64-10 (relu, relu, softmax + cross-entropy) on 4000 MNIST digits
     and test on the other 1000. Returns (network, history, test accuracy)."""
+    check_out_folder(out)
     dev = clnn.device(device)
     data = _mnist_split(dev, seed)
     net = nn.Sequential([nn.Dense(256, "relu"), nn.Dense(64, "relu"),
@@ -99,6 +118,7 @@ def lenet5(epochs=15, batch_size=32, lr=0.02, momentum=0.9, seed=0, out="results
     """LeNet-5 (conv 5x5 6, max-pool 2, conv 5x5 16, max-pool 2, dense 120, 84, 10 with
     softmax + cross-entropy; ReLU) on 4000 MNIST digits padded to 32x32, tested on the
     other 1000. Returns (network, history, test accuracy)."""
+    check_out_folder(out)
     dev = clnn.device(device)
     data = _mnist_split(dev, seed, images=True)
     net = nn.Sequential([nn.Conv2d(6, 5), nn.MaxPool2d(2), nn.Conv2d(16, 5), nn.MaxPool2d(2),

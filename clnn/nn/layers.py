@@ -2,12 +2,15 @@
 generator) when the network that holds it is made.
 
 The protocol a network drives, batch-first, for output a = f(z):
+    plan(in_shape)                 (parameter shapes, output shape), allocating nothing
     forward(x, out, logits)        out = a (or z for a softmax output when ``logits``)
     backward_activation(delta, a)  delta = dL/da -> dL/dz, in place
     backward_input(delta, x, dx)   dx = dL/dx from delta = dL/dz (the layer's linear part)
-    update(delta, x, step, momentum, buffers)
-                                   v = momentum v + step * batch * dL/dparams; params += v,
-                                   with step = -lr/batch and buffers from update_buffers()
+    gradients(delta, x, grads, ones)
+                                   grads[i] = the gradient of parameters()[i], summed
+                                   over the batch (``ones``: a vector of batch ones)
+The network then updates every parameter from its gradient (clnn.sgd_update) only
+after every gradient of the step exists, so a step that fails changes nothing.
 Layers without parameters return [] from ``parameters()``; a ``view`` layer (Flatten)
 has an output that is a reshaped view of its input.
 """
@@ -16,6 +19,7 @@ import numpy as np
 
 import clnn
 from ..errors import ArgumentError, ShapeError
+from ..ops._args import finite
 from ..ops.elementwise import ACTIVATIONS, ACTIVATION_PARAMS
 
 # He initialisation for the relu family, Xavier/Glorot for the saturating ones.
@@ -29,6 +33,8 @@ def _check_activation(activation):
 
 
 def _init(rng, activation, shape, fan_in, fan_out, dtype, device):
+    if rng is None:                  # the caller sets the weights (load)
+        return clnn.empty(shape, dtype, device=device)
     if activation in _HE:
         w = rng.normal(0.0, np.sqrt(2.0 / fan_in), shape)
     else:
@@ -44,17 +50,18 @@ class Layer:
     def parameters(self):
         return []
 
-    def update_buffers(self):
-        """The buffers ``update`` keeps between steps: one update (momentum) buffer
-        per parameter, zero at the start."""
-        return [clnn.zeros(p.shape, p.dtype, clnn.device_of(p)) for p in self.parameters()]
+    def plan(self, in_shape):
+        """(shapes of the parameters, output shape per example) for inputs of
+        ``in_shape``, without allocating anything (``load`` checks files with it)."""
+        raise NotImplementedError
+
 
     def backward_activation(self, delta, a):
         if self.activation not in ("identity", "softmax"):
             clnn.activation_backward(self.activation, delta, a=a, out=delta,
                                      param=self.param)
 
-    def update(self, delta, x, step, momentum, velocity):
+    def gradients(self, delta, x, grads, ones):
         pass
 
 
@@ -71,7 +78,8 @@ class Dense(Layer):
         _check_activation(activation)
         self.out_features = int(out_features)
         self.activation = activation
-        self.param = ACTIVATION_PARAMS.get(activation) if param is None else float(param)
+        self.param = ACTIVATION_PARAMS.get(activation) if param is None else \
+            finite(param, "param")
         self.in_features = None
         self.weight = None
         self.bias = None
@@ -83,10 +91,15 @@ class Dense(Layer):
         return {"type": "Dense", "out_features": self.out_features,
                 "activation": self.activation, "param": self.param}
 
-    def build(self, in_shape, device, dtype, rng):
+    def plan(self, in_shape):
         if len(in_shape) != 1:
             raise ShapeError(f"Dense takes flat inputs, got {in_shape} per example: put a "
                              "Flatten() before it")
+        return [(self.out_features, int(in_shape[0])), (self.out_features,)], \
+            (self.out_features,)
+
+    def build(self, in_shape, device, dtype, rng):
+        self.plan(in_shape)
         self.in_features = int(in_shape[0])
         fan_in, fan_out = self.in_features, self.out_features
         self.weight = _init(rng, self.activation, (fan_out, fan_in), fan_in, fan_out, dtype,
@@ -111,14 +124,10 @@ class Dense(Layer):
     def backward_input(self, delta, x, dx):
         clnn.gemm(delta, self.weight, out=dx)
 
-    def update(self, delta, x, step, momentum, velocity):
-        v_w, v_b, ones = velocity
-        # v = momentum v - lr/batch delta^T x;  W += v   (the weight-update buffer)
-        clnn.gemm(delta, x, out=v_w, trans_a=True, alpha=step, beta=momentum)
-        clnn.axpy(1.0, v_w, self.weight)
-        # v_b = momentum v_b - lr/batch sum_batch delta  (delta^T 1: no broadcast copy)
-        clnn.gemv(delta, ones, v_b, alpha=step, beta=momentum, trans_a=True)
-        clnn.axpy(1.0, v_b, self.bias)
+    def gradients(self, delta, x, grads, ones):
+        g_w, g_b = grads
+        clnn.gemm(delta, x, out=g_w, trans_a=True)          # dW = delta^T x
+        clnn.gemv(delta, ones, g_b, trans_a=True)           # db = delta^T 1
 
 
 class Conv2d(Layer):
@@ -131,11 +140,13 @@ class Conv2d(Layer):
         _check_activation(activation)
         if activation == "softmax":
             raise ArgumentError("softmax belongs on a Dense output layer")
+        from ..ops.conv import _pair
         self.out_channels = int(out_channels)
-        k = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
-        self.kernel_size, self.stride, self.padding = k, stride, padding
+        self.kernel_size = _pair(kernel_size, "kernel_size", 1)
+        self.stride, self.padding = _pair(stride, "stride", 1), _pair(padding, "padding", 0)
         self.activation = activation
-        self.param = ACTIVATION_PARAMS.get(activation) if param is None else float(param)
+        self.param = ACTIVATION_PARAMS.get(activation) if param is None else \
+            finite(param, "param")
         self.weight = self.bias = None
 
     def __repr__(self):
@@ -147,7 +158,7 @@ class Conv2d(Layer):
                 "kernel_size": list(self.kernel_size), "stride": self.stride,
                 "padding": self.padding, "activation": self.activation, "param": self.param}
 
-    def build(self, in_shape, device, dtype, rng):
+    def plan(self, in_shape):
         from ..ops.conv import conv_geometry
         if len(in_shape) != 3:
             raise ShapeError(f"Conv2d takes (C, H, W) inputs, got {in_shape} per example")
@@ -156,6 +167,12 @@ class Conv2d(Layer):
         _, _, _, _, M, _, _, P, Q, _, _ = conv_geometry((1,) + tuple(in_shape),
                                                         (self.out_channels, C, R, S),
                                                         self.stride, self.padding)
+        return [(M, C, R, S), (M,)], (M, P, Q)
+
+    def build(self, in_shape, device, dtype, rng):
+        _, (M, P, Q) = self.plan(in_shape)
+        C = in_shape[0]
+        R, S = self.kernel_size
         self.in_shape, self.out_shape = tuple(in_shape), (M, P, Q)
         self.weight = _init(rng, self.activation, (M, C, R, S), C * R * S, M * R * S, dtype,
                             device)
@@ -174,22 +191,21 @@ class Conv2d(Layer):
         clnn.conv2d_backward_data(delta, self.weight, x.shape, stride=self.stride,
                                   padding=self.padding, out=dx)
 
-    def update(self, delta, x, step, momentum, velocity):
-        v_w, v_b = velocity[:2]
+    def gradients(self, delta, x, grads, ones):
+        g_w, g_b = grads
         clnn.conv2d_backward_weight(delta, x, self.weight.shape, stride=self.stride,
-                                    padding=self.padding, out=v_w, alpha=step,
-                                    beta=momentum)
-        clnn.axpy(1.0, v_w, self.weight)
-        # v_b = momentum v_b - lr/batch (delta summed over batch and positions)
-        clnn.bias_grad(delta, out=v_b, alpha=step, beta=momentum)
-        clnn.axpy(1.0, v_b, self.bias)
+                                    padding=self.padding, out=g_w)
+        clnn.bias_grad(delta, out=g_b)       # delta summed over batch and positions
 
 
 class _Pool(Layer):
     mode = None
 
     def __init__(self, kernel_size, stride=None, padding=0):
-        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        from ..ops.conv import _pair
+        self.kernel_size = _pair(kernel_size, "kernel_size", 1)
+        self.stride = None if stride is None else _pair(stride, "stride", 1)
+        self.padding = _pair(padding, "padding", 0)
 
     def __repr__(self):
         return f"{type(self).__name__}({self.kernel_size}, stride={self.stride})"
@@ -198,13 +214,16 @@ class _Pool(Layer):
         return {"type": type(self).__name__, "kernel_size": self.kernel_size,
                 "stride": self.stride, "padding": self.padding}
 
-    def build(self, in_shape, device, dtype, rng):
+    def plan(self, in_shape):
         from ..ops.pool import pool_geometry
         if len(in_shape) != 3:
             raise ShapeError(f"{type(self).__name__} takes (C, H, W) inputs, got {in_shape}")
         _, C, _, _, P, Q, _, _, _ = pool_geometry((1,) + tuple(in_shape), self.kernel_size,
                                                   self.stride, self.padding)
-        self.in_shape, self.out_shape = tuple(in_shape), (C, P, Q)
+        return [], (C, P, Q)
+
+    def build(self, in_shape, device, dtype, rng):
+        self.in_shape, self.out_shape = tuple(in_shape), self.plan(in_shape)[1]
 
     def forward(self, x, out, logits=False):
         fwd = clnn.max_pool2d if self.mode == "max" else clnn.avg_pool2d
@@ -235,9 +254,12 @@ class Flatten(Layer):
     def config(self):
         return {"type": "Flatten"}
 
+    def plan(self, in_shape):
+        return [], (int(np.prod(in_shape)),)
+
     def build(self, in_shape, device, dtype, rng):
         self.in_shape = tuple(in_shape)
-        self.out_shape = (int(np.prod(in_shape)),)
+        self.out_shape = self.plan(in_shape)[1]
 
     def forward(self, x, out=None, logits=False):
         return x.reshape((x.shape[0],) + self.out_shape)
@@ -251,10 +273,14 @@ LAYER_TYPES = {"Dense": Dense, "Conv2d": Conv2d, "MaxPool2d": MaxPool2d,
 
 
 def from_config(cfg):
+    if not isinstance(cfg, dict):
+        raise ArgumentError(f"a layer's configuration must be a mapping, got {cfg!r}")
     cfg = dict(cfg)
-    kind = LAYER_TYPES.get(cfg.pop("type", None))
+    kind = LAYER_TYPES.get(cfg.pop("type", None)) if isinstance(cfg.get("type"), str) \
+        else None
     if kind is None:
         raise ArgumentError(f"unknown layer type in {cfg}")
-    if "kernel_size" in cfg and isinstance(cfg["kernel_size"], list):
-        cfg["kernel_size"] = tuple(cfg["kernel_size"])
-    return kind(**cfg)
+    try:
+        return kind(**cfg)
+    except TypeError as exc:          # unknown or missing keyword
+        raise ArgumentError(f"bad {kind.__name__} configuration {cfg}: {exc}") from None

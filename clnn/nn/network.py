@@ -5,23 +5,26 @@ The backward pass follows the tutorial's four equations, batch-first:
     delta_L = dL/da_L (.) f'(z_L)              (fused into the loss for softmax + CE)
     delta_l = (delta_{l+1} W_{l+1}) (.) f'(z_l)
     dW_l    = delta_l^T a_{l-1},   db_l = sum over the batch of delta_l
-Deltas are kept unscaled (the loss gradient without 1/batch) and 1/batch is folded into
-the update GEMM's alpha = -lr/batch. A layer's weights change only after the delta of
-the layer below has been computed from the old weights.
+Deltas are kept unscaled (the loss gradient without 1/batch), so are the gradients
+(sums over the batch), and 1/batch is folded into the update's step = -lr/batch. A
+step computes every delta and gradient first and updates the parameters last.
 """
 
 import json
 import os
+import stat
 import sys
 import tempfile
 import time
+import zipfile
 
 import numpy as np
 import pyopencl.array as cla
 
 import clnn
 from ..device import device as _device
-from ..errors import ArgumentError, ShapeError
+from ..errors import ArgumentError, CheckpointError, ShapeError
+from ..ops._args import INT_MAX
 from .layers import Layer, from_config
 
 LOSSES = ("quadratic", "cross_entropy")
@@ -51,10 +54,12 @@ class Sequential:
 
     ``Sequential([Dense(64, "relu"), Dense(10, "softmax")], in_features=784)`` for flat
     inputs, or ``in_shape=(C, H, W)`` for images (with Conv2d, pooling and Flatten).
+    A layer object belongs to one network. ``initialize=False`` leaves the weights
+    unset (``load`` fills them from a file).
     """
 
     def __init__(self, layers, in_features=None, device=None, dtype=np.float32, seed=None,
-                 in_shape=None):
+                 in_shape=None, initialize=True):
         self.device = _device(device)
         self.dtype = self.device.check_dtype(dtype, "network")
         self.layers = list(layers)
@@ -69,10 +74,20 @@ class Sequential:
                 raise ArgumentError(f"layer {i} is a {type(layer).__name__}, not a layer")
             if layer.activation == "softmax" and i != len(self.layers) - 1:
                 raise ArgumentError("softmax is for the output layer only")
-        rng = np.random.default_rng(seed)
+        for i, layer in enumerate(self.layers):
+            if getattr(layer, "_network", None) is not None or \
+                    any(layer is other for other in self.layers[:i]):
+                raise ArgumentError(f"layer {i} ({type(layer).__name__}) already belongs to "
+                                    "a network: building it again would replace that "
+                                    "network's weights; make a new layer object")
+        shape = self.in_shape
+        for layer in self.layers:        # every shape checked before anything is built
+            shape = layer.plan(shape)[1]
+        rng = np.random.default_rng(seed) if initialize else None
         shape = self.in_shape
         for layer in self.layers:
             layer.build(shape, self.device, self.dtype, rng)
+            layer._network = True
             shape = layer.out_shape
         self.out_shape = shape
         self.out_features = int(np.prod(shape))
@@ -80,7 +95,8 @@ class Sequential:
         self._first_trainable = trainable[0] if trainable else len(self.layers)
         self._infer = {}            # batch -> two ping-pong buffers
         self._train = {}            # batch -> _Workspace
-        self._velocity = None       # per layer: update buffers
+        self._velocity = None       # per layer: a momentum buffer per parameter
+        self._grads = None          # per layer: a gradient buffer per parameter
 
     @property
     def in_features(self):
@@ -115,12 +131,16 @@ class Sequential:
             raise ShapeError(f"{name} must have shape (batch, "
                              f"{', '.join(map(str, self.in_shape))}), has {shape}")
         if arr is None:
+            # checked in the network's dtype: 1e39 is finite in float64, inf in float32
+            with np.errstate(over="ignore"):
+                host = host.astype(self.dtype, copy=False)
             if not np.all(np.isfinite(host)):
-                raise ArgumentError(f"{name} contains NaN or infinite values")
-            return clnn.asarray(host.astype(self.dtype, copy=False), device=self.device)
+                raise ArgumentError(f"{name} contains NaN or infinite values (in "
+                                    f"{self.dtype.name})")
+            return clnn.asarray(host, device=self.device)
         if not arr.flags.c_contiguous:
             raise ShapeError(f"{name} must be C-contiguous")
-        if not np.isfinite(float(clnn.sum(arr).get())):
+        if clnn.count_nonfinite(arr):
             raise ArgumentError(f"{name} contains NaN or infinite values")
         return arr
 
@@ -130,6 +150,13 @@ class Sequential:
             if y.shape != (batch, self.out_features) or y.dtype != self.dtype:
                 raise ShapeError(f"y must be a ({batch}, {self.out_features}) {self.dtype} "
                                  f"array, is {y.shape} {y.dtype}")
+            if clnn.device_of(y) is not self.device:
+                raise clnn.DeviceError(f"y is on {clnn.device_of(y).name}, the network "
+                                       f"on {self.device.name}")
+            if not y.flags.c_contiguous:
+                raise ShapeError("y must be C-contiguous")
+            if clnn.count_nonfinite(y):
+                raise ArgumentError("y contains NaN or infinite values")
             return y
         host = np.asarray(y)
         if host.ndim == 1 and host.dtype.kind in "iu":
@@ -141,9 +168,13 @@ class Sequential:
         if host.shape != (batch, self.out_features):
             raise ShapeError(f"y must have shape ({batch}, {self.out_features}) or be "
                              f"({batch},) integer labels, has {host.shape}")
+        if host.dtype.kind not in "fiub":
+            raise clnn.DTypeError(f"y must hold numbers, has dtype {host.dtype}")
+        with np.errstate(over="ignore"):
+            host = host.astype(self.dtype, copy=False)
         if not np.all(np.isfinite(host)):
-            raise ArgumentError("y contains NaN or infinite values")
-        return clnn.asarray(host.astype(self.dtype, copy=False), device=self.device)
+            raise ArgumentError(f"y contains NaN or infinite values (in {self.dtype.name})")
+        return clnn.asarray(host, device=self.device)
 
     # ------------------------------------------------------------ inference
     def __call__(self, x):
@@ -199,7 +230,10 @@ class Sequential:
         if ws is None:
             ws = self._train[batch] = _Workspace(self, batch)
         if self._velocity is None:
-            self._velocity = [layer.update_buffers() for layer in self.layers]
+            self._grads = [[clnn.empty(p.shape, p.dtype, self.device)
+                            for p in layer.parameters()] for layer in self.layers]
+            self._velocity = [[clnn.zeros(p.shape, p.dtype, self.device)
+                               for p in layer.parameters()] for layer in self.layers]
         return ws
 
     def train_step(self, x, y, lr, momentum=0.0, loss="quadratic"):
@@ -224,16 +258,21 @@ class Sequential:
         else:
             value, _ = clnn.quadratic_loss(ws.a[-1], y, da=ws.delta[-1], grad_scale=1.0)
             self.layers[-1].backward_activation(ws.delta[-1], ws.a[-1])
-        step = -float(lr) / batch
         for i in range(L - 1, -1, -1):
             layer = self.layers[i]
             if i - 1 >= self._first_trainable:
-                # delta of the layer below, from this layer's weights before they change
                 layer.backward_input(ws.delta[i], inputs[i], ws.delta[i - 1])
                 self.layers[i - 1].backward_activation(ws.delta[i - 1], inputs[i])
-            if self._velocity[i]:
-                layer.update(ws.delta[i], inputs[i], step, momentum,
-                             self._velocity[i] + [ws.ones])
+            if self._grads[i]:
+                layer.gradients(ws.delta[i], inputs[i], self._grads[i], ws.ones)
+        # Every gradient exists; only now does anything the step keeps change. The
+        # updates allocate nothing, so a step that runs out of memory (or fails in
+        # any op above) leaves the weights and momenta as they were: all or nothing.
+        step = -float(lr) / batch
+        for params, grads, vel in zip((l.parameters() for l in self.layers), self._grads,
+                                      self._velocity):
+            for p, g, v in zip(params, grads, vel):
+                clnn.sgd_update(p, g, v, step, momentum)
         return value
 
     def _train_args(self, x, y, loss, lr, momentum):
@@ -317,6 +356,9 @@ class Sequential:
     def evaluate(self, x, y, loss="quadratic", batch_size=1000):
         """(mean loss, accuracy) on (x, y); accuracy compares arg-max of output and y."""
         self._check_loss(loss)
+        if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) \
+                or batch_size < 1:
+            raise ArgumentError(f"batch_size must be a positive int, got {batch_size!r}")
         xd = self._input(x)
         yd = self._targets(y, xd.shape[0])
         total, correct = 0.0, 0
@@ -345,14 +387,23 @@ class Sequential:
         for i, l in enumerate(self.layers):
             for name, p in zip(("weight", "bias"), l.parameters()):
                 arrays[f"layer{i}.{name}"] = p.get()
-        folder = os.path.dirname(os.path.abspath(path))
+        # through a symlink to its target (replacing the link by a file would break
+        # whatever else points there), with the mode an ordinary new file gets, or
+        # the replaced file's (mkstemp's 0600 would hide the model from the group)
+        target = os.path.realpath(path)
+        folder = os.path.dirname(target)
+        try:
+            mode = stat.S_IMODE(os.stat(target).st_mode)
+        except OSError:
+            mode = 0o666 & ~_umask()
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".clnn-save-", suffix=".npz")
         try:
             with os.fdopen(fd, "wb") as f:
                 np.savez(f, **arrays)
                 f.flush()
+                os.fchmod(f.fileno(), mode)
                 os.fsync(f.fileno())
-            os.replace(tmp, path)       # atomic: readers see the old file or the new one
+            os.replace(tmp, target)     # atomic: readers see the old file or the new one
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)
@@ -360,20 +411,101 @@ class Sequential:
         return path
 
 
+def _umask():
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# A checkpoint's architecture is a few hundred bytes of JSON; more is not ours.
+_ARCH_MAX_BYTES = 1 << 20
+_DTYPES = ("float32", "float64", "float16")
+
+
+def _read_checkpoint(path):
+    """(architecture, layers, {name: array}) from a checkpoint, everything checked
+    before a device buffer exists: the JSON, the layers' configurations and the shapes
+    they imply, the names, dtypes, shapes and values of the arrays (all finite)."""
+    def bad(why):
+        return CheckpointError(f"{path}: {why}")
+    try:
+        f = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise bad(f"not a clnn checkpoint (.npz): {exc}") from None
+    if not isinstance(f, np.lib.npyio.NpzFile):
+        raise bad("not a clnn checkpoint (.npz archive)")
+    with f:
+        try:
+            names = set(f.files)
+            if "architecture" not in names:
+                raise bad("no architecture entry")
+            info = f.zip.getinfo("architecture.npy")
+            if info.file_size > _ARCH_MAX_BYTES:
+                raise bad(f"an architecture of {info.file_size} bytes")
+            raw = f["architecture"]
+            if raw.dtype != np.uint8 or raw.ndim != 1:
+                raise bad("the architecture is not JSON bytes")
+            arch = json.loads(bytes(raw).decode("utf-8"))
+        except CheckpointError:
+            raise
+        except (ValueError, KeyError, OSError, EOFError, zipfile.BadZipFile,
+                UnicodeDecodeError, RecursionError) as exc:
+            raise bad(f"unreadable architecture: {exc}") from None
+        if not isinstance(arch, dict) or not isinstance(arch.get("layers"), list) or \
+                not isinstance(arch.get("in_shape"), list) or \
+                arch.get("dtype") not in _DTYPES:
+            raise bad("the architecture needs in_shape (a list), dtype (one of "
+                      f"{', '.join(_DTYPES)}) and layers (a list)")
+        in_shape = arch["in_shape"]
+        if not in_shape or not all(isinstance(v, int) and not isinstance(v, bool) and
+                                   0 < v <= INT_MAX for v in in_shape):
+            raise bad(f"in_shape {in_shape} is not a list of positive ints")
+        dtype = np.dtype(arch["dtype"])
+        try:
+            layers = [from_config(cfg) for cfg in arch["layers"]]
+            if not layers:
+                raise ArgumentError("no layers")
+            shape, expected = tuple(in_shape), {}
+            for i, layer in enumerate(layers):
+                shapes, shape = layer.plan(shape)
+                for name, s in zip(("weight", "bias"), shapes):
+                    expected[f"layer{i}.{name}"] = s
+        except (ArgumentError, ShapeError) as exc:
+            raise bad(f"invalid architecture: {exc}") from None
+        unexpected = names - set(expected) - {"architecture"}
+        missing = set(expected) - names
+        if missing or unexpected:
+            raise bad(f"the arrays do not match the architecture: missing "
+                      f"{sorted(missing)}, unexpected {sorted(unexpected)}")
+        values = {}
+        for key, s in expected.items():
+            size = int(np.prod(s)) * dtype.itemsize
+            if f.zip.getinfo(key + ".npy").file_size < size:
+                raise bad(f"{key} holds fewer bytes than a {s} {dtype.name} array")
+            try:
+                v = f[key]
+            except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+                raise bad(f"unreadable {key}: {exc}") from None
+            if v.dtype != dtype or v.shape != tuple(s):
+                raise bad(f"{key} is a {v.shape} {v.dtype} array, the architecture says "
+                          f"{tuple(s)} {dtype.name}")
+            if not np.all(np.isfinite(v)):
+                raise bad(f"{key} holds NaN or infinite values")
+            values[key] = v
+    return arch, layers, values
+
+
 def load(path, device=None):
-    """A network saved by ``Sequential.save``, on ``device``."""
-    with np.load(path) as f:
-        arch = json.loads(bytes(f["architecture"]).decode())
-        layers = [from_config(cfg) for cfg in arch["layers"]]
-        net = Sequential(layers, in_shape=arch["in_shape"], device=device,
-                         dtype=arch["dtype"])
-        for i, layer in enumerate(net.layers):
-            for name, p in zip(("weight", "bias"), layer.parameters()):
-                value = f[f"layer{i}.{name}"]
-                if value.shape != p.shape:
-                    raise ShapeError(f"{path}: layer {i} {name} has shape {value.shape}, "
-                                     f"expected {p.shape}")
-                p.set(np.ascontiguousarray(value))
+    """A network saved by ``Sequential.save``, on ``device``.
+
+    The whole file is checked before anything is built: a damaged or crafted file
+    raises CheckpointError and allocates nothing (no pickles are ever loaded)."""
+    arch, layers, values = _read_checkpoint(path)
+    net = Sequential(layers, in_shape=arch["in_shape"], device=device, dtype=arch["dtype"],
+                     initialize=False)
+    for i, layer in enumerate(net.layers):
+        for name, p in zip(("weight", "bias"), layer.parameters()):
+            p.set(np.ascontiguousarray(values[f"layer{i}.{name}"]))
     return net
 
 
