@@ -45,6 +45,12 @@ def _ops():
     close(clnn.activation_backward("sigmoid", Y, a=clnn.sigmoid(X)).get(),
           y / (1 + np.exp(-x)) * (1 - 1 / (1 + np.exp(-x))))
     close(clnn.axpy(0.5, X, clnn.copy(Y)).get(), 0.5 * x + y)
+    W, V = clnn.copy(X), clnn.copy(Y)
+    clnn.sgd_update(W, Y, V, -0.5, 0.9)
+    close(V.get(), 0.9 * y - 0.5 * y)
+    close(W.get(), x + 0.4 * y)
+    bad = np.array([1.0, np.inf, -np.inf, np.nan] * 1300, np.float32)
+    assert clnn.count_nonfinite(clnn.asarray(bad)) == 3900
     close(clnn.bias_add(X, clnn.asarray(x[0])).get(), x + x[0])
     close(clnn.bias_grad(X).get(), x.sum(0))
     long = rng.standard_normal(5003).astype(np.float32)
