@@ -17,7 +17,7 @@ from .programs import clear_caches, render
 from .ops import *  # noqa: F401,F403 - the public ops
 from .ops import __all__ as _ops_all
 
-from . import datasets, nn  # noqa: E402,F401 - after the ops they use
+from . import datasets, nn, optim  # noqa: E402,F401 - after the ops they use
 
 __version__ = "0.1.0"
 

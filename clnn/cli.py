@@ -81,7 +81,9 @@ def _train(args):
     from . import train
     job = {"mnist": train.mnist, "lenet5": train.lenet5}[args.task]
     kw = {} if args.epochs is None else {"epochs": args.epochs}
-    job(seed=args.seed, out=args.out, device=args.device,
+    if args.lr is not None:
+        kw["lr"] = args.lr
+    job(seed=args.seed, out=args.out, device=args.device, optimizer=args.optimizer,
         progress=False if args.no_progress else None, **kw)
     return 0
 
@@ -137,6 +139,10 @@ def main(argv=None):
     p.add_argument("task", choices=["mnist", "lenet5"])
     p.add_argument("--epochs", type=int, help="default: 20 for mnist, 15 for lenet5")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--optimizer", default="sgd", choices=["sgd", "adam", "adamw"],
+                   help="SGD with momentum 0.9 (default), or Adam/AdamW (lr 1e-3)")
+    p.add_argument("--lr", type=float, help="learning rate (default: 0.1 for mnist, 0.02 "
+                   "for lenet5 with SGD; 1e-3 with Adam)")
     p.add_argument("--out", default="results", help="folder for the model and the PNG")
     p.add_argument("--device", help="device spec (default: CLNN_DEVICE, else GPU, else PoCL)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 import clnn
-from . import datasets, nn
+from . import datasets, nn, optim
 from .errors import ArgumentError
 
 
@@ -74,14 +74,29 @@ def _report_and_save(dev, net, hist, x_test, y_test, total, out, name, title):
     return acc
 
 
-def _train(net, dev, data, epochs, batch_size, lr, momentum, seed, progress):
+def make_optimizer(name, lr, momentum):
+    """"sgd" (with momentum) or "adam"/"adamw" (lr None: 1e-3) from clnn.optim."""
+    if name == "sgd":
+        return optim.SGD(lr=lr, momentum=momentum)
+    kinds = {"adam": optim.Adam, "adamw": optim.AdamW}
+    if name not in kinds:
+        raise ArgumentError(f"unknown optimizer {name!r}; choose sgd, adam or adamw")
+    return kinds[name](lr=1e-3 if lr is None else lr)
+
+
+def _describe(opt):
+    return f"{opt.kind} " + ", ".join(f"{k}={v}" for k, v in opt.config().items()
+                                       if k != "type")
+
+
+def _train(net, dev, data, epochs, batch_size, opt, seed, progress):
     x_train, y_train, x_test, y_test = data
     print(f"model:  {net}")
-    print(f"train:  SGD lr={lr} momentum={momentum}, batch {batch_size}, {epochs} epochs")
+    print(f"train:  {_describe(opt)}; batch {batch_size}, {epochs} epochs")
     dev.pool.reset_peak()
     t0 = time.perf_counter()
     hist = net.fit(x_train, y_train, loss="cross_entropy", epochs=epochs,
-                   batch_size=batch_size, lr=lr, momentum=momentum, seed=seed,
+                   batch_size=batch_size, optimizer=opt, seed=seed,
                    validation=(x_test, y_test), progress=progress)
     return hist, time.perf_counter() - t0
 
@@ -98,8 +113,8 @@ def _mnist_split(dev, seed, images=False):
     return data
 
 
-def mnist(epochs=20, batch_size=64, lr=0.1, momentum=0.9, seed=0, out="results",
-          device=None, progress=None):
+def mnist(epochs=20, batch_size=64, lr=None, momentum=0.9, seed=0, out="results",
+          device=None, progress=None, optimizer="sgd"):
     """Train 784-256-64-10 (relu, relu, softmax + cross-entropy) on 4000 MNIST digits
     and test on the other 1000. Returns (network, history, test accuracy)."""
     check_out_folder(out)
@@ -107,14 +122,16 @@ def mnist(epochs=20, batch_size=64, lr=0.1, momentum=0.9, seed=0, out="results",
     data = _mnist_split(dev, seed)
     net = nn.Sequential([nn.Dense(256, "relu"), nn.Dense(64, "relu"),
                          nn.Dense(10, "softmax")], 784, device=dev, seed=seed)
-    hist, total = _train(net, dev, data, epochs, batch_size, lr, momentum, seed, progress)
+    opt = make_optimizer(optimizer, 0.1 if lr is None and optimizer == "sgd" else lr,
+                         momentum)
+    hist, total = _train(net, dev, data, epochs, batch_size, opt, seed, progress)
     acc = _report_and_save(dev, net, hist, data[2], data[3], total, out, "mnist-mlp",
                            f"MNIST 784-256-64-10 on {dev.name}")
     return net, hist, acc
 
 
-def lenet5(epochs=15, batch_size=32, lr=0.02, momentum=0.9, seed=0, out="results",
-           device=None, progress=None):
+def lenet5(epochs=15, batch_size=32, lr=None, momentum=0.9, seed=0, out="results",
+           device=None, progress=None, optimizer="sgd"):
     """LeNet-5 (conv 5x5 6, max-pool 2, conv 5x5 16, max-pool 2, dense 120, 84, 10 with
     softmax + cross-entropy; ReLU) on 4000 MNIST digits padded to 32x32, tested on the
     other 1000. Returns (network, history, test accuracy)."""
@@ -125,7 +142,9 @@ def lenet5(epochs=15, batch_size=32, lr=0.02, momentum=0.9, seed=0, out="results
                          nn.Flatten(), nn.Dense(120, "relu"), nn.Dense(84, "relu"),
                          nn.Dense(10, "softmax")], in_shape=(1, 32, 32), device=dev,
                         seed=seed)
-    hist, total = _train(net, dev, data, epochs, batch_size, lr, momentum, seed, progress)
+    opt = make_optimizer(optimizer, 0.02 if lr is None and optimizer == "sgd" else lr,
+                         momentum)
+    hist, total = _train(net, dev, data, epochs, batch_size, opt, seed, progress)
     acc = _report_and_save(dev, net, hist, data[2], data[3], total, out, "mnist-lenet5",
                            f"LeNet-5 on MNIST on {dev.name}")
     return net, hist, acc

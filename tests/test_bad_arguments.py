@@ -39,10 +39,14 @@ OPS = {
               lambda a: clnn.scale(a["alpha"], a["x"], out=a["out"])),
     "copy": ({"x": ("free", (9,)), "out": ("out", (9,))},
              lambda a: clnn.copy(a["x"], out=a["out"])),
-    "sgd_update": ({"weight": ("out", (5,)), "grad": ("in", (5,)), "velocity": ("out2", (5,)),
-                    "step": ("scalar", -0.1), "momentum": ("scalar", 0.9)},
-                   lambda a: clnn.sgd_update(a["weight"], a["grad"], a["velocity"],
-                                             a["step"], a["momentum"])),
+    "sgd_step": ({"weight": ("out", (5,)), "grad": ("in", (5,)), "buf": ("out2", (5,)),
+                  "lr": ("scalar", 0.1), "momentum": ("scalar", 0.9)},
+                 lambda a: clnn.sgd_step(a["weight"], a["grad"], a["buf"], lr=a["lr"],
+                                         momentum=a["momentum"])),
+    "adam_step": ({"weight": ("out", (2, 3)), "grad": ("in", (2, 3)), "m": ("out2", (2, 3)),
+                   "v": ("out2", (2, 3)), "lr": ("scalar", 1e-3), "eps": ("scalar", 1e-8)},
+                  lambda a: clnn.adam_step(a["weight"], a["grad"], a["m"], a["v"], step=1,
+                                           lr=a["lr"], eps=a["eps"])),
     "sum": ({"x": ("free", (4, 5)), "axis": ("axis", 1), "out": ("out", (4,))},
             lambda a: clnn.sum(a["x"], axis=a["axis"], out=a["out"])),
     "dot": ({"x": ("free", (8,)), "y": ("in", (8,)), "out": ("out", ())},
@@ -176,7 +180,7 @@ def test_a_bad_argument_is_a_typed_error_and_writes_nothing(dev, choice):
     if kind in ("in", "out", "out2", "free"):
         # None is valid for an optional input and for an output (then allocated)
         assume(not (flaw == "None" and ((op, arg) in OPTIONAL or
-                                        (kind == "out" and op != "sgd_update"))))
+                                        (kind == "out" and not op.endswith("_step")))))
         assume(not (flaw == "strided" and int(np.prod(shape)) <= 1))   # nothing to stride
         a[arg] = flawed_array(dev, shape, flaw)
     else:

@@ -217,7 +217,8 @@ def test_5_a_training_step_is_all_or_nothing(dev, rows):
     force = tuning.override("gemm", NV[0]) if rows == "gpu-tiles" else contextlib.nullcontext()
 
     def state():
-        vel = [v.get() for vs in (net._velocity or []) for v in vs]
+        opt = net.optimizer
+        vel = [b.get() for s in (opt.state if opt and opt.state else []) for b in s]
         return [p.get() for l in net.layers for p in l.parameters()] + vel
     with force:
         net.train_step(xd, yd, 0.1, 0.9, "cross_entropy")        # momentum now nonzero
@@ -240,7 +241,7 @@ def test_5_the_first_step_too(dev):
         other.train_step(xd, yd, 0.1, 0.9, "cross_entropy")
     for at in range(0, counter.count, 3):
         net._train.clear()
-        net._velocity = net._grads = None
+        net._grads = net.optimizer = None
         with failing(dev.pool, at), pytest.raises(clnn.OutOfDeviceMemory):
             net.train_step(xd, yd, 0.1, 0.9, "cross_entropy")
         assert all(np.array_equal(w, p.get()) for w, p in

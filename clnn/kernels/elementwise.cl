@@ -1,7 +1,7 @@
 ## elementwise.cl: one template for every element-wise op in clnn.
 ## Parameters:  dtype  float32 | float64 | float16
 ##              op     "act"    activation forward / derivative / backward for ACT
-##                     "linalg" hadamard, axpy, sgd, scale, fill, bias_add
+##                     "linalg" hadamard, axpy, scale, fill, bias_add
 ##              act    (op "act") identity sigmoid tanh relu leaky_relu elu softplus
 ##              src    (op "act") "z": derivatives from the pre-activation z,
 ##                                "a": from the output a = f(z) (cheaper for most)
@@ -72,20 +72,6 @@ __kernel void clnn_axpy(const int n, const acc_t alpha,
 {
     CLNN_FOR_EACH(i, n) {
         CLNN_STORE(alpha * CLNN_LOAD(x, x_off + i) + CLNN_LOAD(y, y_off + i), out, out_off + i);
-    }
-}
-
-// One SGD step on a parameter buffer, as the tutorial's update: v = momentum v + step g
-// (step = -lr / batch for a gradient g summed over the batch), then w += v.
-__kernel void clnn_sgd(const int n, const acc_t momentum, const acc_t step,
-                       __global const real_t *g, const int g_off,
-                       __global real_t *v, const int v_off,
-                       __global real_t *w, const int w_off)
-{
-    CLNN_FOR_EACH(i, n) {
-        const acc_t vi = momentum * CLNN_LOAD(v, v_off + i) + step * CLNN_LOAD(g, g_off + i);
-        CLNN_STORE(vi, v, v_off + i);
-        CLNN_STORE(CLNN_LOAD(w, w_off + i) + vi, w, w_off + i);
     }
 }
 

@@ -9,8 +9,8 @@ The protocol a network drives, batch-first, for output a = f(z):
     gradients(delta, x, grads, ones)
                                    grads[i] = the gradient of parameters()[i], summed
                                    over the batch (``ones``: a vector of batch ones)
-The network then updates every parameter from its gradient (clnn.sgd_update) only
-after every gradient of the step exists, so a step that fails changes nothing.
+The network's optimizer (clnn.optim) then updates every parameter from its gradient,
+only after every gradient of the step exists, so a step that fails changes nothing.
 Layers without parameters return [] from ``parameters()``; a ``view`` layer (Flatten)
 has an output that is a reshaped view of its input.
 """

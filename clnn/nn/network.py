@@ -23,6 +23,7 @@ import pyopencl.array as cla
 
 import clnn
 from ..device import device as _device
+from .. import optim
 from ..errors import ArgumentError, CheckpointError, ShapeError
 from ..ops._args import INT_MAX
 from .layers import Layer, from_config
@@ -47,6 +48,16 @@ class _Workspace:
                 self.a.append(None if layer.view else clnn.empty(shape, dt, dev))
                 self.delta.append(clnn.empty(shape, dt, dev))
         self.ones = clnn.asarray(np.ones(batch, dt), device=dev)
+
+
+class GradientStep:
+    """What a training step's hook sees: ``params`` and their ``grads`` (device arrays,
+    gradients summed over the batch), the ``grad_scale`` the optimizer will multiply
+    them by (1/batch), and ``skip`` (set it to apply no update this step)."""
+
+    def __init__(self, params, grads, grad_scale):
+        self.params, self.grads, self.grad_scale = params, grads, grad_scale
+        self.skip = False
 
 
 class Sequential:
@@ -95,8 +106,8 @@ class Sequential:
         self._first_trainable = trainable[0] if trainable else len(self.layers)
         self._infer = {}            # batch -> two ping-pong buffers
         self._train = {}            # batch -> _Workspace
-        self._velocity = None       # per layer: a momentum buffer per parameter
         self._grads = None          # per layer: a gradient buffer per parameter
+        self.optimizer = None       # a clnn.optim optimizer, set by fit or train_step
 
     @property
     def in_features(self):
@@ -229,21 +240,48 @@ class Sequential:
         ws = self._train.get(batch)
         if ws is None:
             ws = self._train[batch] = _Workspace(self, batch)
-        if self._velocity is None:
+        if self._grads is None:
             self._grads = [[clnn.empty(p.shape, p.dtype, self.device)
                             for p in layer.parameters()] for layer in self.layers]
-            self._velocity = [[clnn.zeros(p.shape, p.dtype, self.device)
-                               for p in layer.parameters()] for layer in self.layers]
         return ws
 
-    def train_step(self, x, y, lr, momentum=0.0, loss="quadratic"):
+    def parameters(self):
+        """Every parameter array, layer by layer (weight, then bias)."""
+        return [p for layer in self.layers for p in layer.parameters()]
+
+    def _optimizer(self, lr=None, momentum=None):
+        """The network's optimizer (SGD with ``lr`` and ``momentum`` when it has none);
+        ``lr`` and ``momentum``, when given, are set on it, as the tutorial's sgd
+        changes the rate by schedule."""
+        opt = self.optimizer
+        if opt is None:
+            opt = self.optimizer = optim.SGD(lr=0.01 if lr is None else lr,
+                                             momentum=momentum or 0.0)
+        if lr is not None:
+            opt.lr = float(lr)
+        if momentum is not None and isinstance(opt, optim.SGD):
+            opt.momentum = float(momentum)
+        return opt
+
+    def train_step(self, x, y, lr=None, momentum=None, loss="quadratic", hook=None):
         """One gradient step on the batch (x, y), both device arrays already checked.
+
+        The network's optimizer (``self.optimizer``; SGD when it has none) applies the
+        update; ``lr`` and ``momentum`` when given are set on it first. ``hook``, when
+        given, is called with a GradientStep after every gradient is computed and
+        before anything is updated: it may change the gradients (sum them across
+        processes, unscale them), their ``grad_scale``, or set ``skip``.
 
         Returns the batch loss of the forward pass (a 0-d device array). Allocates
         nothing once the workspace for this batch size exists.
         """
         batch = x.shape[0]
+        opt = self._optimizer(lr, momentum)
         ws = self._workspace(batch)
+        params = self.parameters()
+        # the optimizer's state with the workspace, before any op: a step then has
+        # the same live buffers from the first one on (and a failure writes nothing)
+        opt.prepare(params)
         xent = loss == "cross_entropy"
         L = len(self.layers)
         # the first layer reads the user's x and never writes it
@@ -266,13 +304,14 @@ class Sequential:
             if self._grads[i]:
                 layer.gradients(ws.delta[i], inputs[i], self._grads[i], ws.ones)
         # Every gradient exists; only now does anything the step keeps change. The
-        # updates allocate nothing, so a step that runs out of memory (or fails in
-        # any op above) leaves the weights and momenta as they were: all or nothing.
-        step = -float(lr) / batch
-        for params, grads, vel in zip((l.parameters() for l in self.layers), self._grads,
-                                      self._velocity):
-            for p, g, v in zip(params, grads, vel):
-                clnn.sgd_update(p, g, v, step, momentum)
+        # optimizer's state is allocated before its first write and its updates
+        # allocate nothing, so a step that runs out of memory (or fails in any op
+        # above) leaves weights and optimizer state as they were: all or nothing.
+        info = GradientStep(params, [g for gs in self._grads for g in gs], 1.0 / batch)
+        if hook is not None:
+            hook(info)
+        if not info.skip:
+            opt.step(params, info.grads, info.grad_scale)
         return value
 
     def _train_args(self, x, y, loss, lr, momentum):
@@ -286,13 +325,24 @@ class Sequential:
         return xd, self._targets(y, xd.shape[0]), lr, momentum
 
     def fit(self, x, y, loss="quadratic", epochs=1, batch_size=32, lr=0.1, momentum=0.0,
-            shuffle=True, seed=None, validation=None, progress=None):
-        """Mini-batch SGD. Returns a history: {"loss": [...], "epoch_time": [...],
+            shuffle=True, seed=None, validation=None, progress=None, optimizer=None,
+            scheduler=None, hook=None):
+        """Mini-batch training. Returns a history: {"loss": [...], "epoch_time": [...],
         "val_loss": [...], "val_accuracy": [...]} (validation keys when given).
 
-        ``progress``: a tqdm bar with the running loss (default: when stderr is a
-        terminal).
+        ``optimizer``: a clnn.optim optimizer (it becomes ``self.optimizer``); without
+        one, SGD with ``lr`` and ``momentum``. ``scheduler``: a clnn.optim schedule,
+        stepped after every epoch. ``hook``: see train_step. ``progress``: a tqdm bar
+        with the running loss (default: when stderr is a terminal).
         """
+        if optimizer is not None and not isinstance(optimizer, optim.Optimizer):
+            raise ArgumentError(f"optimizer must be a clnn.optim optimizer, got "
+                                f"{type(optimizer).__name__}")
+        if scheduler is not None and not isinstance(scheduler, optim._Schedule):
+            raise ArgumentError(f"scheduler must be a clnn.optim schedule, got "
+                                f"{type(scheduler).__name__}")
+        if hook is not None and not callable(hook):
+            raise ArgumentError("hook must be callable")
         x_host = np.asarray(x.get() if hasattr(x, "get") else x)
         y_host = np.asarray(y.get() if hasattr(y, "get") else y)
         if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
@@ -300,6 +350,12 @@ class Sequential:
         if not isinstance(epochs, (int, np.integer)) or epochs < 0:
             raise ArgumentError(f"epochs must be a non-negative int, got {epochs!r}")
         xd, yd, lr, momentum = self._train_args(x_host, y_host, loss, lr, momentum)
+        if optimizer is not None:
+            self.optimizer = optimizer
+        elif isinstance(self.optimizer, optim.SGD):
+            self._optimizer(lr, momentum)
+        else:
+            self.optimizer = optim.SGD(lr=lr, momentum=momentum)
         n = xd.shape[0]
         y_dense = yd.get()                       # targets as (batch, classes) rows
         x_host = x_host.astype(self.dtype, copy=False)   # what _input uploaded to xd
@@ -330,7 +386,8 @@ class Sequential:
                 seen, shown = 0, time.perf_counter()
                 for start in range(0, n, batch_size):
                     stop = min(n, start + batch_size)
-                    value = self.train_step(xd[start:stop], yd[start:stop], lr, momentum, loss)
+                    value = self.train_step(xd[start:stop], yd[start:stop], loss=loss,
+                                            hook=hook)
                     clnn.axpy(float(stop - start), value, total)
                     seen += stop - start
                     if bar is not None:
@@ -341,6 +398,8 @@ class Sequential:
                                             loss=f"{float(total.get()) / seen:.4f}")
                 hist["loss"].append(float(total.get()) / max(seen, 1))
                 hist["epoch_time"].append(time.perf_counter() - t0)
+                if scheduler is not None:
+                    scheduler.step()
                 if validation is not None:
                     vl, va = self.evaluate(xv, yv, loss)
                     hist["val_loss"].append(vl)
@@ -380,13 +439,22 @@ class Sequential:
 
     # ------------------------------------------------------------ persistence
     def save(self, path):
-        """Architecture and parameters to an .npz file, written atomically."""
+        """Architecture, parameters and the optimizer (its settings, step count and
+        state, so ``load`` resumes training bitwise) to an .npz file, written
+        atomically."""
         arch = {"in_shape": list(self.in_shape), "dtype": self.dtype.name,
                 "layers": [l.config() for l in self.layers]}
+        opt = self.optimizer
+        if opt is not None and opt.state is not None:
+            arch["optimizer"] = dict(opt.config(), steps=opt.steps)
         arrays = {"architecture": np.frombuffer(json.dumps(arch).encode(), np.uint8)}
         for i, l in enumerate(self.layers):
             for name, p in zip(("weight", "bias"), l.parameters()):
                 arrays[f"layer{i}.{name}"] = p.get()
+        if "optimizer" in arch:
+            for k, bufs in enumerate(opt.state_arrays()):
+                for j, b in enumerate(bufs):
+                    arrays[f"optimizer.{k}.{j}"] = b
         # through a symlink to its target (replacing the link by a file would break
         # whatever else points there), with the mode an ordinary new file gets, or
         # the replaced file's (mkstemp's 0600 would hide the model from the group)
@@ -470,6 +538,21 @@ def _read_checkpoint(path):
                 shapes, shape = layer.plan(shape)
                 for name, s in zip(("weight", "bias"), shapes):
                     expected[f"layer{i}.{name}"] = s
+            opt = None
+            if "optimizer" in arch:
+                cfg = arch["optimizer"]
+                cfg = dict(cfg) if isinstance(cfg, dict) else cfg
+                steps = cfg.pop("steps", None) if isinstance(cfg, dict) else None
+                if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+                    raise ArgumentError("the optimizer's step count is not an int >= 0")
+                opt = optim.from_config(cfg)
+                opt.steps = steps
+                shapes = [s for i, layer in enumerate(layers)
+                          for s in (expected.get(f"layer{i}.weight"),
+                                    expected.get(f"layer{i}.bias")) if s is not None]
+                for k, s in enumerate(shapes):
+                    for j in range(len(opt.buffers())):
+                        expected[f"optimizer.{k}.{j}"] = s
         except (ArgumentError, ShapeError) as exc:
             raise bad(f"invalid architecture: {exc}") from None
         unexpected = names - set(expected) - {"architecture"}
@@ -492,7 +575,7 @@ def _read_checkpoint(path):
             if not np.all(np.isfinite(v)):
                 raise bad(f"{key} holds NaN or infinite values")
             values[key] = v
-    return arch, layers, values
+    return arch, layers, values, opt
 
 
 def load(path, device=None):
@@ -500,12 +583,18 @@ def load(path, device=None):
 
     The whole file is checked before anything is built: a damaged or crafted file
     raises CheckpointError and allocates nothing (no pickles are ever loaded)."""
-    arch, layers, values = _read_checkpoint(path)
+    arch, layers, values, opt = _read_checkpoint(path)
     net = Sequential(layers, in_shape=arch["in_shape"], device=device, dtype=arch["dtype"],
                      initialize=False)
     for i, layer in enumerate(net.layers):
         for name, p in zip(("weight", "bias"), layer.parameters()):
             p.set(np.ascontiguousarray(values[f"layer{i}.{name}"]))
+    if opt is not None:
+        params = net.parameters()
+        opt.load_state(params, [[values[f"optimizer.{k}.{j}"]
+                                 for j in range(len(opt.buffers()))]
+                                for k in range(len(params))], opt.steps)
+        net.optimizer = opt
     return net
 
 

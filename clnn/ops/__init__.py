@@ -5,20 +5,20 @@ Each module here has a kernel template of the same stem in clnn/kernels/.
 
 from .elementwise import (ACTIVATIONS, activation, activation_backward,
                           activation_derivative, axpy, copy, elu, fill, hadamard, identity,
-                          leaky_relu, relu, scale, sgd_update, sigmoid, softplus,
-                          tanh)
+                          leaky_relu, relu, scale, sigmoid, softplus, tanh)
 from .bias import bias_add, bias_grad
 from .reduce import count_nonfinite, dot, max, mean, nrm2, sum
 from .softmax import log_softmax, softmax, softmax_cross_entropy
 from .loss import quadratic_loss
 from .gemm import gemm, gemv
 from .conv import conv2d, conv2d_backward_data, conv2d_backward_weight
+from .optim import adam_step, sgd_step
 from .pool import avg_pool2d, avg_pool2d_backward, max_pool2d, max_pool2d_backward
 
 __all__ = [
     "ACTIVATIONS", "activation", "activation_backward", "activation_derivative", "axpy",
     "copy", "elu", "fill", "hadamard", "identity", "leaky_relu", "relu", "scale",
-    "sgd_update",
+    "sgd_step", "adam_step",
     "sigmoid", "softplus", "tanh", "bias_add", "bias_grad", "count_nonfinite", "dot", "max", "mean", "nrm2",
     "sum", "log_softmax", "softmax", "softmax_cross_entropy", "quadratic_loss", "gemm", "gemv",
     "conv2d", "conv2d_backward_data", "conv2d_backward_weight", "max_pool2d",

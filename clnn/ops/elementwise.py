@@ -8,7 +8,7 @@ array computes in place, any other array of the right shape and dtype is overwri
 import pyopencl as cl
 
 from .. import programs
-from ..errors import ArgumentError, ShapeError
+from ..errors import ArgumentError
 from ._args import (check, check_out, common_device, done, finite, launch_size, offset,
                     real)
 
@@ -140,32 +140,6 @@ def axpy(alpha, x, y, out=None):
     evt = _launch(kern, dev, x.size, alpha=alpha, x=x, x_off=offset(x), y=y,
                   y_off=offset(y), out=out, out_off=offset(out))
     return _done(out, evt)
-
-
-def sgd_update(weight, grad, velocity, step, momentum=0.0):
-    """One SGD step in one pass: velocity = momentum * velocity + step * grad, then
-    weight += velocity (both in place). ``step`` is -lr for a mean gradient, or
-    -lr / batch for one summed over a batch. Returns weight."""
-    finite(step, "step"), finite(momentum, "momentum")
-    dev = common_device(weight=weight, grad=grad, velocity=velocity)
-    dt = check(weight, "weight", dev)
-    check(grad, "grad", dev, dtype=dt, shape=weight.shape)
-    check(velocity, "velocity", dev, dtype=dt, shape=weight.shape)
-    step, momentum = finite(step, "step", dt), finite(momentum, "momentum", dt)
-    for x, y in ((weight, grad), (weight, velocity), (grad, velocity)):
-        if _overlap(x, y):
-            raise ShapeError("weight, grad and velocity must not overlap")
-    kern = _kernel(dev, dt, "clnn_sgd", op="linalg")
-    evt = _launch(kern, dev, weight.size, momentum=momentum, step=step, g=grad,
-                  g_off=offset(grad), v=velocity, v_off=offset(velocity), w=weight,
-                  w_off=offset(weight))
-    return _done(weight, evt)
-
-
-def _overlap(x, y):
-    if not x.size or not y.size or x.base_data.int_ptr != y.base_data.int_ptr:
-        return False
-    return x.offset < y.offset + y.nbytes and y.offset < x.offset + x.nbytes
 
 
 def scale(alpha, x, out=None):

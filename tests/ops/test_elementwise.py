@@ -106,21 +106,6 @@ def test_linalg_ops(dev, n, dtype):
                  scale=np.maximum(np.abs(x), 1))
 
 
-@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
-@pytest.mark.parametrize("n", AWKWARD, ids=lambda n: f"n{n}")
-def test_sgd_update(dev, n, dtype):
-    w, g, v = (RNG.standard_normal(n).astype(dtype) for _ in range(3))
-    W, G, V = (Guarded(dev, (n,), dtype, fill=a) for a in (w, g, v))
-    G = G.view
-    assert clnn.sgd_update(W.view, G, V.view, -0.05, 0.9) is W.view
-    v_ref = 0.9 * v.astype(np.float64) - 0.05 * g
-    scale = np.abs(v) + np.abs(g) + 1
-    assert_close(V.check(), v_ref, dtype, k=2, scale=scale)
-    assert_close(W.check(), w + v_ref, dtype, k=3, scale=scale + np.abs(w))
-    with pytest.raises(clnn.ShapeError, match="overlap"):
-        clnn.sgd_update(W.view, G, W.view, -0.05)
-
-
 @settings(max_examples=25, deadline=None)
 @given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=4),
        alpha=st.sampled_from([0.0, 1.0, -1.5]))

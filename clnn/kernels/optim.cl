@@ -1,0 +1,59 @@
+## optim.cl: one fused update kernel per optimizer, applied to one parameter buffer.
+## Parameters:  dtype  float32 | float64 | float16
+## Used by clnn/ops/optim.py. The arithmetic follows torch.optim's single-tensor code
+## step by step, so results match it to rounding.
+<%include file="_common.cl"/>
+#define CLNN_FOR_EACH(i, n) for (int i = (int)get_global_id(0); i < (n); i += (int)get_global_size(0))
+
+// torch.optim.SGD (dampening 0) on the gradient g = scale * grad + wd * w:
+//   buf = momentum * buf + g;  d = nesterov ? g + momentum * buf : buf;  w -= lr * d
+// (with momentum 0, buf is g: the plain step)
+__kernel void clnn_sgd_step(const int n, const acc_t lr, const acc_t momentum,
+                            const acc_t wd, const acc_t scale, const int nesterov,
+                            __global const real_t *grad, const int g_off,
+                            __global real_t *buf, const int b_off,
+                            __global real_t *w, const int w_off)
+{
+    CLNN_FOR_EACH(i, n) {
+        const acc_t wi = CLNN_LOAD(w, w_off + i);
+        acc_t g = scale * CLNN_LOAD(grad, g_off + i);
+        if (wd != (acc_t)0)
+            g += wd * wi;
+        const acc_t b = momentum * CLNN_LOAD(buf, b_off + i) + g;
+        CLNN_STORE(b, buf, b_off + i);
+        const acc_t d = nesterov ? g + momentum * b : b;
+        CLNN_STORE(wi - lr * d, w, w_off + i);
+    }
+}
+
+// torch.optim.Adam / AdamW on the gradient g = scale * grad (+ wd * w for Adam):
+//   AdamW first decays w *= 1 - lr wd;  m += (1 - beta1) (g - m);
+//   v = beta2 v + (1 - beta2) g g;  w -= step_size * m / (sqrt(v) / bc2_sqrt + eps)
+// with step_size = lr / (1 - beta1^t) and bc2_sqrt = sqrt(1 - beta2^t) from the host.
+__kernel void clnn_adam_step(const int n, const acc_t lr, const acc_t beta1,
+                             const acc_t beta2, const acc_t eps, const acc_t wd,
+                             const acc_t scale, const int decoupled,
+                             const acc_t step_size, const acc_t bc2_sqrt,
+                             __global const real_t *grad, const int g_off,
+                             __global real_t *m, const int m_off,
+                             __global real_t *v, const int v_off,
+                             __global real_t *w, const int w_off)
+{
+    CLNN_FOR_EACH(i, n) {
+        acc_t wi = CLNN_LOAD(w, w_off + i);
+        acc_t g = scale * CLNN_LOAD(grad, g_off + i);
+        if (wd != (acc_t)0) {
+            if (decoupled)
+                wi *= (acc_t)1 - lr * wd;
+            else
+                g += wd * wi;
+        }
+        acc_t mi = CLNN_LOAD(m, m_off + i);
+        mi += ((acc_t)1 - beta1) * (g - mi);
+        const acc_t vi = beta2 * CLNN_LOAD(v, v_off + i) + ((acc_t)1 - beta2) * g * g;
+        CLNN_STORE(mi, m, m_off + i);
+        CLNN_STORE(vi, v, v_off + i);
+        const acc_t denom = sqrt(vi) / bc2_sqrt + eps;
+        CLNN_STORE(wi - step_size * (mi / denom), w, w_off + i);
+    }
+}

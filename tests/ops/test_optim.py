@@ -1,0 +1,187 @@
+"""Optimizer steps against float64 re-implementations of torch.optim's single-tensor
+algorithms (and torch itself when it is installed), 100 steps on awkward sizes with
+canaries; the optimizer objects, schedules, the gradient hook and bitwise resume."""
+
+import math
+
+import numpy as np
+import pytest
+
+import clnn
+from clnn import nn, optim
+
+from conftest import AWKWARD, Guarded, float_dtypes
+
+RNG = np.random.default_rng(41)
+
+
+def torch_sgd(w, grads, lr, momentum, wd, nesterov, scale):
+    w, buf = w.astype(np.float64), None
+    for g in grads:
+        g = scale * g.astype(np.float64) + wd * w
+        buf = g.copy() if buf is None else momentum * buf + g
+        w = w - lr * (g + momentum * buf if nesterov else buf)
+    return w
+
+
+def torch_adam(w, grads, lr, betas, eps, wd, decoupled, scale):
+    w = w.astype(np.float64)
+    m, v = np.zeros_like(w), np.zeros_like(w)
+    for t, g in enumerate(grads, 1):
+        g = scale * g.astype(np.float64)
+        if decoupled:
+            w = w * (1 - lr * wd)
+        else:
+            g = g + wd * w
+        m += (1 - betas[0]) * (g - m)
+        v = betas[1] * v + (1 - betas[1]) * g * g
+        denom = np.sqrt(v) / math.sqrt(1 - betas[1] ** t) + eps
+        w = w - lr / (1 - betas[0] ** t) * m / denom
+    return w
+
+
+def tol(dtype):
+    # 100 steps, each a few roundings of the weight: relative to the weights' size
+    return {np.float64: 1e-12, np.float32: 2e-5, np.float16: 5e-2}[np.dtype(dtype).type]
+
+
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("n", [1, 7, 1031], ids=lambda n: f"n{n}")
+@pytest.mark.parametrize("kind", ["sgd", "nesterov-wd", "adam-wd", "adamw"])
+def test_100_steps_match_torch_optim(dev, dtype, n, kind):
+    w0 = RNG.standard_normal(n).astype(dtype)
+    grads = [RNG.standard_normal(n).astype(dtype) for _ in range(100)]
+    W = Guarded(dev, (n,), dtype, fill=w0)
+    S = [Guarded(dev, (n,), dtype, fill=np.zeros(n)) for _ in range(2)]
+    G = clnn.asarray(grads[0], device=dev)
+    for t, g in enumerate(grads, 1):
+        G.set(g)
+        if kind == "sgd":
+            clnn.sgd_step(W.view, G, S[0].view, lr=0.05, momentum=0.9, grad_scale=0.5)
+        elif kind == "nesterov-wd":
+            clnn.sgd_step(W.view, G, S[0].view, lr=0.05, momentum=0.8, nesterov=True,
+                          weight_decay=0.01, grad_scale=0.5)
+        else:
+            clnn.adam_step(W.view, G, S[0].view, S[1].view, step=t, lr=0.01,
+                           betas=(0.9, 0.99), weight_decay=0.1 if kind == "adamw" else 0.01,
+                           decoupled=kind == "adamw", grad_scale=0.5)
+    if kind.startswith("adam"):
+        want = torch_adam(w0, grads, 0.01, (0.9, 0.99), 1e-8,
+                          0.1 if kind == "adamw" else 0.01, kind == "adamw", 0.5)
+    else:
+        want = torch_sgd(w0, grads, 0.05, 0.9 if kind == "sgd" else 0.8,
+                         0.0 if kind == "sgd" else 0.01, kind != "sgd", 0.5)
+    got = W.check()
+    for s in S:
+        s.check()
+    np.testing.assert_allclose(got, want, rtol=tol(dtype),
+                               atol=tol(dtype) * np.abs(want).max())
+
+
+def test_adam_and_adamw_match_torch_itself(dev):
+    torch = pytest.importorskip("torch")
+    w0 = RNG.standard_normal((13, 5)).astype(np.float32)
+    grads = [RNG.standard_normal((13, 5)).astype(np.float32) for _ in range(100)]
+    for cls, ours in ((torch.optim.Adam, optim.Adam), (torch.optim.AdamW, optim.AdamW)):
+        p = torch.nn.Parameter(torch.tensor(w0))
+        opt = cls([p], lr=0.01, weight_decay=0.05)
+        mine = ours(lr=0.01, weight_decay=0.05)
+        W, G = clnn.asarray(w0, device=dev), clnn.asarray(grads[0], device=dev)
+        for g in grads:
+            p.grad = torch.tensor(g)
+            opt.step()
+            G.set(g)
+            mine.step([W], [G])
+        np.testing.assert_allclose(W.get(), p.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_optimizer_arguments_are_checked():
+    for make in (lambda: optim.SGD(lr=-1), lambda: optim.SGD(momentum=1.0),
+                 lambda: optim.SGD(nesterov=True), lambda: optim.Adam(betas=(1.0, 0.9)),
+                 lambda: optim.Adam(eps=0), lambda: optim.Adam(betas=0.9),
+                 lambda: optim.AdamW(weight_decay=float("nan")), lambda: optim.SGD(lr="1")):
+        with pytest.raises(clnn.ArgumentError):
+            make()
+
+
+def test_schedules_follow_torch():
+    o = optim.SGD(lr=1.0)
+    s = optim.StepLR(o, step_size=2, gamma=0.5)
+    assert [s.step() for _ in range(5)] == [1.0, 0.5, 0.5, 0.25, 0.25]
+    o = optim.Adam(lr=0.1)
+    s = optim.CosineAnnealingLR(o, T_max=4, eta_min=0.01)
+    lrs = [s.step() for _ in range(4)]
+    assert lrs[1] == pytest.approx(0.055) and lrs[3] == pytest.approx(0.01)
+    o = optim.SGD(lr=1.0)
+    s = optim.LinearLR(o, start_factor=0.25, total_iters=3)
+    assert o.lr == 0.25 and [s.step() for _ in range(4)] == [0.5, 0.75, 1.0, 1.0]
+
+
+def _net(dev, seed=0):
+    return nn.Sequential([nn.Conv2d(2, 3), nn.Flatten(), nn.Dense(4, "relu"),
+                          nn.Dense(3, "softmax")], in_shape=(1, 6, 6), device=dev, seed=seed)
+
+
+@pytest.mark.parametrize("make", [lambda: optim.SGD(lr=0.1, momentum=0.9, nesterov=True),
+                                  lambda: optim.Adam(lr=0.01),
+                                  lambda: optim.AdamW(lr=0.01)],
+                         ids=["sgd-nesterov", "adam", "adamw"])
+def test_a_checkpoint_resumes_bitwise(dev, tmp_path, make):
+    x = RNG.standard_normal((8, 1, 6, 6)).astype(np.float32)
+    y = RNG.integers(0, 3, 8)
+    a = _net(dev)
+    a.fit(x, y, "cross_entropy", epochs=4, batch_size=3, optimizer=make(), seed=1)
+    b = _net(dev)
+    b.fit(x, y, "cross_entropy", epochs=2, batch_size=3, optimizer=make(), seed=1)
+    path = b.save(str(tmp_path / "mid.npz"))
+    c = nn.load(path, device=dev)
+    assert type(c.optimizer) is type(a.optimizer) and c.optimizer.steps == 6
+    # the same shuffles as epochs 3 and 4 of the uninterrupted run
+    rng = np.random.default_rng(1)
+    orders = [rng.permutation(8) for _ in range(4)]
+    for order in orders[2:]:
+        c.fit(x[order], y[order], "cross_entropy", epochs=1, batch_size=3,
+              optimizer=c.optimizer, shuffle=False)
+    for p, q in zip(a.parameters(), c.parameters()):
+        assert np.array_equal(p.get(), q.get())
+
+
+def test_the_hook_sees_every_gradient_and_can_skip_or_rescale(dev):
+    net = _net(dev, seed=2)
+    x = RNG.standard_normal((5, 1, 6, 6)).astype(np.float32)
+    y = RNG.integers(0, 3, 5)
+    xd, yd, _, _ = net._train_args(x, y, "cross_entropy", 0.1, 0.0)
+    before = [p.get() for p in net.parameters()]
+    seen = []
+
+    def skip(step):
+        seen.append((len(step.grads), step.grad_scale))
+        step.skip = True
+    net.train_step(xd, yd, 0.1, 0.0, "cross_entropy", hook=skip)
+    assert seen == [(6, 1 / 5)]
+    assert all(np.array_equal(b, p.get()) for b, p in zip(before, net.parameters()))
+
+    # doubling the gradients and halving the scale gives the same step
+    other = _net(dev, seed=2)
+
+    def rescale(step):
+        for g in step.grads:
+            clnn.scale(2.0, g, out=g)
+        step.grad_scale /= 2
+    net.train_step(xd, yd, 0.1, 0.0, "cross_entropy", hook=rescale)
+    other.train_step(xd, yd, 0.1, 0.0, "cross_entropy")
+    for p, q in zip(net.parameters(), other.parameters()):
+        np.testing.assert_allclose(p.get(), q.get(), rtol=1e-6, atol=1e-7)
+
+
+def test_fit_steps_the_schedule_and_checks_its_arguments(dev):
+    net = _net(dev)
+    x = RNG.standard_normal((6, 1, 6, 6)).astype(np.float32)
+    y = RNG.integers(0, 3, 6)
+    opt = optim.SGD(lr=0.1)
+    net.fit(x, y, "cross_entropy", epochs=3, optimizer=opt,
+            scheduler=optim.StepLR(opt, 1, gamma=0.5))
+    assert opt.lr == pytest.approx(0.0125)
+    for bad in ({"optimizer": "adam"}, {"scheduler": 3}, {"hook": 1}):
+        with pytest.raises(clnn.ArgumentError):
+            net.fit(x, y, "cross_entropy", **bad)
