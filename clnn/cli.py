@@ -4,42 +4,9 @@ import argparse
 import sys
 
 
-def _driver_notes(found):
-    from .device import unregistered_drivers
-    names = {d.platform.name for _, _, d in found}
-    for vendor, path, advice in unregistered_drivers(names):
-        print(f"note: {vendor}'s OpenCL driver {path} is installed, but no {vendor} "
-              f"platform is listed: {advice}")
-
-
 def _devices(args):
-    from .device import DeviceFacts, all_devices, select_cl_device
-    try:
-        found = all_devices()
-    except Exception:  # noqa: BLE001 - no ICD loader at all: still explain what is there
-        found = []
-    if not found:
-        print("no OpenCL devices found; pip install 'clnn[pocl]' for a CPU device")
-        _driver_notes(found)
-        return 1
-    try:
-        default = select_cl_device(None)
-    except Exception:  # noqa: BLE001 - listing must work even if selection fails
-        default = None
-    for pi, di, d in found:
-        f = DeviceFacts.of(d)
-        mark = "*" if default is not None and d.int_ptr == default.int_ptr else " "
-        print(f"{mark} {pi}:{di}  {f.name}  [{f.platform}]")
-        print(f"      type {f.type}, vendor {f.vendor}, driver {f.driver_version}, "
-              f"{f.opencl_version}")
-        print(f"      {f.compute_units} compute units, max work-group {f.max_work_group_size}, "
-              f"local memory {f.local_mem_size // 1024} KiB")
-        print(f"      global memory {f.global_mem_size / 2**30:.1f} GiB, max allocation "
-              f"{f.max_alloc_size / 2**30:.1f} GiB, fp64 {'yes' if f.fp64 else 'no'}, "
-              f"fp16 {'yes' if f.fp16 else 'no'}")
-    print("(* = the default device; choose another with CLNN_DEVICE=gpu|cpu|pocl|NAME|P:D)")
-    _driver_notes(found)
-    return 0
+    from .device import print_devices
+    return 0 if print_devices() else 1
 
 
 def _parse_value(text):

@@ -87,7 +87,7 @@ class Device:
 
     def __init__(self, cl_device):
         from .memory import Pool
-        from .programs import KernelCache
+        from .cache import KernelCache
 
         self.cl_device = cl_device
         self.facts = DeviceFacts.of(cl_device)
@@ -324,3 +324,42 @@ def unregistered_drivers(platform_names, libraries=None, vendors_dir=None):
 def open_devices():
     """The ``Device`` objects made so far."""
     return list(_devices.values())
+
+
+def _driver_notes(found):
+    names = {d.platform.name for _, _, d in found}
+    for vendor, path, advice in unregistered_drivers(names):
+        print(f"note: {vendor}'s OpenCL driver {path} is installed, but no {vendor} "
+              f"platform is listed: {advice}")
+
+
+def print_devices():
+    """Print every OpenCL platform's devices with their facts, marking the default,
+    and notes on installed drivers no platform lists (``clnn devices``). Returns
+    whether any device was found."""
+    try:
+        found = all_devices()
+    except Exception:  # noqa: BLE001 - no ICD loader at all: still explain what is there
+        found = []
+    if not found:
+        print("no OpenCL devices found; pip install 'clnn[pocl]' for a CPU device")
+        _driver_notes(found)
+        return False
+    try:
+        default = select_cl_device(None)
+    except Exception:  # noqa: BLE001 - listing must work even if selection fails
+        default = None
+    for pi, di, d in found:
+        f = DeviceFacts.of(d)
+        mark = "*" if default is not None and d.int_ptr == default.int_ptr else " "
+        print(f"{mark} {pi}:{di}  {f.name}  [{f.platform}]")
+        print(f"      type {f.type}, vendor {f.vendor}, driver {f.driver_version}, "
+              f"{f.opencl_version}")
+        print(f"      {f.compute_units} compute units, max work-group {f.max_work_group_size}, "
+              f"local memory {f.local_mem_size // 1024} KiB")
+        print(f"      global memory {f.global_mem_size / 2**30:.1f} GiB, max allocation "
+              f"{f.max_alloc_size / 2**30:.1f} GiB, fp64 {'yes' if f.fp64 else 'no'}, "
+              f"fp16 {'yes' if f.fp16 else 'no'}")
+    print("(* = the default device; choose another with CLNN_DEVICE=gpu|cpu|pocl|NAME|P:D)")
+    _driver_notes(found)
+    return True

@@ -9,7 +9,6 @@ Op modules register their templates with ``register``: the default parameters an
 list of variants, which ``clnn render`` and the clang gate use.
 """
 
-import collections
 import contextlib
 import hashlib
 import logging
@@ -26,11 +25,11 @@ import pyopencl.cltypes as cltypes
 from mako import exceptions as mako_exceptions
 from mako.lookup import TemplateLookup
 
+from .cache import CACHE_SIZE, KernelCache  # noqa: F401 - used by tests as programs.*
 from .errors import KernelBuildError, TemplateError
 
 KERNEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
 BUILD_OPTIONS = ("-cl-std=CL1.2",)
-CACHE_SIZE = 256
 
 log = logging.getLogger("clnn")
 
@@ -248,40 +247,6 @@ def recorded_events():
         yield events
     finally:
         _recording.lists = outer
-
-
-class KernelCache:
-    """Bounded LRU of built programs and their kernels for one device."""
-
-    def __init__(self, maxsize=CACHE_SIZE):
-        self.maxsize = maxsize
-        self._items = collections.OrderedDict()
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
-
-    def __len__(self):
-        return len(self._items)
-
-    def clear(self):
-        with self._lock:
-            self._items.clear()
-
-    def get(self, key):
-        with self._lock:
-            item = self._items.get(key)
-            if item is not None:
-                self._items.move_to_end(key)
-                self.hits += 1
-            return item
-
-    def put(self, key, item):
-        with self._lock:
-            self.misses += 1
-            self._items[key] = item
-            self._items.move_to_end(key)
-            while len(self._items) > self.maxsize:
-                self._items.popitem(last=False)
 
 
 def _freeze(params):

@@ -64,10 +64,10 @@ def _checks(rng, n, rows, cols):
 
 
 def main(quick=False):
-    from .cli import _devices
+    from .device import print_devices
     print("OpenCL devices")
     print("--------------")
-    _devices(None)
+    print_devices()
     dev = clnn.device()
     print(f"\nSelf-check on {dev.name} [{dev.facts.platform}]: every op against a float64 "
           "numpy reference, then timed beside numpy (float32, median).\n")

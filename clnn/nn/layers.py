@@ -140,10 +140,10 @@ class Conv2d(Layer):
         _check_activation(activation)
         if activation == "softmax":
             raise ArgumentError("softmax belongs on a Dense output layer")
-        from ..ops.conv import _pair
+        from ..ops._args import pair
         self.out_channels = int(out_channels)
-        self.kernel_size = _pair(kernel_size, "kernel_size", 1)
-        self.stride, self.padding = _pair(stride, "stride", 1), _pair(padding, "padding", 0)
+        self.kernel_size = pair(kernel_size, "kernel_size", 1)
+        self.stride, self.padding = pair(stride, "stride", 1), pair(padding, "padding", 0)
         self.activation = activation
         self.param = ACTIVATION_PARAMS.get(activation) if param is None else \
             finite(param, "param")
@@ -202,10 +202,10 @@ class _Pool(Layer):
     mode = None
 
     def __init__(self, kernel_size, stride=None, padding=0):
-        from ..ops.conv import _pair
-        self.kernel_size = _pair(kernel_size, "kernel_size", 1)
-        self.stride = None if stride is None else _pair(stride, "stride", 1)
-        self.padding = _pair(padding, "padding", 0)
+        from ..ops._args import pair
+        self.kernel_size = pair(kernel_size, "kernel_size", 1)
+        self.stride = None if stride is None else pair(stride, "stride", 1)
+        self.padding = pair(padding, "padding", 0)
 
     def __repr__(self):
         return f"{type(self).__name__}({self.kernel_size}, stride={self.stride})"

@@ -213,3 +213,23 @@ def launch_size(dev, n, wg=None):
     wg = min(wg, f.max_work_group_size)
     groups = max(1, min(-(-n // (wg * per_item)), max_groups))
     return (groups * wg,), (wg,)
+
+
+def launch(kern, dev, n, **args):
+    """Launch an element-wise kernel over ``n`` items (a grid-stride loop); None when
+    there is nothing to do."""
+    if n == 0:
+        return None
+    gsize, lsize = launch_size(dev, n)
+    return kern(gsize, lsize, n=n, **args)
+
+
+def pair(v, name, low):
+    """An int (numpy's too) or a pair of them, each at least ``low``, as Python ints."""
+    def ok(i):
+        return isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_)) \
+            and i >= low
+    t = (v, v) if ok(v) else v
+    if isinstance(t, (tuple, list)) and len(t) == 2 and all(ok(i) for i in t):
+        return int(t[0]), int(t[1])
+    raise ShapeError(f"{name} must be an int >= {low} or a pair of them, got {v!r}")

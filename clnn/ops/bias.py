@@ -6,8 +6,9 @@ shape (F,), an image batch (N, C, H, W) one of shape (C,).
 
 import numpy as np
 
-from ._args import check, check_out, common_device, dev_empty, finite, offset
-from .elementwise import _kernel, _launch, _done
+from ._args import (check, check_out, common_device, dev_empty, done, finite, launch,
+                    offset)
+from .elementwise import elementwise_kernel
 from .reduce import reduce3
 from ..errors import ArgumentError, ShapeError
 
@@ -26,10 +27,10 @@ def bias_add(x, b, out=None):
     channels, inner = _channels(x, "x")
     check(b, "b", dev, dtype=dt, shape=(channels,))
     out = check_out(out, x.shape, dt, dev, inputs=(x, b))
-    kern = _kernel(dev, dt, "clnn_bias_add", op="linalg")
-    evt = _launch(kern, dev, x.size, channels=channels, inner=inner, x=x, x_off=offset(x),
+    kern = elementwise_kernel(dev, dt, "clnn_bias_add", op="linalg")
+    evt = launch(kern, dev, x.size, channels=channels, inner=inner, x=x, x_off=offset(x),
                   b=b, b_off=offset(b), out=out, out_off=offset(out))
-    return _done(out, evt)
+    return done(out, evt)
 
 
 def bias_grad(dy, out=None, *, alpha=1.0, beta=0.0):

@@ -33,9 +33,9 @@ import pyopencl.cltypes as cltypes
 
 from .. import programs, tuning
 from ..errors import ShapeError
-from ._args import (INT_MAX, check, check_out, common_device, dev_scratch, finite, launch_size,
-                    offset, scratch_cap)
-from .elementwise import _done, _param
+from ._args import (INT_MAX, check, check_out, common_device, dev_scratch, done, finite,
+                    launch_size, offset, pair, scratch_cap)
+from .elementwise import activation_parameter
 from .gemm import Operand, run_gemm, tiled_workspace
 
 _TILES = ((("MWI", 10), ("NWI", 16), ("VW", 8)), (("MWI", 5), ("NWI", 8), ("VW", 8)))
@@ -96,7 +96,6 @@ def _run_gather(dev, dt, p, *, x, x_off, H, W, ph, pw, rows3, row_steps, k3, k_s
     K = k3[0] * k3[1] * k3[2]
     rows = rows3[0] * rows3[1] * rows3[2]
     Nb = -(-cols // nwi)
-    acc = programs.acc_dtype(dt)
     prm = {"dtype": programs.dtype_name(dt), "padded": bool(ph or pw), "act": act, "line": line,
            "vstore": vstore,
            "bias": "col" if bias is not None else "none",
@@ -299,17 +298,6 @@ def _tiled_dgrad(dev, dt, rows, dy, w, out, C, H, W, M, P, Q, R, S, st, pd):
     return evt
 
 
-def _pair(v, name, low):
-    """An int (numpy's too) or a pair of them, each at least ``low``, as Python ints."""
-    def ok(i):
-        return isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_)) \
-            and i >= low
-    t = (v, v) if ok(v) else v
-    if isinstance(t, (tuple, list)) and len(t) == 2 and all(ok(i) for i in t):
-        return int(t[0]), int(t[1])
-    raise ShapeError(f"{name} must be an int >= {low} or a pair of them, got {v!r}")
-
-
 def _shape(v, name):
     """A shape argument (x_shape, w_shape) as a tuple of Python ints."""
     try:
@@ -327,8 +315,9 @@ def conv_geometry(x_shape, w_shape, stride, padding, x_off=0):
 
     Every index a kernel computes must fit a 32-bit int: the padded input (from the
     element offset ``x_off``), the output and the filters, or the call is a ShapeError.
-    A stride along an axis with one output position never multiplies anything, so it
-    comes back as 1 (``stride=10**12`` is a 1-position convolution, as in PyTorch)."""
+    A stride along an axis with one output position multiplies nothing, so it comes
+    back as the smallest one that gives one position (``stride=10**12`` is a
+    1-position convolution, as in PyTorch, and its kernels get a stride that fits)."""
     if len(x_shape) != 4 or len(w_shape) != 4:
         raise ShapeError(f"x must be (N, C, H, W) and w (M, C, R, S); got {tuple(x_shape)} "
                          f"and {tuple(w_shape)}")
@@ -336,14 +325,16 @@ def conv_geometry(x_shape, w_shape, stride, padding, x_off=0):
     M, Cw, R, S = w_shape
     if C != Cw:
         raise ShapeError(f"x has {C} channels but w expects {Cw}")
-    (sh, sw), (ph, pw) = _pair(stride, "stride", 1), _pair(padding, "padding", 0)
+    (sh, sw), (ph, pw) = pair(stride, "stride", 1), pair(padding, "padding", 0)
     if min(N, C, H, W, M, R, S) < 1:
         raise ShapeError(f"empty convolution: x {tuple(x_shape)}, w {tuple(w_shape)}")
     if R > H + 2 * ph or S > W + 2 * pw:
         raise ShapeError(f"the {R}x{S} kernel is bigger than the padded {H + 2 * ph}x"
                          f"{W + 2 * pw} input")
     P, Q = (H + 2 * ph - R) // sh + 1, (W + 2 * pw - S) // sw + 1
-    sh, sw = (sh if P > 1 else 1), (sw if Q > 1 else 1)
+    # the smallest stride that still gives one position (1 would change the geometry)
+    sh, sw = (sh if P > 1 else min(sh, H + 2 * ph - R + 1)), \
+        (sw if Q > 1 else min(sw, W + 2 * pw - S + 1))
     for what, n in (("the padded input", x_off + N * C * (H + 2 * ph) * (W + 2 * pw)),
                     ("the output", N * M * P * Q), ("the filters", M * C * R * S),
                     ("a row of the unrolled input", C * R * S * max(P * Q, 1))):
@@ -400,7 +391,7 @@ def conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_par
     if b is not None:
         check(b, "b", dev, dtype=dt, shape=(M,))
     act = "none" if activation is None else activation
-    act_p = _param(act, activation_param, dt) if act != "none" else 0.0
+    act_p = activation_parameter(act, activation_param, dt) if act != "none" else 0.0
     out = check_out(out, (N, M, P, Q), dt, dev, inputs=(x, w, b), allow_alias=False)
     rows = _rows(dev, dt, "fwd", M, N * P * Q, C * R * S)
     p = rows[0]
@@ -413,7 +404,7 @@ def conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_par
                           src_off=offset(w), CS=C * R * S, KD=C * R * S, KS=0, flip=0,
                           out=out, out_steps=(M * P * Q, Q, 1, P * Q), act=act,
                           act_p=act_p, bias=b)
-        return _done(out, evt)
+        return done(out, evt)
     if p["variant"] == "local":
         # y (M x NPQ) = w (M x CRS) @ unroll(x) (CRS x NPQ): k = (c, r, s) reads
         # x[n, c, p sh - ph + r, q sw - pw + s] for column (n, p, q)
@@ -425,12 +416,12 @@ def conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_par
                                   (st[0], -pd[0]), (st[1], -pd[1]), (H, W),
                                   (M * P * Q, Q, 1, 0)),
                      act=act, act_p=act_p, bias=b)
-        return _done(out, evt)
+        return done(out, evt)
     evt = run_gemm(dev, dt, M=M, N=N * P * Q, K=C * R * S, nbatch=1, a=Operand(w, offset(w),
                    C * R * S), b=Operand(x, offset(x)), c=Operand(out, offset(out)),
                    act=act, act_p=act_p, bias=b, bias_mode="row", conv="fwd",
                    conv_args=_geometry_args(C, H, W, M, P, Q, R, S, st, pd), params=p)
-    return _done(out, evt)
+    return done(out, evt)
 
 
 def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None):
@@ -462,18 +453,18 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None):
                           k3=(M, R, S), k_steps=(Hg * Wg, 1, 1), cols=C, src=w,
                           src_off=offset(w), CS=R * S, KD=R * S, KS=C * R * S, flip=1,
                           out=out, out_steps=(C * H * W, W, 1, H * W))
-        return _done(out, evt)
+        return done(out, evt)
     if p["variant"] == "gather":
         evt = _dgrad_col2im(dev, dt, p, dy, w, out, C, H, W, M, P, Q, R, S, st, pd)
-        return _done(out, evt)
+        return done(out, evt)
     if p["variant"] == "local":
         method = _tiled_dgrad_col2im if C < COL2IM_CHANNELS else _tiled_dgrad
         evt = method(dev, dt, rows, dy, w, out, C, H, W, M, P, Q, R, S, st, pd)
-        return _done(out, evt)
+        return done(out, evt)
     evt = run_gemm(dev, dt, M=C, N=N * H * W, K=M * R * S, nbatch=1, a=Operand(w, offset(w)),
                    b=Operand(dy, offset(dy)), c=Operand(out, offset(out)), conv="dgrad",
                    conv_args=_geometry_args(C, H, W, M, P, Q, R, S, st, pd), params=p)
-    return _done(out, evt)
+    return done(out, evt)
 
 
 def conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, alpha=1.0,
@@ -518,7 +509,7 @@ def conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, alp
                               KS=M * P * Q, flip=0, out=out,
                               out_steps=(R * S, S, 1, C * R * S), alpha=alpha,
                               beta=beta if n0 == 0 else 1.0, scratch=scratch)
-        return _done(out, evt)
+        return done(out, evt)
     if p["variant"] == "local":
         # dw (M x CRS) = dy (M x NPQ) @ unroll(x)^T (NPQ x CRS): k = (n, p, q), column
         # (c, r, s) reads x[n, c, p sh - ph + r, q sw - pw + s] and A(m, k) dy[n, m, p, q]
@@ -530,9 +521,9 @@ def conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, alp
                            (M * P * Q, Q, 1, 0)),
                      cols=_colmap((R, S), (H * W, W, 1, 0), (1, 0), (1, 0), (H, W)),
                      alpha=alpha, beta=beta)
-        return _done(out, evt)
+        return done(out, evt)
     evt = run_gemm(dev, dt, M=M, N=C * R * S, K=N * P * Q, nbatch=1, a=Operand(dy, offset(dy)),
                    b=Operand(x, offset(x)), c=Operand(out, offset(out), C * R * S),
                    alpha=alpha, beta=beta, conv="wgrad",
                    conv_args=_geometry_args(C, H, W, M, P, Q, R, S, st, pd), params=p)
-    return _done(out, evt)
+    return done(out, evt)

@@ -9,8 +9,7 @@ import pyopencl as cl
 
 from .. import programs
 from ..errors import ArgumentError
-from ._args import (check, check_out, common_device, done, finite, launch_size, offset,
-                    real)
+from ._args import check, check_out, common_device, done, finite, launch, offset, real
 
 ACTIVATIONS = ("identity", "sigmoid", "tanh", "relu", "leaky_relu", "elu", "softplus")
 # The parameter p of each activation that has one, and its default.
@@ -22,19 +21,12 @@ programs.register(
              + [{"op": "linalg"}]))
 
 
-def _kernel(dev, dtype, entry, **params):
+def elementwise_kernel(dev, dtype, entry, **params):
     return programs.get_kernel(dev, "elementwise", entry,
                                dict(params, dtype=programs.dtype_name(dtype)))
 
 
-def _launch(kern, dev, n, **args):
-    if n == 0:
-        return None
-    gsize, lsize = launch_size(dev, n)
-    return kern(gsize, lsize, n=n, **args)
-
-
-def _param(name, param, dt=None):
+def activation_parameter(name, param, dt=None):
     if name not in ACTIVATIONS:
         raise ArgumentError(f"unknown activation {name!r}; choose from {', '.join(ACTIVATIONS)}")
     if param is None:
@@ -49,14 +41,14 @@ def _param(name, param, dt=None):
 
 def activation(name, z, out=None, param=None):
     """out = f(z) for activation ``name`` (``param``: leaky_relu slope, elu alpha)."""
-    _param(name, param)
+    activation_parameter(name, param)
     dev = common_device(z=z, out=out)
     dt = check(z, "z", dev)
-    p = _param(name, param, dt)
+    p = activation_parameter(name, param, dt)
     out = check_out(out, z.shape, dt, dev, inputs=(z,))
-    kern = _kernel(dev, dt, "clnn_act_forward", op="act", act=name, src="z")
-    evt = _launch(kern, dev, z.size, p=p, z=z, z_off=offset(z), out=out, out_off=offset(out))
-    return _done(out, evt)
+    kern = elementwise_kernel(dev, dt, "clnn_act_forward", op="act", act=name, src="z")
+    evt = launch(kern, dev, z.size, p=p, z=z, z_off=offset(z), out=out, out_off=offset(out))
+    return done(out, evt)
 
 
 def _source(z, a, name):
@@ -68,33 +60,33 @@ def _source(z, a, name):
 
 def activation_derivative(name, *, z=None, a=None, out=None, param=None):
     """out = f'(z), from ``z`` or, usually cheaper, from the output ``a = f(z)``."""
-    _param(name, param)
+    activation_parameter(name, param)
     src, x = _source(z, a, name)
     dev = common_device(**{src: x}, out=out)
     dt = check(x, src, dev)
-    p = _param(name, param, dt)
+    p = activation_parameter(name, param, dt)
     if src == "a" and name == "leaky_relu" and p == 0:
         name = "relu"
     out = check_out(out, x.shape, dt, dev, inputs=(x,))
-    kern = _kernel(dev, dt, "clnn_act_derivative", op="act", act=name, src=src)
-    evt = _launch(kern, dev, x.size, p=p, src=x, src_off=offset(x), out=out,
+    kern = elementwise_kernel(dev, dt, "clnn_act_derivative", op="act", act=name, src=src)
+    evt = launch(kern, dev, x.size, p=p, src=x, src_off=offset(x), out=out,
                   out_off=offset(out))
-    return _done(out, evt)
+    return done(out, evt)
 
 
 def activation_backward(name, dy, *, z=None, a=None, out=None, param=None):
     """out = dy * f'(z): the gradient wrt the pre-activation. Overwrites ``out``."""
-    _param(name, param)
+    activation_parameter(name, param)
     src, x = _source(z, a, name)
     dev = common_device(dy=dy, **{src: x}, out=out)
     dt = check(dy, "dy", dev)
-    p = _param(name, param, dt)
+    p = activation_parameter(name, param, dt)
     check(x, src, dev, dtype=dt, shape=dy.shape)
     out = check_out(out, dy.shape, dt, dev, inputs=(dy, x))
-    kern = _kernel(dev, dt, "clnn_act_backward", op="act", act=name, src=src)
-    evt = _launch(kern, dev, dy.size, p=p, dy=dy, dy_off=offset(dy), src=x,
+    kern = elementwise_kernel(dev, dt, "clnn_act_backward", op="act", act=name, src=src)
+    evt = launch(kern, dev, dy.size, p=p, dy=dy, dy_off=offset(dy), src=x,
                   src_off=offset(x), out=out, out_off=offset(out))
-    return _done(out, evt)
+    return done(out, evt)
 
 
 def _named(name, doc):
@@ -122,10 +114,10 @@ def hadamard(x, y, out=None):
     dt = check(x, "x", dev)
     check(y, "y", dev, dtype=dt, shape=x.shape)
     out = check_out(out, x.shape, dt, dev, inputs=(x, y))
-    kern = _kernel(dev, dt, "clnn_hadamard", op="linalg")
-    evt = _launch(kern, dev, x.size, x=x, x_off=offset(x), y=y, y_off=offset(y), out=out,
+    kern = elementwise_kernel(dev, dt, "clnn_hadamard", op="linalg")
+    evt = launch(kern, dev, x.size, x=x, x_off=offset(x), y=y, y_off=offset(y), out=out,
                   out_off=offset(out))
-    return _done(out, evt)
+    return done(out, evt)
 
 
 def axpy(alpha, x, y, out=None):
@@ -136,10 +128,10 @@ def axpy(alpha, x, y, out=None):
     alpha = finite(alpha, "alpha", dt)
     check(y, "y", dev, dtype=dt, shape=x.shape)
     out = check_out(y if out is None else out, x.shape, dt, dev, inputs=(x, y))
-    kern = _kernel(dev, dt, "clnn_axpy", op="linalg")
-    evt = _launch(kern, dev, x.size, alpha=alpha, x=x, x_off=offset(x), y=y,
+    kern = elementwise_kernel(dev, dt, "clnn_axpy", op="linalg")
+    evt = launch(kern, dev, x.size, alpha=alpha, x=x, x_off=offset(x), y=y,
                   y_off=offset(y), out=out, out_off=offset(out))
-    return _done(out, evt)
+    return done(out, evt)
 
 
 def scale(alpha, x, out=None):
@@ -149,20 +141,20 @@ def scale(alpha, x, out=None):
     dt = check(x, "x", dev)
     alpha = finite(alpha, "alpha", dt)
     out = check_out(out, x.shape, dt, dev, inputs=(x,))
-    kern = _kernel(dev, dt, "clnn_scale", op="linalg")
-    evt = _launch(kern, dev, x.size, alpha=alpha, x=x, x_off=offset(x), out=out,
+    kern = elementwise_kernel(dev, dt, "clnn_scale", op="linalg")
+    evt = launch(kern, dev, x.size, alpha=alpha, x=x, x_off=offset(x), out=out,
                   out_off=offset(out))
-    return _done(out, evt)
+    return done(out, evt)
 
 
 def fill(out, value):
     """Set every element of ``out`` to ``value`` (NaN and inf allowed); returns out."""
     dev = common_device(out=out)
     dt = check(out, "out", dev)
-    kern = _kernel(dev, dt, "clnn_fill", op="linalg")
-    evt = _launch(kern, dev, out.size, value=real(value, "value"), out=out,
+    kern = elementwise_kernel(dev, dt, "clnn_fill", op="linalg")
+    evt = launch(kern, dev, out.size, value=real(value, "value"), out=out,
                   out_off=offset(out))
-    return _done(out, evt)
+    return done(out, evt)
 
 
 def copy(x, out=None):
@@ -174,8 +166,6 @@ def copy(x, out=None):
     if x.size and (out.base_data.int_ptr, out.offset) != (x.base_data.int_ptr, x.offset):
         evt = cl.enqueue_copy(dev.queue, out.base_data, x.base_data, byte_count=x.nbytes,
                               src_offset=x.offset, dst_offset=out.offset)
-    return _done(out, evt)
-
-
-def _done(out, evt):
     return done(out, evt)
+
+

@@ -14,9 +14,9 @@ import pyopencl.cltypes as cltypes
 
 from .. import plans, programs, tuning
 from ..errors import ArgumentError, ShapeError
-from ._args import (INT_MAX, as_array, check, common_device, dev_empty, dev_scratch,
+from ._args import (INT_MAX, as_array, check, common_device, dev_empty, dev_scratch, done,
                     finite, scratch_cap)
-from .elementwise import ACTIVATIONS, _done, _param
+from .elementwise import ACTIVATIONS, activation_parameter
 from .reduce import reduce3
 
 programs.register(
@@ -153,7 +153,7 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, b
     check(b, "b", dev, dtype=dt, contiguous=False)
     alpha, beta = finite(alpha, "alpha", dt), finite(beta, "beta", dt)
     act = "none" if activation is None else activation
-    act_p = _param(act, activation_param, dt) if act != "none" else 0.0
+    act_p = activation_parameter(act, activation_param, dt) if act != "none" else 0.0
     A, B = _Layout(a, "a"), _Layout(b, "b")
     M, K = (A.cols, A.rows) if trans_a else (A.rows, A.cols)
     Kb, N = (B.cols, B.rows) if trans_b else (B.rows, B.cols)
@@ -186,7 +186,7 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, b
     evt = run_gemm(dev, dt, M=M, N=N, K=K, nbatch=nbatch, a=A.operand(a), b=B.operand(b),
                    c=C.operand(out), alpha=alpha, beta=beta, act=act, act_p=act_p,
                    bias=bias, bias_mode="col", trans_a=trans_a, trans_b=trans_b)
-    return _done(out, evt)
+    return done(out, evt)
 
 
 # Bound on split-K's partial sums, in bytes
@@ -426,4 +426,4 @@ def gemv(a, x, y=None, *, alpha=1.0, beta=0.0, trans_a=False):
     evt = kern((groups * wg,), (wg,), M=M, K=K, alpha=alpha, beta=beta, a=a, a_off=A.off,
                lda=A.ld, x=x, x_off=x.offset // dt.itemsize, y=y,
                y_off=y.offset // dt.itemsize)
-    return _done(y, evt)
+    return done(y, evt)

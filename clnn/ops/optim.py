@@ -10,8 +10,7 @@ import math
 
 from .. import programs
 from ..errors import ArgumentError, ShapeError
-from ._args import check, common_device, finite, offset
-from .elementwise import _done, _launch
+from ._args import check, common_device, done, finite, launch, offset
 
 programs.register("optim", {}, lambda: [{}])
 
@@ -47,11 +46,11 @@ def sgd_step(weight, grad, buf, *, lr, momentum=0.0, weight_decay=0.0, nesterov=
         raise ArgumentError("lr, momentum and weight_decay must be >= 0")
     if nesterov and momentum == 0:
         raise ArgumentError("nesterov momentum needs momentum > 0")
-    evt = _launch(_kernel(dev, dt, "clnn_sgd_step"), dev, weight.size, lr=lr,
+    evt = launch(_kernel(dev, dt, "clnn_sgd_step"), dev, weight.size, lr=lr,
                   momentum=momentum, wd=wd, scale=scale, nesterov=int(bool(nesterov)),
                   grad=grad, g_off=offset(grad), buf=buf, b_off=offset(buf), w=weight,
                   w_off=offset(weight))
-    return _done(weight, evt)
+    return done(weight, evt)
 
 
 def adam_step(weight, grad, m, v, *, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
@@ -74,9 +73,9 @@ def adam_step(weight, grad, m, v, *, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8
         raise ArgumentError("lr and weight_decay must be >= 0 and eps > 0")
     step_size = lr / (1 - b1 ** step)
     bc2_sqrt = math.sqrt(1 - b2 ** step)
-    evt = _launch(_kernel(dev, dt, "clnn_adam_step"), dev, weight.size, lr=lr, beta1=b1,
+    evt = launch(_kernel(dev, dt, "clnn_adam_step"), dev, weight.size, lr=lr, beta1=b1,
                   beta2=b2, eps=eps, wd=wd, scale=scale, decoupled=int(bool(decoupled)),
                   step_size=step_size, bc2_sqrt=bc2_sqrt, grad=grad, g_off=offset(grad),
                   m=m, m_off=offset(m), v=v, v_off=offset(v), w=weight,
                   w_off=offset(weight))
-    return _done(weight, evt)
+    return done(weight, evt)

@@ -2,9 +2,7 @@
 
 from .. import programs
 from ..errors import ShapeError
-from ._args import check, check_out, common_device, launch_size, offset
-from .conv import _pair
-from .elementwise import _done
+from ._args import check, check_out, common_device, done, launch_size, offset, pair
 
 programs.register("pool", {"mode": "max"},
                   lambda: [{"mode": "max"}, {"mode": "avg"}])
@@ -15,18 +13,20 @@ def pool_geometry(x_shape, kernel_size, stride, padding):
     if len(x_shape) != 4:
         raise ShapeError(f"x must be (N, C, H, W), has shape {tuple(x_shape)}")
     N, C, H, W = x_shape
-    k = _pair(kernel_size, "kernel_size", 1)
-    s = k if stride is None else _pair(stride, "stride", 1)
-    p = _pair(padding, "padding", 0)
+    k = pair(kernel_size, "kernel_size", 1)
+    s = k if stride is None else pair(stride, "stride", 1)
+    p = pair(padding, "padding", 0)
     if p[0] > k[0] // 2 or p[1] > k[1] // 2:
         raise ShapeError(f"padding {p} must be at most half the kernel {k}")
     if k[0] > H + 2 * p[0] or k[1] > W + 2 * p[1]:
         raise ShapeError(f"the {k[0]}x{k[1]} window is bigger than the padded "
                          f"{H + 2 * p[0]}x{W + 2 * p[1]} input")
     P, Q = (H + 2 * p[0] - k[0]) // s[0] + 1, (W + 2 * p[1] - k[1]) // s[1] + 1
-    # one output position along an axis: its stride multiplies nothing (and a huge one
-    # would not fit the kernel's int argument)
-    s = (s[0] if P > 1 else 1, s[1] if Q > 1 else 1)
+    # one output position along an axis: its stride multiplies nothing, and a huge one
+    # would not fit the kernel's int argument; the smallest that keeps one position
+    # (1 would change the geometry that the kernels assume)
+    s = (s[0] if P > 1 else min(s[0], H + 2 * p[0] - k[0] + 1),
+         s[1] if Q > 1 else min(s[1], W + 2 * p[1] - k[1] + 1))
     return N, C, H, W, P, Q, k, s, p
 
 
@@ -59,13 +59,13 @@ def _forward(mode, x, kernel_size, stride, padding, out):
                                    {"dtype": programs.dtype_name(dt), "mode": mode})
         evt = kern(*_grid(dev, Q, N * C * P), planes=N * C, H=H, W=W, P=P, Q=Q, x=x,
                    x_off=offset(x), y=out, y_off=offset(out))
-        return _done(out, evt)
+        return done(out, evt)
     kern = programs.get_kernel(dev, "pool", "clnn_pool_forward", {"dtype": programs.dtype_name(dt),
                                                                    "mode": mode})
     g, l = launch_size(dev, N * C * P)          # a work-item per output row
     evt = kern(g, l, x=x, x_off=offset(x), y=out, y_off=offset(out),
                **_args(N, C, H, W, P, Q, k, s, p))
-    return _done(out, evt)
+    return done(out, evt)
 
 
 def _backward(mode, dy, x, kernel_size, stride, padding, out):
@@ -79,13 +79,13 @@ def _backward(mode, dy, x, kernel_size, stride, padding, out):
                                    {"dtype": programs.dtype_name(dt), "mode": mode})
         evt = kern(*_grid(dev, W, N * C * H), planes=N * C, H=H, W=W, P=P, Q=Q, x=x,
                    x_off=offset(x), dy=dy, dy_off=offset(dy), dx=out, dx_off=offset(out))
-        return _done(out, evt)
+        return done(out, evt)
     kern = programs.get_kernel(dev, "pool", "clnn_pool_backward", {"dtype": programs.dtype_name(dt),
                                                                     "mode": mode})
     g, l = launch_size(dev, N * C * H)          # a work-item per input row
     evt = kern(g, l, x=x, x_off=offset(x), dy=dy, dy_off=offset(dy), dx=out,
                dx_off=offset(out), **_args(N, C, H, W, P, Q, k, s, p))
-    return _done(out, evt)
+    return done(out, evt)
 
 
 def max_pool2d(x, kernel_size, stride=None, padding=0, out=None):
