@@ -10,7 +10,7 @@ import pytest
 import clnn
 from clnn import nn, optim
 
-from conftest import AWKWARD, Guarded, float_dtypes
+from conftest import Guarded, float_dtypes
 
 RNG = np.random.default_rng(41)
 
