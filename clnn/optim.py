@@ -155,6 +155,12 @@ def from_config(cfg):
 
 # ---------------------------------------------------------------- schedules
 
+def _positive_int(value, name):
+    if not isinstance(value, (int, np.integer)) or value < 1:
+        raise ArgumentError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
 class _Schedule:
     """``step()`` once per epoch; lr = base_lr * factor(epochs stepped)."""
 
@@ -177,9 +183,8 @@ class StepLR(_Schedule):
     """lr = base_lr * gamma ** (epoch // step_size), as torch's StepLR."""
 
     def __init__(self, optimizer, step_size, gamma=0.1):
-        if not isinstance(step_size, (int, np.integer)) or step_size < 1:
-            raise ArgumentError(f"step_size must be a positive int, got {step_size!r}")
-        self.step_size, self.gamma = int(step_size), _nonneg(gamma, "gamma")
+        self.step_size = _positive_int(step_size, "step_size")
+        self.gamma = _nonneg(gamma, "gamma")
         super().__init__(optimizer)
 
     def lr_at(self, epoch):
@@ -191,9 +196,8 @@ class CosineAnnealingLR(_Schedule):
     form of torch's CosineAnnealingLR."""
 
     def __init__(self, optimizer, T_max, eta_min=0.0):
-        if not isinstance(T_max, (int, np.integer)) or T_max < 1:
-            raise ArgumentError(f"T_max must be a positive int, got {T_max!r}")
-        self.T_max, self.eta_min = int(T_max), _nonneg(eta_min, "eta_min")
+        self.T_max = _positive_int(T_max, "T_max")
+        self.eta_min = _nonneg(eta_min, "eta_min")
         super().__init__(optimizer)
 
     def lr_at(self, epoch):
@@ -210,9 +214,7 @@ class LinearLR(_Schedule):
                                                                            "end_factor")
         if not (0 < self.start <= 1 and 0 <= self.end <= 1):
             raise ArgumentError("start_factor must lie in (0, 1] and end_factor in [0, 1]")
-        if not isinstance(total_iters, (int, np.integer)) or total_iters < 1:
-            raise ArgumentError(f"total_iters must be a positive int, got {total_iters!r}")
-        self.total = int(total_iters)
+        self.total = _positive_int(total_iters, "total_iters")
         super().__init__(optimizer)
 
     def lr_at(self, epoch):

@@ -97,6 +97,17 @@ def offset(x):
     return x.offset // x.dtype.itemsize if hasattr(x, "dtype") else 0
 
 
+def overlaps(x, y):
+    """Whether two arrays (either may be None) share any byte of one buffer."""
+    if x is None or y is None or x.size == 0 or y.size == 0:
+        return False
+    if x.base_data.int_ptr != y.base_data.int_ptr:
+        return False
+    x_end = x.offset + sum((n - 1) * s for n, s in zip(x.shape, x.strides)) + x.dtype.itemsize
+    y_end = y.offset + sum((n - 1) * s for n, s in zip(y.shape, y.strides)) + y.dtype.itemsize
+    return x.offset < y_end and y.offset < x_end
+
+
 def _span(x):
     return x.base_data.int_ptr, x.offset, x.offset + x.nbytes
 

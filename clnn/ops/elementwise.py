@@ -41,7 +41,6 @@ def activation_parameter(name, param, dt=None):
 
 def activation(name, z, out=None, param=None):
     """out = f(z) for activation ``name`` (``param``: leaky_relu slope, elu alpha)."""
-    activation_parameter(name, param)
     dev = common_device(z=z, out=out)
     dt = check(z, "z", dev)
     p = activation_parameter(name, param, dt)
@@ -60,7 +59,6 @@ def _source(z, a, name):
 
 def activation_derivative(name, *, z=None, a=None, out=None, param=None):
     """out = f'(z), from ``z`` or, usually cheaper, from the output ``a = f(z)``."""
-    activation_parameter(name, param)
     src, x = _source(z, a, name)
     dev = common_device(**{src: x}, out=out)
     dt = check(x, src, dev)
@@ -76,7 +74,6 @@ def activation_derivative(name, *, z=None, a=None, out=None, param=None):
 
 def activation_backward(name, dy, *, z=None, a=None, out=None, param=None):
     """out = dy * f'(z): the gradient wrt the pre-activation. Overwrites ``out``."""
-    activation_parameter(name, param)
     src, x = _source(z, a, name)
     dev = common_device(dy=dy, **{src: x}, out=out)
     dt = check(dy, "dy", dev)
@@ -122,7 +119,6 @@ def hadamard(x, y, out=None):
 
 def axpy(alpha, x, y, out=None):
     """y += alpha * x (BLAS axpy); with ``out`` given, out = alpha * x + y instead."""
-    finite(alpha, "alpha")
     dev = common_device(x=x, y=y, out=out)
     dt = check(x, "x", dev)
     alpha = finite(alpha, "alpha", dt)
@@ -136,7 +132,6 @@ def axpy(alpha, x, y, out=None):
 
 def scale(alpha, x, out=None):
     """out = alpha * x (in place with out=x)."""
-    finite(alpha, "alpha")
     dev = common_device(x=x, out=out)
     dt = check(x, "x", dev)
     alpha = finite(alpha, "alpha", dt)

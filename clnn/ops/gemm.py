@@ -15,7 +15,7 @@ import pyopencl.cltypes as cltypes
 from .. import plans, programs, tuning
 from ..errors import ArgumentError, ShapeError
 from ._args import (INT_MAX, as_array, check, common_device, dev_empty, dev_scratch, done,
-                    finite, scratch_cap)
+                    finite, overlaps, scratch_cap)
 from .elementwise import ACTIVATIONS, activation_parameter
 from .reduce import reduce3
 
@@ -129,16 +129,6 @@ class _Layout:
         return self.batch <= 1 or self.bstride >= (self.rows - 1) * self.ld + self.cols
 
 
-def _spans_overlap(x, y):
-    if x is None or y is None or x.size == 0 or y.size == 0:
-        return False
-    if x.base_data.int_ptr != y.base_data.int_ptr:
-        return False
-    x_end = x.offset + sum((n - 1) * s for n, s in zip(x.shape, x.strides)) + x.dtype.itemsize
-    y_end = y.offset + sum((n - 1) * s for n, s in zip(y.shape, y.strides)) + y.dtype.itemsize
-    return x.offset < y_end and y.offset < x_end
-
-
 def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, bias=None,
          activation=None, activation_param=None):
     """out = activation(alpha * op(a) @ op(b) + beta * out + bias).
@@ -175,7 +165,7 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, b
         as_array(out, "out")
         check(out, "out", dev, dtype=dt, shape=shape, contiguous=False)
         for x, n in ((a, "a"), (b, "b"), (bias, "bias")):
-            if _spans_overlap(out, x):
+            if overlaps(out, x):
                 raise ShapeError(f"out overlaps {n}")
     C = _Layout(out, "out")
     if not C.disjoint_rows():
@@ -398,7 +388,7 @@ def gemv(a, x, y=None, *, alpha=1.0, beta=0.0, trans_a=False):
     else:
         check(y, "y", dev, dtype=dt, shape=(M,))
         for other, n in ((a, "a"), (x, "x")):
-            if _spans_overlap(y, other):
+            if overlaps(y, other):
                 raise ShapeError(f"y overlaps {n}")
     if M == 0:
         return y

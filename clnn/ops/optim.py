@@ -10,7 +10,7 @@ import math
 
 from .. import programs
 from ..errors import ArgumentError, ShapeError
-from ._args import check, common_device, done, finite, launch, offset
+from ._args import check, common_device, done, finite, launch, offset, overlaps
 
 programs.register("optim", {}, lambda: [{}])
 
@@ -24,8 +24,7 @@ def _buffers(weight, grad, states):
     arrays = [("weight", weight), ("grad", grad)] + list(states.items())
     for i, (na, a) in enumerate(arrays):
         for nb, b in arrays[i + 1:]:
-            if a.size and b.size and a.base_data.int_ptr == b.base_data.int_ptr and \
-                    a.offset < b.offset + b.nbytes and b.offset < a.offset + a.nbytes:
+            if overlaps(a, b):
                 raise ShapeError(f"{na} and {nb} overlap; each needs its own buffer")
     return dev, dt
 
