@@ -47,7 +47,9 @@ ${rowwise("clnn_softmax", "exp(v - m - lse)")}
 ${rowwise("clnn_log_softmax", "v - m - lse")}
 // Softmax cross-entropy of logits z against target distributions y, fused with its
 // gradient:  loss_row[r] = sum_j y[r,j] * (logsumexp(z[r]) - z[r,j])
-//            dz[r,j]     = (softmax(z[r])_j - y[r,j]) * grad_scale   (1/batch for a mean)
+//            dz[r,j]     = (softmax(z[r])_j * sum(y[r]) - y[r,j]) * grad_scale
+// (grad_scale is 1/batch for a mean). sum(y[r]) is 1 for a distribution, but targets
+// need not be one (PyTorch takes any); without it dz is not the loss's gradient.
 // The routine sums loss_row (kept in acc_t) into the mean loss.
 __kernel void clnn_softmax_xent(const int rows, const int cols, const acc_t grad_scale,
                                 __global const real_t *z, const int z_off,
@@ -58,13 +60,15 @@ __kernel void clnn_softmax_xent(const int rows, const int cols, const acc_t grad
     CLNN_FOR_EACH_ROW(r, rows) {
         acc_t m, lse;
         clnn_row_stats(z, z_off + r * cols, cols, &m, &lse);
-        acc_t loss = (acc_t)0;
+        acc_t loss = (acc_t)0, sy = (acc_t)0;
+        for (int j = 0; j < cols; ++j)
+            sy += CLNN_LOAD(y, y_off + r * cols + j);
         for (int j = 0; j < cols; ++j) {
             const acc_t zj = CLNN_LOAD(z, z_off + r * cols + j) - m - lse;
             const acc_t yj = CLNN_LOAD(y, y_off + r * cols + j);
             // 0 * log(0) is 0 for a target that puts no mass on j
             loss -= yj != (acc_t)0 ? yj * zj : (acc_t)0;
-            CLNN_STORE((exp(zj) - yj) * grad_scale, dz, dz_off + r * cols + j);
+            CLNN_STORE((exp(zj) * sy - yj) * grad_scale, dz, dz_off + r * cols + j);
         }
         loss_row[r] = loss;
     }
@@ -122,12 +126,15 @@ void clnn_softmax_xent_wg(const int rows, const int cols, const acc_t grad_scale
     CLNN_FOR_EACH_ROW_WG(r, rows) {
         acc_t m, lse;
         clnn_row_stats_wg(scratch, z, z_off + r * cols, cols, &m, &lse);
-        acc_t loss = (acc_t)0;
+        acc_t loss = (acc_t)0, sy = (acc_t)0;
+        CLNN_FOR_EACH_COL(j, cols)
+            sy += CLNN_LOAD(y, y_off + r * cols + j);
+        sy = clnn_wg_sum(scratch, sy);
         CLNN_FOR_EACH_COL(j, cols) {
             const acc_t zj = CLNN_LOAD(z, z_off + r * cols + j) - m - lse;
             const acc_t yj = CLNN_LOAD(y, y_off + r * cols + j);
             loss -= yj != (acc_t)0 ? yj * zj : (acc_t)0;
-            CLNN_STORE((exp(zj) - yj) * grad_scale, dz, dz_off + r * cols + j);
+            CLNN_STORE((exp(zj) * sy - yj) * grad_scale, dz, dz_off + r * cols + j);
         }
         loss = clnn_wg_sum(scratch, loss);
         if (get_local_id(0) == 0)

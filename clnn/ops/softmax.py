@@ -46,9 +46,11 @@ def log_softmax(x, out=None):
 def softmax_cross_entropy(z, y, *, dz=None, grad_scale=None):
     """(L, dL/dz) for the mean softmax cross-entropy of logits z against targets y.
 
-    z and y are (batch, classes); y holds target distributions (one-hot rows for
-    labels). L = mean over the batch of -sum(y * log_softmax(z)), a 0-d device array;
-    dL/dz = (softmax(z) - y) / batch goes to ``dz`` (allocated when None; may be z);
+    z and y are (batch, classes); y holds targets, usually distributions (one-hot rows
+    for labels) but any rows, as PyTorch takes them. L = mean over the batch of
+    -sum(y * log_softmax(z)), a 0-d device array; dL/dz = (softmax(z) sum(y) - y) /
+    batch per row (softmax(z) - y for distributions) goes to ``dz`` (allocated when
+    None; may be z);
     ``grad_scale`` replaces its 1/batch (see quadratic_loss).
     """
     return fused_loss("softmax", "clnn_softmax_xent", z, y, dz, grad_scale, ("z", "dz"))

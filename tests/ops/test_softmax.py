@@ -45,9 +45,11 @@ def test_softmax_cross_entropy(dev, shape, dtype, kernels):
     z = (RNG.standard_normal(shape) * 3).astype(dtype)
     y = np.eye(k, dtype=dtype)[RNG.integers(0, k, n)]
     y[0] = RNG.dirichlet(np.ones(k)).astype(dtype)     # a soft target too
+    if n > 1:
+        y[-1] = RNG.uniform(0, 1, k).astype(dtype)     # and one that is no distribution
     ls = log_softmax_ref(z)
     ref_loss = -(y * ls).sum() / n
-    ref_grad = (np.exp(ls) - y) / n
+    ref_grad = (np.exp(ls) * y.astype(np.float64).sum(1, keepdims=True) - y) / n
     dz = Guarded(dev, shape, dtype)
     loss, g = clnn.softmax_cross_entropy(guarded_input(dev, z), guarded_input(dev, y),
                                          dz=dz.view)
@@ -66,6 +68,25 @@ def test_cross_entropy_gradient_matches_finite_differences(dev):
     num = numeric_grad(
         lambda v: float(clnn.softmax_cross_entropy(clnn.asarray(v), Y)[0].get()), z)
     np.testing.assert_allclose(g.get(), num, atol=1e-8)
+
+
+def test_cross_entropy_gradient_of_targets_that_are_no_distribution(dev, kernels):
+    """Regression (issue 15): rows of y that do not sum to 1 give PyTorch's loss and
+    now its gradient, (softmax(z) sum(y) - y) / N, not (softmax(z) - y) / N."""
+    z = np.array([[1, 2, 3], [0, -1, 2]], np.float32)
+    y = np.array([[.2, .5, .5], [1, .3, .4]], np.float32)
+    loss, g = clnn.softmax_cross_entropy(clnn.asarray(z), clnn.asarray(y))
+    assert abs(float(loss.get()) - 2.28893) < 1e-5
+    ls = log_softmax_ref(z)
+    want = (np.exp(ls) * y.astype(np.float64).sum(1, keepdims=True) - y) / 2
+    np.testing.assert_allclose(g.get(), want, atol=1e-6)
+    assert np.abs(want - (np.exp(ls) - y) / 2).max() > 0.1     # the old answer was off
+    if dev.facts.fp64:
+        Y = clnn.asarray(y.astype(np.float64))
+        num = numeric_grad(lambda v: float(clnn.softmax_cross_entropy(
+            clnn.asarray(v), Y)[0].get()), z.astype(np.float64))
+        _, g64 = clnn.softmax_cross_entropy(clnn.asarray(z.astype(np.float64)), Y)
+        np.testing.assert_allclose(g64.get(), num, atol=1e-8)
 
 
 def test_cross_entropy_bad_input(dev):
