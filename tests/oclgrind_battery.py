@@ -67,6 +67,41 @@ def _ops():
     close(loss.get(), -(t * np.log(p)).sum() / 7)
     loss, da = clnn.quadratic_loss(X, Y)
     close(loss.get(), ((x - y) ** 2).sum() / 14, 1e-4)
+    key = clnn.dropout_key(1, 2, 3)
+    close(clnn.dropout(X, 0.3, key).get(), x * clnn.dropout_mask(x.shape, 0.3, key))
+    _batch_norm(rng)
+
+
+def _batch_norm(rng):
+    """Training forward, backward and the running statistics, with both work-group
+    sizes (64 on CPUs, 256 on GPUs) over channels of 1, 13 and 300 values."""
+    from unittest import mock
+    bn = sys.modules["clnn.ops.batchnorm"]
+    for wg in (64, 256):
+        with mock.patch.object(bn, "_wg", lambda dev, wg=wg: wg):
+            for shape in ((13, 3), (3, 2, 10, 10), (1, 2, 1, 13)):
+                x = rng.standard_normal(shape).astype(np.float32) * 2 + 1
+                C = shape[1]
+                ax = (0,) + tuple(range(2, len(shape)))
+                X, W, B = clnn.asarray(x), clnn.asarray(np.ones(C, np.float32) * 2), \
+                    clnn.zeros(C)
+                rm, rv, save = clnn.zeros(C), clnn.asarray(np.ones(C, np.float32)), \
+                    clnn.empty((2, C), np.float32)
+                out = clnn.batch_norm(X, rm, rv, W, B, training=True, save=save)
+                bshape = (1, C) + (1,) * (len(shape) - 2)
+                mean, var = x.mean(ax), x.var(ax)
+                xhat = (x - mean.reshape(bshape)) / np.sqrt(var.reshape(bshape) + 1e-5)
+                close(out.get(), 2 * xhat, 1e-4)
+                close(rm.get(), 0.1 * mean, 1e-4)
+                dy = rng.standard_normal(shape).astype(np.float32)
+                dx, dw, db = clnn.batch_norm_backward(clnn.asarray(dy), X, save, W)
+                close(dw.get(), (dy * xhat).sum(ax), 1e-4)
+                close(db.get(), dy.sum(ax), 1e-4)
+                g = 2 * dy
+                want = (g - g.mean(ax, keepdims=True)
+                        - xhat * (g * xhat).mean(ax, keepdims=True)) / \
+                    np.sqrt(var.reshape(bshape) + 1e-5)
+                close(dx.get(), want, 1e-4)
 
 
 def gemm():
