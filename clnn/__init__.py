@@ -13,13 +13,30 @@ import pyopencl.array as cla
 from .device import Device, DeviceFacts, device, device_of
 from .errors import (ArgumentError, CheckpointError, ClnnError, DeviceError, DTypeError,
                      KernelBuildError, OutOfDeviceMemory, ShapeError, TemplateError)
-from .programs import clear_caches, render
+from .programs import render
 from .ops import *  # noqa: F401,F403 - the public ops
 from .ops import __all__ as _ops_all
 
 from . import datasets, nn, optim  # noqa: E402,F401 - after the ops they use
 
 __version__ = "0.1.0"
+
+
+def clear_caches():
+    """Empty every cache clnn keeps: each open device's kernels and tables, the launch
+    plans and tuning rows, and the GEMM routine's launch cache. (Here, at the top,
+    because it reaches every layer of the package: the layers themselves never
+    import the ones above them.)"""
+    from . import plans, tuning
+    from .device import open_devices
+    from .ops.gemm import clear_launches
+    for dev in open_devices():
+        dev.kernels.clear()
+        dev.tables.clear()
+    plans.cached_best.cache_clear()
+    tuning.table_rows.cache_clear()
+    tuning.conv_vendor_rows.cache_clear()
+    clear_launches()
 
 
 def asarray(a, device=None, dtype=None):

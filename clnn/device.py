@@ -101,7 +101,7 @@ class Device:
         # the dtypes this device computes in (every op checks its arrays against it)
         self._supported = {t for t in SUPPORTED_DTYPES if self.supports(t)}
         # constant device data that ops rebuild per shape otherwise (the convolution
-        # loaders' k tables): bounded, and emptied by clnn.programs.clear_caches()
+        # loaders' k tables): bounded, and emptied by clnn.clear_caches()
         self.tables = KernelCache(maxsize=64)
 
     def __repr__(self):

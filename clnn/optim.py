@@ -161,7 +161,7 @@ def _positive_int(value, name):
     return int(value)
 
 
-class _Schedule:
+class Schedule:
     """``step()`` once per epoch; lr = base_lr * factor(epochs stepped)."""
 
     def __init__(self, optimizer):
@@ -179,7 +179,7 @@ class _Schedule:
         return self.optimizer.lr
 
 
-class StepLR(_Schedule):
+class StepLR(Schedule):
     """lr = base_lr * gamma ** (epoch // step_size), as torch's StepLR."""
 
     def __init__(self, optimizer, step_size, gamma=0.1):
@@ -191,7 +191,7 @@ class StepLR(_Schedule):
         return self.base_lr * self.gamma ** (epoch // self.step_size)
 
 
-class CosineAnnealingLR(_Schedule):
+class CosineAnnealingLR(Schedule):
     """lr = eta_min + (base_lr - eta_min) (1 + cos(pi epoch / T_max)) / 2, the closed
     form of torch's CosineAnnealingLR."""
 
@@ -205,7 +205,7 @@ class CosineAnnealingLR(_Schedule):
             (1 + math.cos(math.pi * epoch / self.T_max)) / 2
 
 
-class LinearLR(_Schedule):
+class LinearLR(Schedule):
     """Linear warm-up: the factor goes from start_factor to end_factor over
     total_iters epochs, then stays (torch's LinearLR)."""
 

@@ -145,7 +145,7 @@ def best(facts, rows, M, N, K, batch=1, itemsize=4, max_workspace=1 << 24):
 def cached_best(facts, rows, M, N, K, batch=1, itemsize=4, max_workspace=1 << 24):
     """best() for rows given as tuples of (key, value) pairs (hashable): routines ask
     for the same few shapes on every call, and costing every row and split takes about
-    100 us of Python. Emptied by clnn.programs.clear_caches()."""
+    100 us of Python. Emptied by clnn.clear_caches()."""
     return best(facts, [dict(r) for r in rows], M, N, K, batch, itemsize, max_workspace)
 
 

@@ -101,8 +101,9 @@ def complete(stem, params):
 
 
 def registered():
-    """{stem: (defaults, variants)} for every template an op module registered."""
-    from . import ops  # noqa: F401  - importing ops registers its templates
+    """{stem: (defaults, variants)} for every template an op module registered (the
+    package imports every op module, so all of them have by the time anyone asks:
+    this module never imports the routines above it)."""
     return dict(_registry)
 
 
@@ -317,20 +318,3 @@ def _build(device, stem, params, options):
     if debug_level() >= 1:
         log.debug("built %s.cl %s in %.3f s", stem, params, time.perf_counter() - t0)
     return program, signatures(source)
-
-
-def clear_caches():
-    """Empty every cache clnn keeps: each open device's kernels and tables, and the
-    launch plans."""
-    from .device import open_devices
-    from . import plans, tuning
-    for dev in open_devices():
-        dev.kernels.clear()
-        dev.tables.clear()
-    plans.cached_best.cache_clear()
-    tuning.table_rows.cache_clear()
-    tuning.conv_vendor_rows.cache_clear()
-    import sys
-    gemm = sys.modules.get("clnn.ops.gemm")
-    if gemm is not None:          # the routines' launch cache holds kernels too
-        gemm.clear_launches()

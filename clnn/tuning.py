@@ -393,7 +393,7 @@ def gemm_rows(facts, itemsize=4, dtype="float32", klass=None):
 def table_rows(facts, itemsize=4):
     """The rows of the first table entry for ``facts`` that has rows fitting the device,
     as a tuple (asked for on every launch: checking each row takes 5 us). Emptied by
-    clnn.programs.clear_caches(), e.g. after a change to GEMM_TABLE."""
+    clnn.clear_caches(), e.g. after a change to GEMM_TABLE."""
     for entry in _lookup_chain(facts):
         rows = tuple(r for r in (entry if isinstance(entry, list) else [entry])
                      if not gemm_problems(r, facts, itemsize))

@@ -1,7 +1,8 @@
 """The network API: layers, Sequential networks, sgd and fit, save and load."""
 
-from .layers import AvgPool2d, Conv2d, Dense, Flatten, MaxPool2d
+from .layers import (AvgPool2d, BatchNorm1d, BatchNorm2d, Conv2d, Dense, Dropout, Flatten,
+                     MaxPool2d)
 from .network import LOSSES, Sequential, load, sgd
 
-__all__ = ["Dense", "Conv2d", "MaxPool2d", "AvgPool2d", "Flatten", "Sequential", "sgd",
-           "load", "LOSSES"]
+__all__ = ["Dense", "Conv2d", "MaxPool2d", "AvgPool2d", "Flatten", "Dropout", "BatchNorm1d",
+           "BatchNorm2d", "Sequential", "sgd", "load", "LOSSES"]

@@ -3,12 +3,23 @@ generator) when the network that holds it is made.
 
 The protocol a network drives, batch-first, for output a = f(z):
     plan(in_shape)                 (parameter shapes, output shape), allocating nothing
-    forward(x, out, logits)        out = a (or z for a softmax output when ``logits``)
+    state_plan(in_shape, dtype)    {name: (shape, dtype)} of the state a checkpoint keeps
+                                   besides the parameters (BatchNorm's running statistics)
+    build(in_shape, device, dtype, rng)
+    parameters(), parameter_names  the trainable arrays and their names ("weight", "bias")
+    state()                        {name: array} of the state of state_plan
+    forward(x, out, logits=False, training=False, key=0)
+                                   out = a (or z for a softmax output when ``logits``);
+                                   ``training`` selects batch statistics and dropout,
+                                   ``key`` is this layer's random key for this step
     backward_activation(delta, a)  delta = dL/da -> dL/dz, in place
-    backward_input(delta, x, dx)   dx = dL/dx from delta = dL/dz (the layer's linear part)
-    gradients(delta, x, grads, ones)
-                                   grads[i] = the gradient of parameters()[i], summed
-                                   over the batch (``ones``: a vector of batch ones)
+    backward(delta, x, dx, grads, ones)
+                                   dx = dL/dx from delta = dL/dz (skipped when dx is
+                                   None) and grads[i] = the gradient of parameters()[i],
+                                   summed over the batch (``ones``: a vector of ones);
+                                   by default gradients(), then backward_input()
+    after_step()                   once the step has succeeded (BatchNorm moves its
+                                   running statistics here, so a failed step keeps them)
 The network's optimizer (clnn.optim) then updates every parameter from its gradient,
 only after every gradient of the step exists, so a step that fails changes nothing.
 Layers without parameters return [] from ``parameters()``; a ``view`` layer (Flatten)
@@ -19,11 +30,18 @@ import numpy as np
 
 import clnn
 from ..errors import ArgumentError, ShapeError
-from ..ops._args import finite
+from ..programs import acc_dtype
+from ..ops._args import finite, probability
 from ..ops.elementwise import ACTIVATIONS, ACTIVATION_PARAMS
 
 # He initialisation for the relu family, Xavier/Glorot for the saturating ones.
 _HE = ("relu", "leaky_relu", "elu", "softplus")
+
+
+def _flag(value, name):
+    if not isinstance(value, (bool, np.bool_)):
+        raise ArgumentError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 def _check_activation(activation):
@@ -46,6 +64,9 @@ def _init(rng, activation, shape, fan_in, fan_out, dtype, device):
 class Layer:
     view = False
     activation = "identity"
+    param = None
+    parameter_names = ()
+    stochastic = False          # takes a random key per training step (Dropout)
 
     def parameters(self):
         return []
@@ -55,13 +76,30 @@ class Layer:
         ``in_shape``, without allocating anything (``load`` checks files with it)."""
         raise NotImplementedError
 
+    def state_plan(self, in_shape, dtype):
+        return {}
+
+    def state(self):
+        return {}
 
     def backward_activation(self, delta, a):
         if self.activation not in ("identity", "softmax"):
             clnn.activation_backward(self.activation, delta, a=a, out=delta,
                                      param=self.param)
 
+    def backward(self, delta, x, dx, grads, ones):
+        if grads:
+            self.gradients(delta, x, grads, ones)
+        if dx is not None:
+            self.backward_input(delta, x, dx)
+
+    def backward_input(self, delta, x, dx):
+        raise NotImplementedError
+
     def gradients(self, delta, x, grads, ones):
+        pass
+
+    def after_step(self):
         pass
 
 
@@ -69,14 +107,16 @@ class Dense(Layer):
     """a = f(x @ weight.T + bias): weight (out, in) and bias (out,), PyTorch's shapes.
 
     ``activation``: identity, sigmoid, tanh, relu, leaky_relu, elu, softplus, or softmax
-    (output layer only). ``param`` is the leaky_relu slope or elu alpha.
+    (output layer only). ``param`` is the leaky_relu slope or elu alpha. ``bias=False``
+    leaves the bias out (as PyTorch's, before a BatchNorm1d).
     """
 
-    def __init__(self, out_features, activation="sigmoid", param=None):
+    def __init__(self, out_features, activation="sigmoid", param=None, bias=True):
         if not isinstance(out_features, (int, np.integer)) or out_features < 1:
             raise ArgumentError(f"out_features must be a positive int, got {out_features!r}")
         _check_activation(activation)
         self.out_features = int(out_features)
+        self.use_bias = _flag(bias, "bias")
         self.activation = activation
         self.param = ACTIVATION_PARAMS.get(activation) if param is None else \
             finite(param, "param")
@@ -89,14 +129,14 @@ class Dense(Layer):
 
     def config(self):
         return {"type": "Dense", "out_features": self.out_features,
-                "activation": self.activation, "param": self.param}
+                "activation": self.activation, "param": self.param, "bias": self.use_bias}
 
     def plan(self, in_shape):
         if len(in_shape) != 1:
             raise ShapeError(f"Dense takes flat inputs, got {in_shape} per example: put a "
                              "Flatten() before it")
-        return [(self.out_features, int(in_shape[0])), (self.out_features,)], \
-            (self.out_features,)
+        return [(self.out_features, int(in_shape[0]))] + \
+            [(self.out_features,)] * self.use_bias, (self.out_features,)
 
     def build(self, in_shape, device, dtype, rng):
         self.plan(in_shape)
@@ -104,13 +144,17 @@ class Dense(Layer):
         fan_in, fan_out = self.in_features, self.out_features
         self.weight = _init(rng, self.activation, (fan_out, fan_in), fan_in, fan_out, dtype,
                             device)
-        self.bias = clnn.zeros((fan_out,), dtype, device=device)
+        self.bias = clnn.zeros((fan_out,), dtype, device=device) if self.use_bias else None
         self.out_shape = (self.out_features,)
 
-    def parameters(self):
-        return [self.weight, self.bias]
+    @property
+    def parameter_names(self):
+        return ("weight", "bias")[:1 + self.use_bias]
 
-    def forward(self, x, out, logits=False):
+    def parameters(self):
+        return [self.weight] + [self.bias] * self.use_bias
+
+    def forward(self, x, out, logits=False, training=False, key=0):
         """out = f(x W^T + b) in one GEMM with a fused epilogue; ``logits`` stops before
         a softmax (the cross-entropy loss applies it itself)."""
         act = self.activation
@@ -125,16 +169,17 @@ class Dense(Layer):
         clnn.gemm(delta, self.weight, out=dx)
 
     def gradients(self, delta, x, grads, ones):
-        g_w, g_b = grads
-        clnn.gemm(delta, x, out=g_w, trans_a=True)          # dW = delta^T x
-        clnn.gemv(delta, ones, g_b, trans_a=True)           # db = delta^T 1
+        clnn.gemm(delta, x, out=grads[0], trans_a=True)     # dW = delta^T x
+        if self.use_bias:
+            clnn.gemv(delta, ones, grads[1], trans_a=True)  # db = delta^T 1
 
 
 class Conv2d(Layer):
-    """a = f(conv(x, weight) + bias): weight (M, C, R, S), bias (M,), on (C, H, W) inputs."""
+    """a = f(conv(x, weight) + bias): weight (M, C, R, S), bias (M,), on (C, H, W) inputs.
+    ``bias=False`` leaves the bias out (as PyTorch's, before a BatchNorm2d)."""
 
     def __init__(self, out_channels, kernel_size, stride=1, padding=0, activation="relu",
-                 param=None):
+                 param=None, bias=True):
         if not isinstance(out_channels, (int, np.integer)) or out_channels < 1:
             raise ArgumentError(f"out_channels must be a positive int, got {out_channels!r}")
         _check_activation(activation)
@@ -147,6 +192,7 @@ class Conv2d(Layer):
         self.activation = activation
         self.param = ACTIVATION_PARAMS.get(activation) if param is None else \
             finite(param, "param")
+        self.use_bias = _flag(bias, "bias")
         self.weight = self.bias = None
 
     def __repr__(self):
@@ -156,7 +202,8 @@ class Conv2d(Layer):
     def config(self):
         return {"type": "Conv2d", "out_channels": self.out_channels,
                 "kernel_size": list(self.kernel_size), "stride": self.stride,
-                "padding": self.padding, "activation": self.activation, "param": self.param}
+                "padding": self.padding, "activation": self.activation, "param": self.param,
+                "bias": self.use_bias}
 
     def plan(self, in_shape):
         from ..ops.conv import conv_geometry
@@ -167,7 +214,7 @@ class Conv2d(Layer):
         _, _, _, _, M, _, _, P, Q, _, _ = conv_geometry((1,) + tuple(in_shape),
                                                         (self.out_channels, C, R, S),
                                                         self.stride, self.padding)
-        return [(M, C, R, S), (M,)], (M, P, Q)
+        return [(M, C, R, S)] + [(M,)] * self.use_bias, (M, P, Q)
 
     def build(self, in_shape, device, dtype, rng):
         _, (M, P, Q) = self.plan(in_shape)
@@ -176,12 +223,16 @@ class Conv2d(Layer):
         self.in_shape, self.out_shape = tuple(in_shape), (M, P, Q)
         self.weight = _init(rng, self.activation, (M, C, R, S), C * R * S, M * R * S, dtype,
                             device)
-        self.bias = clnn.zeros((M,), dtype, device=device)
+        self.bias = clnn.zeros((M,), dtype, device=device) if self.use_bias else None
+
+    @property
+    def parameter_names(self):
+        return ("weight", "bias")[:1 + self.use_bias]
 
     def parameters(self):
-        return [self.weight, self.bias]
+        return [self.weight] + [self.bias] * self.use_bias
 
-    def forward(self, x, out, logits=False):
+    def forward(self, x, out, logits=False, training=False, key=0):
         fused = None if self.activation == "identity" else self.activation
         return clnn.conv2d(x, self.weight, self.bias, stride=self.stride,
                            padding=self.padding, activation=fused,
@@ -192,10 +243,10 @@ class Conv2d(Layer):
                                   padding=self.padding, out=dx)
 
     def gradients(self, delta, x, grads, ones):
-        g_w, g_b = grads
         clnn.conv2d_backward_weight(delta, x, self.weight.shape, stride=self.stride,
-                                    padding=self.padding, out=g_w)
-        clnn.bias_grad(delta, out=g_b)       # delta summed over batch and positions
+                                    padding=self.padding, out=grads[0])
+        if self.use_bias:
+            clnn.bias_grad(delta, out=grads[1])   # delta summed over batch and positions
 
 
 class _Pool(Layer):
@@ -225,7 +276,7 @@ class _Pool(Layer):
     def build(self, in_shape, device, dtype, rng):
         self.in_shape, self.out_shape = tuple(in_shape), self.plan(in_shape)[1]
 
-    def forward(self, x, out, logits=False):
+    def forward(self, x, out, logits=False, training=False, key=0):
         fwd = clnn.max_pool2d if self.mode == "max" else clnn.avg_pool2d
         return fwd(x, self.kernel_size, self.stride, self.padding, out=out)
 
@@ -261,15 +312,192 @@ class Flatten(Layer):
         self.in_shape = tuple(in_shape)
         self.out_shape = self.plan(in_shape)[1]
 
-    def forward(self, x, out=None, logits=False):
+    def forward(self, x, out=None, logits=False, training=False, key=0):
         return x.reshape((x.shape[0],) + self.out_shape)
 
     def backward_input(self, delta, x, dx):
         pass              # dx is delta, seen with the input's shape
 
 
+class Dropout(Layer):
+    """Zeroes each element with probability ``p`` in training and scales the others by
+    1/(1-p) (PyTorch's inverted dropout); the identity in ``predict`` and ``evaluate``.
+
+    The mask is a hash of the network's seed, the layer's index and the step number
+    (clnn.dropout_key), never stored: the backward pass recomputes it, a run with one
+    seed repeats bitwise, and a run resumed from a checkpoint draws the masks the
+    uninterrupted run would have drawn.
+    """
+
+    stochastic = True
+
+    def __init__(self, p=0.5):
+        self.p = probability(p, "dropout probability p")
+        self._key = None
+
+    def __repr__(self):
+        return f"Dropout(p={self.p})"
+
+    def config(self):
+        return {"type": "Dropout", "p": self.p}
+
+    def plan(self, in_shape):
+        return [], tuple(in_shape)
+
+    def build(self, in_shape, device, dtype, rng):
+        self.in_shape = self.out_shape = tuple(in_shape)
+
+    def forward(self, x, out, logits=False, training=False, key=0):
+        if not training or self.p == 0:
+            self._key = None
+            return clnn.copy(x, out=out)
+        self._key = key
+        return clnn.dropout(x, self.p, key, out=out)
+
+    def backward_input(self, delta, x, dx):
+        if self._key is None:                # p = 0: the identity
+            clnn.copy(delta, out=dx)
+        else:                                # the same key drops the same elements
+            clnn.dropout(delta, self.p, self._key, out=dx)
+
+
+class _BatchNorm(Layer):
+    """Normalises each channel with the batch's mean and variance in training and with
+    running statistics in ``predict``/``evaluate``, then y = f(weight x-hat + bias).
+
+    PyTorch's arguments and conventions: ``eps``; ``momentum`` (running = (1 -
+    momentum) running + momentum batch statistic, the variance unbiased; None: the
+    cumulative average); ``affine`` (learned weight and bias, initialised to 1 and 0).
+    ``activation`` (with ``param``) is applied in the same pass, where PyTorch would
+    have a separate activation layer. The running statistics move only once a training
+    step has succeeded, and are saved in checkpoints.
+    """
+    _dims = None
+    batch_statistics = True     # training needs two or more values per channel
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
+                 activation="identity", param=None):
+        if not isinstance(num_features, (int, np.integer)) or isinstance(num_features, bool) \
+                or num_features < 1:
+            raise ArgumentError(f"num_features must be a positive int, got {num_features!r}")
+        _check_activation(activation)
+        if activation == "softmax":
+            raise ArgumentError("softmax belongs on a Dense output layer")
+        self.num_features = int(num_features)
+        self.eps = finite(eps, "eps")
+        if self.eps <= 0:
+            raise ArgumentError(f"eps must be positive, got {eps}")
+        if momentum is not None:
+            momentum = finite(momentum, "momentum")
+            if not 0 <= momentum <= 1:
+                raise ArgumentError(f"momentum must lie in [0, 1] or be None, got {momentum}")
+        self.momentum = momentum
+        self.affine = _flag(affine, "affine")
+        self.activation = activation
+        self.param = ACTIVATION_PARAMS.get(activation) if param is None else \
+            finite(param, "param")
+        self.weight = self.bias = self.running_mean = self.running_var = None
+        self.num_batches_tracked = 0
+        self._count = None            # values per channel of the last training forward
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.num_features}, {self.activation})"
+
+    def config(self):
+        return {"type": type(self).__name__, "num_features": self.num_features,
+                "eps": self.eps, "momentum": self.momentum, "affine": self.affine,
+                "activation": self.activation, "param": self.param}
+
+    @property
+    def parameter_names(self):
+        return ("weight", "bias") if self.affine else ()
+
+    def plan(self, in_shape):
+        name = type(self).__name__
+        if len(in_shape) not in self._dims:
+            raise ShapeError(f"{name} takes inputs of {' or '.join(map(str, self._dims))} "
+                             f"axes per example, got {tuple(in_shape)}")
+        if in_shape[0] != self.num_features:
+            raise ShapeError(f"{name}({self.num_features}) got {in_shape[0]} channels "
+                             f"(input {tuple(in_shape)} per example)")
+        C = self.num_features
+        return [(C,), (C,)] if self.affine else [], tuple(in_shape)
+
+    def state_plan(self, in_shape, dtype):
+        acc = acc_dtype(dtype)
+        C = self.plan(in_shape)[1][0]
+        return {"running_mean": ((C,), acc), "running_var": ((C,), acc),
+                "num_batches_tracked": ((), np.dtype(np.int64))}
+
+    def build(self, in_shape, device, dtype, rng):
+        _, self.out_shape = self.plan(in_shape)
+        self.in_shape = tuple(in_shape)
+        C = self.num_features
+        acc = acc_dtype(dtype)
+        if self.affine:
+            self.weight = clnn.asarray(np.ones(C, dtype), device=device)
+            self.bias = clnn.zeros((C,), dtype, device=device)
+        self.running_mean = clnn.zeros((C,), acc, device=device)
+        self.running_var = clnn.asarray(np.ones(C, acc), device=device)
+        self._save = clnn.empty((2, C), acc, device=device)   # the batch's mean, var
+
+    def parameters(self):
+        return [self.weight, self.bias] if self.affine else []
+
+    def state(self):
+        return {"running_mean": self.running_mean, "running_var": self.running_var,
+                "num_batches_tracked": self.num_batches_tracked}
+
+    def load_state(self, values):
+        self.running_mean.set(np.ascontiguousarray(values["running_mean"]))
+        self.running_var.set(np.ascontiguousarray(values["running_var"]))
+        self.num_batches_tracked = int(values["num_batches_tracked"])
+
+    def forward(self, x, out, logits=False, training=False, key=0):
+        act = None if self.activation == "identity" else self.activation
+        w, b = (self.weight, self.bias) if self.affine else (None, None)
+        if training:
+            # the batch's statistics into _save; the running ones move in after_step
+            clnn.batch_norm(x, None, None, w, b, training=True, eps=self.eps,
+                            activation=act, activation_param=self.param, out=out,
+                            save=self._save)
+            self._count = x.size // self.num_features
+            return out
+        return clnn.batch_norm(x, self.running_mean, self.running_var, w, b,
+                               training=False, eps=self.eps, activation=act,
+                               activation_param=self.param, out=out)
+
+    def backward(self, delta, x, dx, grads, ones):
+        clnn.batch_norm_backward(delta, x, self._save, self.weight, eps=self.eps, dx=dx,
+                                 dweight=grads[0] if grads else None,
+                                 dbias=grads[1] if grads else None,
+                                 need_dx=dx is not None)
+
+    def after_step(self):
+        if self._count is None:
+            return
+        count, self._count = self._count, None
+        self.num_batches_tracked += 1
+        factor = 1.0 / self.num_batches_tracked if self.momentum is None else self.momentum
+        clnn.update_running_stats(self.running_mean, self.running_var, self._save, factor,
+                                  count)
+
+
+class BatchNorm1d(_BatchNorm):
+    """Batch normalisation of (C,) or (C, L) inputs per example (PyTorch's
+    BatchNorm1d): statistics per feature C over the batch (and L)."""
+    _dims = (1, 2)
+
+
+class BatchNorm2d(_BatchNorm):
+    """Batch normalisation of (C, H, W) inputs (PyTorch's BatchNorm2d): statistics per
+    channel over the batch and every position."""
+    _dims = (3,)
+
+
 LAYER_TYPES = {"Dense": Dense, "Conv2d": Conv2d, "MaxPool2d": MaxPool2d,
-               "AvgPool2d": AvgPool2d, "Flatten": Flatten}
+               "AvgPool2d": AvgPool2d, "Flatten": Flatten, "Dropout": Dropout,
+               "BatchNorm1d": BatchNorm1d, "BatchNorm2d": BatchNorm2d}
 
 
 def from_config(cfg):

@@ -26,6 +26,7 @@ from ..device import device as _device
 from .. import optim
 from ..errors import ArgumentError, CheckpointError, ShapeError
 from ..ops._args import INT_MAX
+from ..ops.dropout import dropout_key
 from .layers import Layer, from_config
 
 LOSSES = ("quadratic", "cross_entropy")
@@ -51,13 +52,22 @@ class _Workspace:
 
 
 class GradientStep:
-    """What a training step's hook sees: ``params`` and their ``grads`` (device arrays,
-    gradients summed over the batch), the ``grad_scale`` the optimizer will multiply
-    them by (1/batch), and ``skip`` (set it to apply no update this step)."""
+    """What a training step's hook sees: ``params`` and their ``grads`` (tuples of
+    device arrays, gradients summed over the batch; change them in place), the same as
+    one flat buffer each (``flat_params``, ``flat_grads``: every parameter is a view
+    into the first, every gradient into the second, at the same offsets), the
+    ``grad_scale`` the optimizer will multiply them by (1/batch), and ``skip`` (set it
+    to apply no update this step)."""
 
-    def __init__(self, params, grads, grad_scale):
-        self.params, self.grads, self.grad_scale = params, grads, grad_scale
+    def __init__(self, params, grads, grad_scale, flat_params=None, flat_grads=None):
+        self.params, self.grads, self.grad_scale = tuple(params), tuple(grads), grad_scale
+        self.flat_params, self.flat_grads = flat_params, flat_grads
         self.skip = False
+
+
+# Parameters start at multiples of this many elements in the flat buffer (128 bytes
+# for float32): the alignment GEMM's vector loads want.
+_ALIGN = 32
 
 
 class Sequential:
@@ -65,7 +75,9 @@ class Sequential:
 
     ``Sequential([Dense(64, "relu"), Dense(10, "softmax")], in_features=784)`` for flat
     inputs, or ``in_shape=(C, H, W)`` for images (with Conv2d, pooling and Flatten).
-    A layer object belongs to one network. ``initialize=False`` leaves the weights
+    A layer object belongs to one network. ``seed`` makes the initial weights and
+    every Dropout mask repeat (without one, a seed is drawn and kept in ``seed``);
+    ``steps`` counts the training steps taken. ``initialize=False`` leaves the weights
     unset (``load`` fills them from a file).
     """
 
@@ -94,7 +106,13 @@ class Sequential:
         shape = self.in_shape
         for layer in self.layers:        # every shape checked before anything is built
             shape = layer.plan(shape)[1]
-        rng = np.random.default_rng(seed) if initialize else None
+        if seed is None:
+            seed = np.random.SeedSequence().entropy
+        if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
+            raise ArgumentError(f"seed must be an int >= 0, got {seed!r}")
+        self.seed = int(seed) & ((1 << 63) - 1)      # JSON and the dropout key take it
+        self.steps = 0
+        rng = np.random.default_rng(self.seed) if initialize else None
         shape = self.in_shape
         for layer in self.layers:
             layer.build(shape, self.device, self.dtype, rng)
@@ -102,12 +120,33 @@ class Sequential:
             shape = layer.out_shape
         self.out_shape = shape
         self.out_features = int(np.prod(shape))
+        self._flatten_parameters()
         trainable = [i for i, l in enumerate(self.layers) if l.parameters()]
         self._first_trainable = trainable[0] if trainable else len(self.layers)
         self._infer = {}            # batch -> two ping-pong buffers
         self._train = {}            # batch -> _Workspace
         self._grads = None          # per layer: a gradient buffer per parameter
         self.optimizer = None       # a clnn.optim optimizer, set by fit or train_step
+
+    def _flatten_parameters(self):
+        """Move every parameter into one buffer, ``flat_parameters`` (each layer's
+        weight and bias become views into it), so an optimizer updates all of them
+        with one kernel launch, and a step's gradients can go to one buffer too (for
+        a hook that sums them across processes)."""
+        layout, total = [], 0
+        for layer in self.layers:
+            for name, p in zip(layer.parameter_names, layer.parameters()):
+                layout.append((layer, name, tuple(p.shape), total, p.size))
+                total += -(-p.size // _ALIGN) * _ALIGN
+        self._layout, self.flat_parameters, self.flat_gradients = layout, None, None
+        if not total:
+            return
+        flat = clnn.zeros((total,), self.dtype, self.device)   # padding stays 0
+        for layer, name, shape, off, n in layout:
+            view = flat[off:off + n].reshape(shape)
+            clnn.copy(getattr(layer, name), out=view)
+            setattr(layer, name, view)
+        self.flat_parameters = flat
 
     @property
     def in_features(self):
@@ -194,7 +233,11 @@ class Sequential:
         Hidden activations alternate between two work buffers kept per batch size, as
         the tutorial's inference network does.
         """
-        x = self._input(x)
+        return self._run(self._input(x))
+
+    def _run(self, x, logits=False):
+        """The forward pass in evaluation mode on a checked device batch (the last
+        layer stops before its softmax with ``logits``)."""
         batch = x.shape[0]
         if batch not in self._infer:
             width = max([int(np.prod(l.out_shape)) for l in self.layers[:-1] if not l.view]
@@ -215,7 +258,7 @@ class Sequential:
             else:
                 out = bufs[nxt][:int(np.prod(shape))].reshape(shape)
                 nxt = 1 - nxt
-            h = layer.forward(h, out)
+            h = layer.forward(h, out, logits=logits)
         return h
 
     def predict(self, x):
@@ -241,8 +284,14 @@ class Sequential:
         if ws is None:
             ws = self._train[batch] = _Workspace(self, batch)
         if self._grads is None:
-            self._grads = [[clnn.empty(p.shape, p.dtype, self.device)
-                            for p in layer.parameters()] for layer in self.layers]
+            # views into one flat buffer laid out as flat_parameters (padding 0)
+            if self.flat_parameters is not None:
+                self.flat_gradients = clnn.zeros(self.flat_parameters.shape, self.dtype,
+                                                 self.device)
+            views = {(id(layer), name): self.flat_gradients[off:off + n].reshape(shape)
+                     for layer, name, shape, off, n in self._layout}
+            self._grads = [[views[id(layer), name] for name in layer.parameter_names]
+                           for layer in self.layers]
         return ws
 
     def parameters(self):
@@ -278,10 +327,10 @@ class Sequential:
         batch = x.shape[0]
         opt = self._optimizer(lr, momentum)
         ws = self._workspace(batch)
-        params = self.parameters()
+        flat = [self.flat_parameters] if self.flat_parameters is not None else []
         # the optimizer's state with the workspace, before any op: a step then has
         # the same live buffers from the first one on (and a failure writes nothing)
-        opt.prepare(params)
+        opt.prepare(flat)
         xent = loss == "cross_entropy"
         L = len(self.layers)
         # the first layer reads the user's x and never writes it
@@ -290,28 +339,38 @@ class Sequential:
             if layer.view:
                 inputs[i + 1:i + 2] = [layer.forward(inputs[i])] if i + 1 < L else []
                 continue
-            layer.forward(inputs[i], ws.a[i], logits=xent and i == L - 1)
+            key = dropout_key(self.seed, i, self.steps) if layer.stochastic else 0
+            layer.forward(inputs[i], ws.a[i], logits=xent and i == L - 1, training=True,
+                          key=key)
         if xent:
             value, _ = clnn.softmax_cross_entropy(ws.a[-1], y, dz=ws.delta[-1], grad_scale=1.0)
         else:
             value, _ = clnn.quadratic_loss(ws.a[-1], y, da=ws.delta[-1], grad_scale=1.0)
             self.layers[-1].backward_activation(ws.delta[-1], ws.a[-1])
         for i in range(L - 1, -1, -1):
-            layer = self.layers[i]
-            if i - 1 >= self._first_trainable:
-                layer.backward_input(ws.delta[i], inputs[i], ws.delta[i - 1])
+            # below the first layer with parameters no delta is needed
+            need_dx = i - 1 >= self._first_trainable
+            if need_dx or self._grads[i]:
+                self.layers[i].backward(ws.delta[i], inputs[i],
+                                        ws.delta[i - 1] if need_dx else None,
+                                        self._grads[i], ws.ones)
+            if need_dx:
                 self.layers[i - 1].backward_activation(ws.delta[i - 1], inputs[i])
-            if self._grads[i]:
-                layer.gradients(ws.delta[i], inputs[i], self._grads[i], ws.ones)
         # Every gradient exists; only now does anything the step keeps change. The
         # optimizer's state is allocated before its first write and its updates
         # allocate nothing, so a step that runs out of memory (or fails in any op
         # above) leaves weights and optimizer state as they were: all or nothing.
-        info = GradientStep(params, [g for gs in self._grads for g in gs], 1.0 / batch)
+        info = GradientStep(self.parameters(), [g for gs in self._grads for g in gs],
+                            1.0 / batch, self.flat_parameters, self.flat_gradients)
         if hook is not None:
             hook(info)
-        if not info.skip:
-            opt.step(params, info.grads, info.grad_scale)
+        if not info.skip and flat:
+            # one kernel for every parameter (and the padding between them, whose
+            # zero gradients leave it 0)
+            opt.step(flat, [self.flat_gradients], info.grad_scale)
+        for layer in self.layers:          # BatchNorm's running statistics
+            layer.after_step()
+        self.steps += 1
         return value
 
     def _train_args(self, x, y, loss, lr, momentum):
@@ -338,7 +397,7 @@ class Sequential:
         if optimizer is not None and not isinstance(optimizer, optim.Optimizer):
             raise ArgumentError(f"optimizer must be a clnn.optim optimizer, got "
                                 f"{type(optimizer).__name__}")
-        if scheduler is not None and not isinstance(scheduler, optim._Schedule):
+        if scheduler is not None and not isinstance(scheduler, optim.Schedule):
             raise ArgumentError(f"scheduler must be a clnn.optim schedule, got "
                                 f"{type(scheduler).__name__}")
         if hook is not None and not callable(hook):
@@ -357,6 +416,7 @@ class Sequential:
         else:
             self.optimizer = optim.SGD(lr=lr, momentum=momentum)
         n = xd.shape[0]
+        self._check_batches(n, batch_size)
         y_dense = yd.get()                       # targets as (batch, classes) rows
         x_host = x_host.astype(self.dtype, copy=False)   # what _input uploaded to xd
         if validation is not None:
@@ -412,6 +472,21 @@ class Sequential:
                 bar.close()
         return hist
 
+    def _check_batches(self, n, batch_size):
+        """Batch statistics need two values per channel: a last batch of one example
+        would stop an epoch half-way; say so before the first step."""
+        sizes = {min(n, batch_size), n % batch_size or batch_size}
+        shape = self.in_shape
+        for layer in self.layers:
+            if getattr(layer, "batch_statistics", False) and \
+                    min(sizes) * int(np.prod(shape[1:])) < 2:
+                raise ShapeError(f"{type(layer).__name__} needs more than one value per "
+                                 f"channel in training; {n} examples in batches of "
+                                 f"{batch_size} leave a batch of {min(sizes)}: choose "
+                                 "another batch_size or drop an example")
+            shape = layer.out_shape
+        return n
+
     def evaluate(self, x, y, loss="quadratic", batch_size=1000):
         """(mean loss, accuracy) on (x, y); accuracy compares arg-max of output and y."""
         self._check_loss(loss)
@@ -420,22 +495,22 @@ class Sequential:
             raise ArgumentError(f"batch_size must be a positive int, got {batch_size!r}")
         xd = self._input(x)
         yd = self._targets(y, xd.shape[0])
-        total, correct = 0.0, 0
+        xent = loss == "cross_entropy"
+        total, correct = clnn.zeros((), self.dtype, self.device), 0
         n = xd.shape[0]
         for start in range(0, n, batch_size):
             stop = min(n, start + batch_size)
-            out = self(xd[start:stop])
+            # the loss the training step computes, with the same kernel (for cross-
+            # entropy from the logits, as fit does); accuracy from the output's arg-max
+            out = self._run(xd[start:stop], logits=xent)
             target = yd[start:stop]
-            if loss == "cross_entropy":
-                # the network applied softmax already: CE = -sum y log a
-                a = out.get().astype(np.float64)
-                t = target.get().astype(np.float64)
-                total += float(-(t * np.log(np.maximum(a, 1e-300))).sum())
-            else:
-                value, _ = clnn.quadratic_loss(out, target)
-                total += float(value.get()) * (stop - start)
             correct += int((out.get().argmax(1) == target.get().argmax(1)).sum())
-        return total / n, correct / n
+            if xent:
+                value, _ = clnn.softmax_cross_entropy(out, target, dz=out)
+            else:
+                value, _ = clnn.quadratic_loss(out, target, da=out)
+            clnn.axpy(float(stop - start), value, total)
+        return float(total.get()) / n, correct / n
 
     # ------------------------------------------------------------ persistence
     def save(self, path):
@@ -443,18 +518,24 @@ class Sequential:
         state, so ``load`` resumes training bitwise) to an .npz file, written
         atomically."""
         arch = {"in_shape": list(self.in_shape), "dtype": self.dtype.name,
-                "layers": [l.config() for l in self.layers]}
+                "layers": [l.config() for l in self.layers], "seed": self.seed,
+                "steps": self.steps}
         opt = self.optimizer
         if opt is not None and opt.state is not None:
             arch["optimizer"] = dict(opt.config(), steps=opt.steps)
         arrays = {"architecture": np.frombuffer(json.dumps(arch).encode(), np.uint8)}
         for i, l in enumerate(self.layers):
-            for name, p in zip(("weight", "bias"), l.parameters()):
+            for name, p in zip(l.parameter_names, l.parameters()):
                 arrays[f"layer{i}.{name}"] = p.get()
+            for name, v in l.state().items():     # BatchNorm's running statistics
+                arrays[f"layer{i}.{name}"] = v.get() if hasattr(v, "get") else \
+                    np.asarray(v, np.int64)
         if "optimizer" in arch:
-            for k, bufs in enumerate(opt.state_arrays()):
-                for j, b in enumerate(bufs):
-                    arrays[f"optimizer.{k}.{j}"] = b
+            # the flat state, saved per parameter (a file independent of the layout)
+            state = opt.state_arrays()[0] if opt.state else []
+            for k, (_, _, shape, off, n) in enumerate(self._layout):
+                for j, b in enumerate(state):
+                    arrays[f"optimizer.{k}.{j}"] = b[off:off + n].reshape(shape)
         # through a symlink to its target (replacing the link by a file would break
         # whatever else points there), with the mode an ordinary new file gets, or
         # the replaced file's (mkstemp's 0600 would hide the model from the group)
@@ -529,15 +610,23 @@ def _read_checkpoint(path):
                                    0 < v <= INT_MAX for v in in_shape):
             raise bad(f"in_shape {in_shape} is not a list of positive ints")
         dtype = np.dtype(arch["dtype"])
+        for key in ("seed", "steps"):          # absent from older checkpoints
+            v = arch.get(key, 0)
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v < 1 << 63:
+                raise bad(f"{key} {v!r} is not an int in [0, 2**63)")
         try:
             layers = [from_config(cfg) for cfg in arch["layers"]]
             if not layers:
                 raise ArgumentError("no layers")
-            shape, expected = tuple(in_shape), {}
+            shape, expected, param_shapes = tuple(in_shape), {}, []
             for i, layer in enumerate(layers):
-                shapes, shape = layer.plan(shape)
-                for name, s in zip(("weight", "bias"), shapes):
-                    expected[f"layer{i}.{name}"] = s
+                shapes, out = layer.plan(shape)
+                for name, s in zip(layer.parameter_names, shapes):
+                    expected[f"layer{i}.{name}"] = (s, dtype)
+                    param_shapes.append(s)
+                for name, (s, dt) in layer.state_plan(shape, dtype).items():
+                    expected[f"layer{i}.{name}"] = (s, np.dtype(dt))
+                shape = out
             opt = None
             if "optimizer" in arch:
                 cfg = arch["optimizer"]
@@ -547,12 +636,9 @@ def _read_checkpoint(path):
                     raise ArgumentError("the optimizer's step count is not an int >= 0")
                 opt = optim.from_config(cfg)
                 opt.steps = steps
-                shapes = [s for i, layer in enumerate(layers)
-                          for s in (expected.get(f"layer{i}.weight"),
-                                    expected.get(f"layer{i}.bias")) if s is not None]
-                for k, s in enumerate(shapes):
+                for k, s in enumerate(param_shapes):
                     for j in range(len(opt.buffers())):
-                        expected[f"optimizer.{k}.{j}"] = s
+                        expected[f"optimizer.{k}.{j}"] = (s, dtype)
         except (ArgumentError, ShapeError) as exc:
             raise bad(f"invalid architecture: {exc}") from None
         unexpected = names - set(expected) - {"architecture"}
@@ -561,19 +647,21 @@ def _read_checkpoint(path):
             raise bad(f"the arrays do not match the architecture: missing "
                       f"{sorted(missing)}, unexpected {sorted(unexpected)}")
         values = {}
-        for key, s in expected.items():
-            size = int(np.prod(s)) * dtype.itemsize
+        for key, (s, dt) in expected.items():
+            size = int(np.prod(s)) * dt.itemsize
             if f.zip.getinfo(key + ".npy").file_size < size:
                 raise bad(f"{key} holds fewer bytes than a {s} {dtype.name} array")
             try:
                 v = f[key]
             except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
                 raise bad(f"unreadable {key}: {exc}") from None
-            if v.dtype != dtype or v.shape != tuple(s):
+            if v.dtype != dt or v.shape != tuple(s):
                 raise bad(f"{key} is a {v.shape} {v.dtype} array, the architecture says "
-                          f"{tuple(s)} {dtype.name}")
-            if not np.all(np.isfinite(v)):
+                          f"{tuple(s)} {dt.name}")
+            if dt.kind == "f" and not np.all(np.isfinite(v)):
                 raise bad(f"{key} holds NaN or infinite values")
+            if dt.kind == "i" and np.any(v < 0):
+                raise bad(f"{key} holds negative values")
             values[key] = v
     return arch, layers, values, opt
 
@@ -585,15 +673,22 @@ def load(path, device=None):
     raises CheckpointError and allocates nothing (no pickles are ever loaded)."""
     arch, layers, values, opt = _read_checkpoint(path)
     net = Sequential(layers, in_shape=arch["in_shape"], device=device, dtype=arch["dtype"],
-                     initialize=False)
+                     initialize=False, seed=arch.get("seed", 0))
+    net.steps = arch.get("steps", 0)
     for i, layer in enumerate(net.layers):
-        for name, p in zip(("weight", "bias"), layer.parameters()):
+        for name, p in zip(layer.parameter_names, layer.parameters()):
             p.set(np.ascontiguousarray(values[f"layer{i}.{name}"]))
+        names = layer.state()
+        if names:
+            layer.load_state({name: values[f"layer{i}.{name}"] for name in names})
     if opt is not None:
-        params = net.parameters()
-        opt.load_state(params, [[values[f"optimizer.{k}.{j}"]
-                                 for j in range(len(opt.buffers()))]
-                                for k in range(len(params))], opt.steps)
+        if net.flat_parameters is not None:
+            flat = [np.zeros(net.flat_parameters.shape, net.dtype)
+                    for _ in opt.buffers()]
+            for k, (_, _, shape, off, n) in enumerate(net._layout):
+                for j, host in enumerate(flat):
+                    host[off:off + n] = values[f"optimizer.{k}.{j}"].ravel()
+            opt.load_state([net.flat_parameters], [flat], opt.steps)
         net.optimizer = opt
     return net
 

@@ -200,6 +200,14 @@ def finite(value, name, dtype=None):
     return value
 
 
+def probability(value, name):
+    """A probability in [0, 1) (dropout's p) as a float."""
+    p = real(value, name)
+    if not 0 <= p < 1:
+        raise ArgumentError(f"{name} must lie in [0, 1), got {p}")
+    return p
+
+
 def normalize_axis(axis, ndim):
     if axis is None:
         return None

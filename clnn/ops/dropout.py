@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import programs
 from ..errors import ArgumentError
-from ._args import check, check_out, common_device, done, launch, offset, real
+from ._args import check, check_out, common_device, done, launch, offset, probability
 
 programs.register("dropout", {}, lambda: [{}])
 
@@ -40,13 +40,6 @@ def _threshold(p):
     return min(int(round(p * 2.0 ** 32)), 2 ** 32 - 1)
 
 
-def _check_p(p):
-    p = real(p, "p")
-    if not 0 <= p < 1:
-        raise ArgumentError(f"dropout probability p must lie in [0, 1), got {p}")
-    return p
-
-
 def _check_key(key):
     if not isinstance(key, (int, np.integer)) or isinstance(key, bool) or \
             not 0 <= int(key) <= _M64:
@@ -57,7 +50,7 @@ def _check_key(key):
 def dropout_mask(shape, p, key):
     """The float64 mask (0 or 1/(1-p)) that ``dropout`` with ``p`` and ``key`` applies
     to an array of ``shape``, computed on the host (for tests and references)."""
-    p, key = _check_p(p), _check_key(key)
+    p, key = probability(p, "dropout probability p"), _check_key(key)
     n = int(np.prod(shape, dtype=np.int64))
     with np.errstate(over="ignore"):
         i = np.arange(n, dtype=np.uint64)
@@ -73,7 +66,7 @@ def dropout(x, p, key, out=None):
     backward pass of ``dropout(x, p, key)``. ``out`` may be ``x``."""
     dev = common_device(x=x, out=out)
     dt = check(x, "x", dev)
-    p, key = _check_p(p), _check_key(key)
+    p, key = probability(p, "dropout probability p"), _check_key(key)
     out = check_out(out, x.shape, dt, dev, inputs=(x,))
     kern = programs.get_kernel(dev, "dropout", "clnn_dropout",
                                {"dtype": programs.dtype_name(dt)})

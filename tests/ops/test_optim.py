@@ -92,7 +92,11 @@ def test_adam_and_adamw_match_torch_itself(dev):
             opt.step()
             G.set(g)
             mine.step([W], [G])
-        np.testing.assert_allclose(W.get(), p.detach().numpy(), rtol=1e-5, atol=1e-6)
+        want = p.detach().numpy()
+        # float32 rounding over 100 steps, relative to the weights' size (an element
+        # near 0 carries the rounding of the larger values it passed through)
+        np.testing.assert_allclose(W.get(), want, rtol=tol(np.float32),
+                                   atol=tol(np.float32) * np.abs(want).max())
 
 
 def test_optimizer_arguments_are_checked():
