@@ -212,6 +212,16 @@ def step_benchmark(args, make_net, torch_model, x, y, loss, lr, momentum, flops,
         key = f"clnn ({dev.name})"
         result["step_seconds"][key] = t
         print(f"{key}: {1e3 * t:.2f} ms per step ({flops / t / 1e9:.1f} GFLOP/s)")
+        # The step computes gradients into buffers, then updates (the hook's place).
+        # The update alone bounds what fusing it into the gradient GEMMs (the
+        # tutorial's path, which had no gradient to hand to a hook) could save.
+        flat, flat_g = [net.flat_parameters], [net.flat_gradients]
+        t_upd = median_time(lambda: net.optimizer.step(flat, flat_g, 1.0 / len(x)),
+                            args.repeats, warmup=2, sync=dev.finish)
+        result.setdefault("update_seconds", {})[key] = t_upd
+        print(f"{key}: of which the optimizer's update {1e3 * t_upd:.3f} ms "
+              f"({100 * t_upd / t:.1f}% of the step, the most a gradient GEMM with the "
+              "update fused in could save)")
         if report:
             result["extra"][key] = report(dev, net, key, t)
     if torch is not None:

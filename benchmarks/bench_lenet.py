@@ -58,7 +58,8 @@ def main(argv=None):
     flops = 3 * 2 * B * macs
     res = _common.step_benchmark(args, make_net, torch_model, x, y, "cross_entropy", LR,
                                  MOMENTUM, flops)
-    result = {"network": "LeNet-5", "batch": B, "step_seconds": res["step_seconds"]}
+    result = {"network": "LeNet-5", "batch": B, "step_seconds": res["step_seconds"],
+              "update_seconds": res.get("update_seconds", {})}
     print(f"results: {_common.write_json('bench_lenet', result, args.json)}")
 
 

@@ -60,7 +60,8 @@ def main(argv=None):
     res = _common.step_benchmark(args, make_net, torch_model, x, y, "quadratic", LR,
                                  MOMENTUM, flops, memory)
     result = {"network": f"{IN}-" + "-".join(f"{w} {a}" for w, a in LAYERS),
-              "batch": BATCH, "step_seconds": res["step_seconds"], "memory": res["extra"]}
+              "batch": BATCH, "step_seconds": res["step_seconds"],
+              "update_seconds": res.get("update_seconds", {}), "memory": res["extra"]}
     print(f"results: {_common.write_json('bench_mlp', result, args.json)}")
 
 
