@@ -54,7 +54,9 @@ class Guarded:
 
     def __init__(self, dev, shape, dtype, fill=None):
         n = int(np.prod(shape, dtype=np.int64))
-        host = np.full(n + 2 * PAD, CANARY, dtype=dtype)
+        # an int array (indices) gets the canary's integer part
+        self.canary = CANARY if np.dtype(dtype).kind == "f" else int(CANARY)
+        host = np.full(n + 2 * PAD, self.canary, dtype=dtype)
         if fill is not None:
             host[PAD:PAD + n] = np.asarray(fill, dtype=dtype).ravel()
         self.big = clnn.asarray(host, device=dev)
@@ -64,8 +66,9 @@ class Guarded:
 
     def check(self):
         host = self.big.get()
-        assert np.all(host[:PAD] == CANARY), "canary before the output was overwritten"
-        assert np.all(host[PAD + self.n:] == CANARY), "canary after the output was overwritten"
+        assert np.all(host[:PAD] == self.canary), "canary before the output was overwritten"
+        assert np.all(host[PAD + self.n:] == self.canary), \
+            "canary after the output was overwritten"
         return self.view.get()
 
 

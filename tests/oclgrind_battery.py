@@ -214,13 +214,21 @@ def conv():
             checked += 1
     for mode, fwd, bwd in (("max", clnn.max_pool2d, clnn.max_pool2d_backward),
                            ("avg", clnn.avg_pool2d, clnn.avg_pool2d_backward)):
-        # overlapping windows, and windows that do not overlap (their own path)
-        for k, st, pad in (((3, 2), 2, 1), ((2, 2), 2, 0), ((2, 1), (3, 2), (1, 0))):
-            y_ref, backward = pool2d_ref(x, k, (st, st) if isinstance(st, int) else st,
-                                         (pad, pad) if isinstance(pad, int) else pad, mode)
-            close(fwd(X, k, st, pad).get(), y_ref)
+        # overlapping windows, and windows that do not overlap (their own path); with
+        # ceil_mode windows past the input; dilation (max) and the divisors (avg)
+        extra = ({"dilation": 2, "ceil_mode": True},) if mode == "max" else \
+            ({"ceil_mode": True, "count_include_pad": False}, {"divisor_override": 5})
+        for k, st, pad, opts in (((3, 2), 2, 1, {}), ((2, 2), 2, 0, {}),
+                                 ((2, 1), (3, 2), (1, 0), {}), ((2, 2), 2, 0, extra[0]),
+                                 ((3, 3), 2, 1, extra[-1])):
+            ref_opts = dict(opts)
+            dil = ref_opts.pop("dilation", 1)
+            y_ref, backward, _ = pool2d_ref(
+                x, k, (st, st) if isinstance(st, int) else st,
+                (pad, pad) if isinstance(pad, int) else pad, mode, (dil, dil), **ref_opts)
+            close(fwd(X, k, st, pad, **opts).get(), y_ref)
             g = rng.standard_normal(y_ref.shape).astype(np.float32)
-            close(bwd(clnn.asarray(g), X, k, st, pad).get(), backward(g))
+            close(bwd(clnn.asarray(g), X, k, st, pad, **opts).get(), backward(g))
     print(f"checked {checked} GEMM and gathered variants for convolution, and pooling")
 
 

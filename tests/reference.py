@@ -67,39 +67,72 @@ def conv2d_backward_ref(dy, x, w, stride, padding):
     return dxp[:, :, ph:ph + H, pw:pw + W], dw
 
 
-def pool2d_ref(x, k, stride, padding, mode):
-    """(y, dx_of(dy)) for max/avg pooling; max picks the first maximum in row-major order."""
-    (kh, kw), (sh, sw), (ph, pw) = k, stride, padding
+def pool_out_size(L, k, s, p, d=1, ceil_mode=False):
+    """PyTorch's pooled length (torch/nn/modules/pooling.py's documented formula)."""
+    import math
+    f = math.ceil if ceil_mode else math.floor
+    n = f((L + 2 * p - d * (k - 1) - 1) / s) + 1
+    if ceil_mode and (n - 1) * s >= L + p:
+        n -= 1
+    return n
+
+
+def pool2d_ref(x, k, stride, padding, mode, dilation=(1, 1), ceil_mode=False,
+               count_include_pad=True, divisor_override=None):
+    """(y, dx_of(dy), indices) for max/avg pooling with PyTorch's options, by loops
+    over windows and taps in float64; max picks the first maximum in row-major order
+    (a NaN beats any number), indices are flat h * W + w within the plane (-1 for a
+    window with no tap inside the input)."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = k, stride, padding, dilation
     N, C, H, W = x.shape
-    P, Q = (H + 2 * ph - kh) // sh + 1, (W + 2 * pw - kw) // sw + 1
-    fill = -np.inf if mode == "max" else 0.0
-    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (ph, ph), (pw, pw)),
-                constant_values=fill)
+    P = pool_out_size(H, kh, sh, ph, dh, ceil_mode)
+    Q = pool_out_size(W, kw, sw, pw, dw, ceil_mode)
+    x64 = x.astype(np.float64)
     y = np.zeros((N, C, P, Q))
-    where = np.zeros((N, C, P, Q), dtype=np.int64)
+    idx = np.full((N, C, P, Q), -1, dtype=np.int64)
+    div = np.ones((P, Q))
     for p in range(P):
         for q in range(Q):
-            win = xp[:, :, p * sh:p * sh + kh, q * sw:q * sw + kw].reshape(N, C, -1)
-            if mode == "max":
-                where[:, :, p, q] = win.argmax(-1)
-                y[:, :, p, q] = win.max(-1)
-            else:
-                y[:, :, p, q] = win.sum(-1) / (kh * kw)
+            taps = [(p * sh - ph + r * dh, q * sw - pw + t * dw)
+                    for r in range(kh) for t in range(kw)]
+            taps = [(h, w) for h, w in taps if 0 <= h < H and 0 <= w < W]
+            if mode == "avg":
+                h0, w0 = p * sh - ph, q * sw - pw
+                h1, w1 = min(h0 + kh, H + ph), min(w0 + kw, W + pw)
+                if divisor_override is not None:
+                    div[p, q] = divisor_override
+                elif count_include_pad:
+                    div[p, q] = (h1 - h0) * (w1 - w0)
+                else:
+                    div[p, q] = (min(h1, H) - max(h0, 0)) * (min(w1, W) - max(w0, 0))
+                y[:, :, p, q] = sum(x64[:, :, h, w] for h, w in taps) / div[p, q]
+                continue
+            for n in range(N):
+                for c in range(C):
+                    best = None
+                    for h, w in taps:
+                        v = x64[n, c, h, w]
+                        if best is None or v > best[0] or (np.isnan(v) and
+                                                           not np.isnan(best[0])):
+                            best = (v, h * W + w)
+                    # no tap inside the input (dilation): -inf, as PyTorch
+                    y[n, c, p, q], idx[n, c, p, q] = best or (-np.inf, -1)
 
     def backward(dy):
-        dxp = np.zeros_like(xp)
+        dx = np.zeros((N, C, H * W))
         for p in range(P):
             for q in range(Q):
                 g = dy[:, :, p, q].astype(np.float64)
                 if mode == "max":
-                    r, s = np.divmod(where[:, :, p, q], kw)
                     n, c = np.indices((N, C))
-                    np.add.at(dxp, (n, c, p * sh + r, q * sw + s), g)
+                    np.add.at(dx, (n, c, idx[:, :, p, q]), g)
                 else:
-                    dxp[:, :, p * sh:p * sh + kh, q * sw:q * sw + kw] += \
-                        g[:, :, None, None] / (kh * kw)
-        return dxp[:, :, ph:ph + H, pw:pw + W]
-    return y, backward
+                    for h, w in [(p * sh - ph + r, q * sw - pw + t)
+                                 for r in range(kh) for t in range(kw)]:
+                        if 0 <= h < H and 0 <= w < W:
+                            dx[:, :, h * W + w] += g / div[p, q]
+        return dx.reshape(N, C, H, W)
+    return y, backward, idx
 
 
 def numeric_grad(loss, x, h=1e-6):

@@ -4,38 +4,45 @@
 ## Used by clnn/ops/pool.py.
 <%include file="_common.cl"/>
 //
-// x (N, C, H, W) -> y (N, C, P, Q) over KH x KW windows with stride (SH, SW) and zero
-// padding (PH, PW); planes = N * C. One work-item per output row forward, one per
-// input row backward (each element gathers over the windows that contain it), so
-// nothing is written twice and no atomics are needed. Max pooling over 2x2 windows
-// with stride 2 and no padding has its own kernels at the end: a work-item per element.
+// x (N, C, H, W) -> y (N, C, P, Q) over KH x KW windows with stride (SH, SW), zero
+// padding (PH, PW) and dilation (DH, DW): tap (r, s) of window (p, q) reads
+// (p SH - PH + r DH, q SW - PW + s DW); planes = N * C. The host sizes P and Q (with
+// PyTorch's ceil_mode, the last window may reach past the padding; the kernels skip
+// what lies outside the input). One work-item per output row forward, one per input
+// row backward (each element gathers over the windows that contain it), so nothing is
+// written twice and no atomics are needed. Max pooling over 2x2 windows with stride 2
+// and no padding has its own kernels at the end: a work-item per element.
 % if mode == "max":
 // Max pooling ignores padding; a window's maximum is its first maximal element in
 // row-major order, the same rule forward and backward, so ties route the gradient to
 // exactly one input, deterministically.
 % else:
-// Average pooling divides by KH * KW, padding included (PyTorch's default).
+// Average pooling divides by PyTorch's divisor (clnn_divisor): div_mode 0 counts the
+// window's taps inside the padded input (KH * KW but for a ceil_mode window past the
+// padding), 1 only those inside the input (count_include_pad=False), 2 is ``divisor``
+// (divisor_override).
 % endif
 //
 <%
     pool_args = ("const int planes, const int H, const int W, const int P, const int Q,\n"
                  "        const int KH, const int KW, const int SH, const int SW, const int PH,\n"
-                 "        const int PW")
+                 "        const int PW, const int DH, const int DW, const int div_mode,\n"
+                 "        const int divisor")
 %>
 % if mode == "max":
 // the flat index (h * W + w) of the maximum of window (p, q) of one plane, or -1
 inline int clnn_argmax(__global const real_t *x, const int H, const int W, const int p,
                        const int q, const int KH, const int KW, const int SH, const int SW,
-                       const int PH, const int PW)
+                       const int PH, const int PW, const int DH, const int DW)
 {
     int best = -1;
     acc_t v_best = (acc_t)0;
     for (int r = 0; r < KH; ++r) {
-        const int h = p * SH + r - PH;
+        const int h = p * SH + r * DH - PH;
         if (h < 0 || h >= H)
             continue;
         for (int s = 0; s < KW; ++s) {
-            const int w = q * SW + s - PW;
+            const int w = q * SW + s * DW - PW;
             if (w < 0 || w >= W)
                 continue;
             const acc_t v = CLNN_LOAD(x, h * W + w);
@@ -47,12 +54,33 @@ inline int clnn_argmax(__global const real_t *x, const int H, const int W, const
     }
     return best;
 }
+#define CLNN_ARGMAX(p, q) clnn_argmax(xp, H, W, p, q, KH, KW, SH, SW, PH, PW, DH, DW)
+% else:
+// PyTorch's divisor of window (p, q) (see above)
+inline acc_t clnn_divisor(const int H, const int W, const int p, const int q,
+                          const int KH, const int KW, const int SH, const int SW,
+                          const int PH, const int PW, const int div_mode, const int divisor)
+{
+    if (div_mode == 2)
+        return (acc_t)divisor;
+    int h0 = p * SH - PH, w0 = q * SW - PW;
+    int h1 = min(h0 + KH, H + PH), w1 = min(w0 + KW, W + PW);
+    if (div_mode == 1) {
+        h0 = max(h0, 0);
+        w0 = max(w0, 0);
+        h1 = min(h1, H);
+        w1 = min(w1, W);
+    }
+    return (acc_t)((h1 - h0) * (w1 - w0));
+}
+#define CLNN_DIVISOR(p, q) clnn_divisor(H, W, p, q, KH, KW, SH, SW, PH, PW, div_mode, divisor)
 % endif
 
 __kernel void clnn_pool_forward(
         ${pool_args},
                                 __global const real_t *x, const int x_off,
-                                __global real_t *y, const int y_off)
+                                __global real_t *y, const int y_off,
+                                __global int *idx, const int idx_off, const int want_idx)
 {
     // one work-item per output row (plane, p): the index arithmetic is per row
     for (int i = (int)get_global_id(0); i < planes * P; i += (int)get_global_size(0)) {
@@ -60,8 +88,11 @@ __kernel void clnn_pool_forward(
         __global const real_t *xp = x + x_off + plane * H * W;
         for (int q = 0; q < Q; ++q) {
 % if mode == "max":
-            const int best = clnn_argmax(xp, H, W, p, q, KH, KW, SH, SW, PH, PW);
-            CLNN_STORE(best < 0 ? (acc_t)0 : CLNN_LOAD(xp, best), y, y_off + i * Q + q);
+            const int best = CLNN_ARGMAX(p, q);
+            // a dilated window may have no tap inside the input: -inf, as PyTorch's
+            CLNN_STORE(best < 0 ? (acc_t)(-INFINITY) : CLNN_LOAD(xp, best), y, y_off + i * Q + q);
+            if (want_idx)
+                idx[idx_off + i * Q + q] = best;
 % else:
             acc_t sum = (acc_t)0;
             for (int r = 0; r < KH; ++r) {
@@ -72,7 +103,7 @@ __kernel void clnn_pool_forward(
                         sum += CLNN_LOAD(xp, h * W + w);
                 }
             }
-            CLNN_STORE(sum / (acc_t)(KH * KW), y, y_off + i * Q + q);
+            CLNN_STORE(sum / CLNN_DIVISOR(p, q), y, y_off + i * Q + q);
 % endif
         }
     }
@@ -82,7 +113,7 @@ __kernel void clnn_pool_forward(
 % if mode == "max":
 //                   and whose maximum it is.
 % else:
-//                   each divided by KH * KW.
+//                   each divided by its divisor.
 % endif
 __kernel void clnn_pool_backward(
         ${pool_args},
@@ -90,15 +121,13 @@ __kernel void clnn_pool_backward(
                                  __global const real_t *dy, const int dy_off,
                                  __global real_t *dx, const int dx_off)
 {
-    // one work-item per input row (plane, h): its windows p0..p1 are found once
+    // one work-item per input row (plane, h)
     for (int i = (int)get_global_id(0); i < planes * H; i += (int)get_global_size(0)) {
         const int plane = i / H, h = i % H;
-        // windows p with p * SH - PH <= h < p * SH - PH + KH
-        const int p0 = max(0, (h + PH - KH + SH) / SH), p1 = min(P - 1, (h + PH) / SH);
 % if mode == "max":
         __global const real_t *xp = x + x_off + plane * H * W;
 % endif
-        if (SH >= KH && SW >= KW) {
+        if (SH >= KH && SW >= KW && DH == 1 && DW == 1) {
             // Windows that do not overlap (the usual 2x2 stride 2): (h, w) lies in at
             // most one window (p, q), found by counting instead of dividing, and
             // each window's maximum is found once for all of this row's w in it.
@@ -114,13 +143,13 @@ __kernel void clnn_pool_backward(
                 if (in_p && rq < KW && q < Q) {
 % if mode == "max":
                     if (q != best_q) {
-                        best = clnn_argmax(xp, H, W, p, q, KH, KW, SH, SW, PH, PW);
+                        best = CLNN_ARGMAX(p, q);
                         best_q = q;
                     }
                     if (best == h * W + w)
                         g = CLNN_LOAD(dy, dy_off + (plane * P + p) * Q + q);
 % else:
-                    g = CLNN_LOAD(dy, dy_off + (plane * P + p) * Q + q) / (acc_t)(KH * KW);
+                    g = CLNN_LOAD(dy, dy_off + (plane * P + p) * Q + q) / CLNN_DIVISOR(p, q);
 % endif
                 }
                 CLNN_STORE(g, dx, dx_off + i * W + w);
@@ -131,22 +160,28 @@ __kernel void clnn_pool_backward(
             }
             continue;
         }
+        // the general case: tap r of window p covers h when p SH - PH + r DH = h
         for (int w = 0; w < W; ++w) {
-            const int q0 = max(0, (w + PW - KW + SW) / SW), q1 = min(Q - 1, (w + PW) / SW);
             acc_t g = (acc_t)0;
-            for (int p = p0; p <= p1; ++p) {
-                for (int q = q0; q <= q1; ++q) {
+            for (int r = 0; r < KH; ++r) {
+                const int tp = h + PH - r * DH;
+                if (tp < 0 || tp % SH != 0 || tp / SH >= P)
+                    continue;
+                const int p = tp / SH;
+                for (int s = 0; s < KW; ++s) {
+                    const int tq = w + PW - s * DW;
+                    if (tq < 0 || tq % SW != 0 || tq / SW >= Q)
+                        continue;
+                    const int q = tq / SW;
+                    const acc_t d = CLNN_LOAD(dy, dy_off + (plane * P + p) * Q + q);
 % if mode == "max":
-                    if (clnn_argmax(xp, H, W, p, q, KH, KW, SH, SW, PH, PW) == h * W + w)
-                        g += CLNN_LOAD(dy, dy_off + (plane * P + p) * Q + q);
+                    if (CLNN_ARGMAX(p, q) == h * W + w)
+                        g += d;
 % else:
-                    g += CLNN_LOAD(dy, dy_off + (plane * P + p) * Q + q);
+                    g += d / CLNN_DIVISOR(p, q);
 % endif
                 }
             }
-% if mode == "avg":
-            g /= (acc_t)(KH * KW);
-% endif
             CLNN_STORE(g, dx, dx_off + i * W + w);
         }
     }

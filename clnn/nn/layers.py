@@ -252,25 +252,31 @@ class Conv2d(Layer):
 class _Pool(Layer):
     mode = None
 
-    def __init__(self, kernel_size, stride=None, padding=0):
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, **options):
         from ..ops._args import pair
         self.kernel_size = pair(kernel_size, "kernel_size", 1)
         self.stride = None if stride is None else pair(stride, "stride", 1)
         self.padding = pair(padding, "padding", 0)
+        self.ceil_mode = _flag(ceil_mode, "ceil_mode")
+        self.options = options          # checked by plan (pool_geometry, _divisor)
 
     def __repr__(self):
         return f"{type(self).__name__}({self.kernel_size}, stride={self.stride})"
 
     def config(self):
-        return {"type": type(self).__name__, "kernel_size": self.kernel_size,
-                "stride": self.stride, "padding": self.padding}
+        return dict({"type": type(self).__name__, "kernel_size": self.kernel_size,
+                     "stride": self.stride, "padding": self.padding,
+                     "ceil_mode": self.ceil_mode}, **self.options)
 
     def plan(self, in_shape):
-        from ..ops.pool import pool_geometry
+        from ..ops.pool import _divisor, pool_geometry
         if len(in_shape) != 3:
             raise ShapeError(f"{type(self).__name__} takes (C, H, W) inputs, got {in_shape}")
-        _, C, _, _, P, Q, _, _, _ = pool_geometry((1,) + tuple(in_shape), self.kernel_size,
-                                                  self.stride, self.padding)
+        if self.mode == "avg":
+            _divisor(self.options["count_include_pad"], self.options["divisor_override"])
+        _, C, _, _, P, Q, _, _, _, _ = pool_geometry(
+            (1,) + tuple(in_shape), self.kernel_size, self.stride, self.padding,
+            self.options.get("dilation", 1), self.ceil_mode)
         return [], (C, P, Q)
 
     def build(self, in_shape, device, dtype, rng):
@@ -278,21 +284,36 @@ class _Pool(Layer):
 
     def forward(self, x, out, logits=False, training=False, key=0):
         fwd = clnn.max_pool2d if self.mode == "max" else clnn.avg_pool2d
-        return fwd(x, self.kernel_size, self.stride, self.padding, out=out)
+        return fwd(x, self.kernel_size, self.stride, self.padding, ceil_mode=self.ceil_mode,
+                   out=out, **self.options)
 
     def backward_input(self, delta, x, dx):
         bwd = clnn.max_pool2d_backward if self.mode == "max" else clnn.avg_pool2d_backward
-        bwd(delta, x, self.kernel_size, self.stride, self.padding, out=dx)
+        bwd(delta, x, self.kernel_size, self.stride, self.padding, ceil_mode=self.ceil_mode,
+            out=dx, **self.options)
 
 
 class MaxPool2d(_Pool):
-    """Max over k x k windows (stride defaults to k); ties go to the first maximum."""
+    """Max over k x k windows (stride defaults to k); ties go to the first maximum.
+    PyTorch's ``dilation`` and ``ceil_mode``."""
     mode = "max"
+
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+        from ..ops._args import pair
+        super().__init__(kernel_size, stride, padding, ceil_mode,
+                         dilation=pair(dilation, "dilation", 1))
 
 
 class AvgPool2d(_Pool):
-    """Mean over k x k windows (stride defaults to k)."""
+    """Mean over k x k windows (stride defaults to k); PyTorch's ``ceil_mode``,
+    ``count_include_pad`` and ``divisor_override``."""
     mode = "avg"
+
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False,
+                 count_include_pad=True, divisor_override=None):
+        super().__init__(kernel_size, stride, padding, ceil_mode,
+                         count_include_pad=count_include_pad,
+                         divisor_override=divisor_override)
 
 
 class Flatten(Layer):

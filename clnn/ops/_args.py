@@ -64,6 +64,25 @@ def check(x, name, dev, *, dtype=None, ndim=None, shape=None, contiguous=True):
     return dt
 
 
+def check_ints(x, name, dev, *, shape=None):
+    """Check an int32 array argument (class indices, pooling indices): its device,
+    dtype, shape, contiguity and extent."""
+    as_array(x, name)
+    if device_of(x) is not dev:
+        raise DeviceError(f"{name} is on {device_of(x).name}, the other arrays on "
+                          f"{dev.name}")
+    if x.dtype != np.int32:
+        raise DTypeError(f"{name} must be an int32 array, has dtype {x.dtype}")
+    if shape is not None and tuple(x.shape) != tuple(shape):
+        raise ShapeError(f"{name} has shape {x.shape}, expected {tuple(shape)}")
+    if not x.flags.c_contiguous:
+        raise ShapeError(f"{name} must be C-contiguous")
+    if x.offset % 4:
+        raise ShapeError(f"{name} has a byte offset {x.offset} that is not a multiple of 4")
+    check_extent(x, name)
+    return x
+
+
 def check_extent(x, name):
     """Every element of ``x`` must lie inside its buffer (a view made with ``data=``
     can claim more than the buffer holds) and at an element index a 32-bit int holds."""

@@ -1,38 +1,62 @@
 """2-D max and average pooling with their backward ops. Kernel: clnn/kernels/pool.cl."""
 
+import numpy as np
+
 from .. import programs
-from ..errors import ShapeError
-from ._args import check, check_out, common_device, done, launch_size, offset, pair
+from ..errors import ArgumentError, ShapeError
+from ._args import (INT_MAX, check, check_ints, check_out, common_device, dev_empty, done,
+                    launch_size, offset, overlaps, pair)
 
 programs.register("pool", {"mode": "max"},
                   lambda: [{"mode": "max"}, {"mode": "avg"}])
 
 
-def pool_geometry(x_shape, kernel_size, stride, padding):
-    """(N, C, H, W, P, Q, (kh, kw), (sh, sw), (ph, pw)); stride defaults to the kernel."""
+def _out_size(L, k, s, p, d, ceil_mode):
+    """PyTorch's pooled length: floor (or ceil) of (L + 2p - d(k-1) - 1) / s + 1, where a
+    ceil_mode window must start inside the input or its left padding."""
+    span = L + 2 * p - d * (k - 1) - 1
+    n = (-(-span // s) if ceil_mode else span // s) + 1
+    if ceil_mode and (n - 1) * s >= L + p:
+        n -= 1
+    return n
+
+
+def pool_geometry(x_shape, kernel_size, stride, padding, dilation=1, ceil_mode=False):
+    """(N, C, H, W, P, Q, (kh, kw), (sh, sw), (ph, pw), (dh, dw)); stride defaults to
+    the kernel. PyTorch's rules: padding at most half the (dilated) window."""
     if len(x_shape) != 4:
         raise ShapeError(f"x must be (N, C, H, W), has shape {tuple(x_shape)}")
     N, C, H, W = x_shape
     k = pair(kernel_size, "kernel_size", 1)
     s = k if stride is None else pair(stride, "stride", 1)
     p = pair(padding, "padding", 0)
-    if p[0] > k[0] // 2 or p[1] > k[1] // 2:
-        raise ShapeError(f"padding {p} must be at most half the kernel {k}")
-    if k[0] > H + 2 * p[0] or k[1] > W + 2 * p[1]:
-        raise ShapeError(f"the {k[0]}x{k[1]} window is bigger than the padded "
+    d = pair(dilation, "dilation", 1)
+    if not isinstance(ceil_mode, (bool, np.bool_)):
+        raise ArgumentError(f"ceil_mode must be True or False, got {ceil_mode!r}")
+    ext = (d[0] * (k[0] - 1) + 1, d[1] * (k[1] - 1) + 1)     # the dilated window
+    if p[0] > ext[0] // 2 or p[1] > ext[1] // 2:
+        raise ShapeError(f"padding {p} must be at most half the window {ext}")
+    if ext[0] > H + 2 * p[0] or ext[1] > W + 2 * p[1]:
+        raise ShapeError(f"the {ext[0]}x{ext[1]} window is bigger than the padded "
                          f"{H + 2 * p[0]}x{W + 2 * p[1]} input")
-    P, Q = (H + 2 * p[0] - k[0]) // s[0] + 1, (W + 2 * p[1] - k[1]) // s[1] + 1
+    for name, v in (("kernel_size", k), ("stride", s), ("padding", p), ("dilation", d)):
+        if max(v) > INT_MAX // 4:
+            raise ShapeError(f"{name} {v} does not fit 32-bit index arithmetic")
+    P = _out_size(H, k[0], s[0], p[0], d[0], ceil_mode)
+    Q = _out_size(W, k[1], s[1], p[1], d[1], ceil_mode)
     # one output position along an axis: its stride multiplies nothing, and a huge one
     # would not fit the kernel's int argument; the smallest that keeps one position
     # (1 would change the geometry that the kernels assume)
-    s = (s[0] if P > 1 else min(s[0], H + 2 * p[0] - k[0] + 1),
-         s[1] if Q > 1 else min(s[1], W + 2 * p[1] - k[1] + 1))
-    return N, C, H, W, P, Q, k, s, p
+    s = (s[0] if P > 1 else min(s[0], H + 2 * p[0] - ext[0] + 1),
+         s[1] if Q > 1 else min(s[1], W + 2 * p[1] - ext[1] + 1))
+    return N, C, H, W, P, Q, k, s, p, d
 
 
-def _is_22(mode, k, s, p):
-    """Max pooling over 2x2 windows with stride 2 and no padding: its own kernels."""
-    return mode == "max" and tuple(k) == (2, 2) and tuple(s) == (2, 2) and tuple(p) == (0, 0)
+def _is_22(mode, k, s, p, d=(1, 1), H=0, W=0, P=0, Q=0):
+    """Max pooling over 2x2 windows with stride 2, no padding or dilation, every window
+    inside the input (ceil_mode adds none for even sizes): its own kernels."""
+    return mode == "max" and tuple(k) == (2, 2) and tuple(s) == (2, 2) and \
+        tuple(p) == (0, 0) and tuple(d) == (1, 1) and P == H // 2 and Q == W // 2
 
 
 def _grid(dev, cols, rows):
@@ -44,17 +68,45 @@ def _grid(dev, cols, rows):
     return (-(-cols // lx) * lx, -(-rows // ly) * ly), (lx, ly)
 
 
-def _args(N, C, H, W, P, Q, k, s, p):
+def _args(N, C, H, W, P, Q, k, s, p, d, div_mode=0, divisor=1):
     return dict(planes=N * C, H=H, W=W, P=P, Q=Q, KH=k[0], KW=k[1], SH=s[0], SW=s[1],
-                PH=p[0], PW=p[1])
+                PH=p[0], PW=p[1], DH=d[0], DW=d[1], div_mode=div_mode, divisor=divisor)
 
 
-def _forward(mode, x, kernel_size, stride, padding, out):
-    dev = common_device(x=x, out=out)
+def _divisor(count_include_pad, divisor_override):
+    """(div_mode, divisor) for the kernels from avg_pool2d's PyTorch options."""
+    if not isinstance(count_include_pad, (bool, np.bool_)):
+        raise ArgumentError(f"count_include_pad must be True or False, got "
+                            f"{count_include_pad!r}")
+    if divisor_override is None:
+        return (0 if count_include_pad else 1), 1
+    if not isinstance(divisor_override, (int, np.integer)) or \
+            isinstance(divisor_override, (bool, np.bool_)) or \
+            not 0 < divisor_override <= INT_MAX:
+        raise ArgumentError(f"divisor_override must be a positive int, got "
+                            f"{divisor_override!r}")
+    return 2, int(divisor_override)
+
+
+def _forward(mode, x, kernel_size, stride, padding, out, dilation=1, ceil_mode=False,
+             divisor=(0, 1), indices=None, want_indices=False):
+    dev = common_device(x=x, out=out, indices=indices)
     dt = check(x, "x", dev, ndim=4)
-    N, C, H, W, P, Q, k, s, p = pool_geometry(x.shape, kernel_size, stride, padding)
+    N, C, H, W, P, Q, k, s, p, d = pool_geometry(x.shape, kernel_size, stride, padding,
+                                                 dilation, ceil_mode)
     out = check_out(out, (N, C, P, Q), dt, dev, inputs=(x,), allow_alias=False)
-    if _is_22(mode, k, s, p):
+    if want_indices:
+        if indices is None:
+            indices = dev_empty(dev, (N, C, P, Q), np.int32)
+        else:
+            check_ints(indices, "indices", dev, shape=(N, C, P, Q))
+            if overlaps(indices, x) or overlaps(indices, out):
+                raise ShapeError("indices overlaps x or out")
+    elif indices is not None:
+        raise ArgumentError("indices are written only with return_indices=True")
+    if out.size == 0:
+        return (out, indices) if want_indices else out
+    if _is_22(mode, k, s, p, d, H, W, P, Q) and not want_indices:
         kern = programs.get_kernel(dev, "pool", "clnn_pool22_forward",
                                    {"dtype": programs.dtype_name(dt), "mode": mode})
         evt = kern(*_grid(dev, Q, N * C * P), planes=N * C, H=H, W=W, P=P, Q=Q, x=x,
@@ -63,18 +115,27 @@ def _forward(mode, x, kernel_size, stride, padding, out):
     kern = programs.get_kernel(dev, "pool", "clnn_pool_forward", {"dtype": programs.dtype_name(dt),
                                                                    "mode": mode})
     g, l = launch_size(dev, N * C * P)          # a work-item per output row
-    evt = kern(g, l, x=x, x_off=offset(x), y=out, y_off=offset(out),
-               **_args(N, C, H, W, P, Q, k, s, p))
-    return done(out, evt)
+    idx = indices if want_indices else out      # a placeholder the kernel never writes
+    evt = kern(g, l, x=x, x_off=offset(x), y=out, y_off=offset(out), idx=idx,
+               idx_off=offset(idx), want_idx=int(want_indices),
+               **_args(N, C, H, W, P, Q, k, s, p, d, *divisor))
+    done(out, evt)
+    if want_indices:
+        return out, done(indices, evt)
+    return out
 
 
-def _backward(mode, dy, x, kernel_size, stride, padding, out):
+def _backward(mode, dy, x, kernel_size, stride, padding, out, dilation=1, ceil_mode=False,
+              divisor=(0, 1)):
     dev = common_device(dy=dy, x=x, out=out)
     dt = check(x, "x", dev, ndim=4)
-    N, C, H, W, P, Q, k, s, p = pool_geometry(x.shape, kernel_size, stride, padding)
+    N, C, H, W, P, Q, k, s, p, d = pool_geometry(x.shape, kernel_size, stride, padding,
+                                                 dilation, ceil_mode)
     check(dy, "dy", dev, dtype=dt, shape=(N, C, P, Q))
     out = check_out(out, x.shape, dt, dev, inputs=(dy, x), allow_alias=False)
-    if _is_22(mode, k, s, p):
+    if out.size == 0:
+        return out
+    if _is_22(mode, k, s, p, d, H, W, P, Q):
         kern = programs.get_kernel(dev, "pool", "clnn_pool22_backward",
                                    {"dtype": programs.dtype_name(dt), "mode": mode})
         evt = kern(*_grid(dev, W, N * C * H), planes=N * C, H=H, W=W, P=P, Q=Q, x=x,
@@ -84,25 +145,42 @@ def _backward(mode, dy, x, kernel_size, stride, padding, out):
                                                                     "mode": mode})
     g, l = launch_size(dev, N * C * H)          # a work-item per input row
     evt = kern(g, l, x=x, x_off=offset(x), dy=dy, dy_off=offset(dy), dx=out,
-               dx_off=offset(out), **_args(N, C, H, W, P, Q, k, s, p))
+               dx_off=offset(out), **_args(N, C, H, W, P, Q, k, s, p, d, *divisor))
     return done(out, evt)
 
 
-def max_pool2d(x, kernel_size, stride=None, padding=0, out=None):
-    """Max over each window of each (N, C) plane; stride defaults to kernel_size."""
-    return _forward("max", x, kernel_size, stride, padding, out)
+def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+               return_indices=False, out=None, indices=None):
+    """Max over each window of each (N, C) plane; stride defaults to kernel_size.
+
+    PyTorch's options: ``dilation`` spaces the window's taps, ``ceil_mode`` rounds the
+    output size up (a last window may reach past the input), ``return_indices`` also
+    returns, per output, the flat index h * W + w of its maximum in the plane (int32;
+    PyTorch's are int64), into ``indices`` when given. Ties go to the first maximum in
+    row-major order; NaN wins. A dilated window with no tap inside the input gives
+    -inf (as PyTorch) and index -1.
+    """
+    return _forward("max", x, kernel_size, stride, padding, out, dilation, ceil_mode,
+                    indices=indices, want_indices=bool(return_indices))
 
 
-def avg_pool2d(x, kernel_size, stride=None, padding=0, out=None):
-    """Mean over each window (divided by the window size, padding included)."""
-    return _forward("avg", x, kernel_size, stride, padding, out)
+def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False,
+               count_include_pad=True, divisor_override=None, out=None):
+    """Mean over each window; PyTorch's options and divisors: padding counts unless
+    ``count_include_pad=False``, ``divisor_override`` replaces the divisor."""
+    return _forward("avg", x, kernel_size, stride, padding, out, 1, ceil_mode,
+                    _divisor(count_include_pad, divisor_override))
 
 
-def max_pool2d_backward(dy, x, kernel_size, stride=None, padding=0, out=None):
+def max_pool2d_backward(dy, x, kernel_size, stride=None, padding=0, dilation=1,
+                        ceil_mode=False, out=None):
     """dx: dy routed to each window's (first) maximum of x. Overwrites ``out``."""
-    return _backward("max", dy, x, kernel_size, stride, padding, out)
+    return _backward("max", dy, x, kernel_size, stride, padding, out, dilation, ceil_mode)
 
 
-def avg_pool2d_backward(dy, x, kernel_size, stride=None, padding=0, out=None):
-    """dx: dy spread evenly over each window. Overwrites ``out``."""
-    return _backward("avg", dy, x, kernel_size, stride, padding, out)
+def avg_pool2d_backward(dy, x, kernel_size, stride=None, padding=0, ceil_mode=False,
+                        count_include_pad=True, divisor_override=None, out=None):
+    """dx: each window's dy over its divisor, spread over the window. Overwrites
+    ``out``."""
+    return _backward("avg", dy, x, kernel_size, stride, padding, out, 1, ceil_mode,
+                     _divisor(count_include_pad, divisor_override))

@@ -10,32 +10,73 @@ RNG = np.random.default_rng(41)
 
 
 @pytest.mark.parametrize("mode", ["max", "avg"])
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(N=st.integers(1, 3), C=st.integers(1, 4), H=st.integers(1, 12), W=st.integers(1, 12),
        kh=st.integers(1, 4), kw=st.integers(1, 4), sh=st.integers(1, 3), sw=st.integers(1, 3),
-       data=st.data())
-def test_pooling_forward_and_backward(mode, N, C, H, W, kh, kw, sh, sw, data):
-    ph = data.draw(st.integers(0, kh // 2))
-    pw = data.draw(st.integers(0, kw // 2))
-    if kh > H + 2 * ph or kw > W + 2 * pw:
+       ceil_mode=st.booleans(), data=st.data())
+def test_pooling_forward_and_backward(mode, N, C, H, W, kh, kw, sh, sw, ceil_mode, data):
+    dh, dw = (data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))) \
+        if mode == "max" else (1, 1)
+    eh, ew = dh * (kh - 1) + 1, dw * (kw - 1) + 1         # the dilated window
+    ph = data.draw(st.integers(0, eh // 2))
+    pw = data.draw(st.integers(0, ew // 2))
+    options = dict(ceil_mode=ceil_mode)
+    if mode == "max":
+        options["dilation"] = (dh, dw)
+    else:
+        options["count_include_pad"] = data.draw(st.booleans())
+        options["divisor_override"] = data.draw(st.sampled_from([None, 1, 3]))
+    fwd = clnn.max_pool2d if mode == "max" else clnn.avg_pool2d
+    bwd = clnn.max_pool2d_backward if mode == "max" else clnn.avg_pool2d_backward
+    if eh > H + 2 * ph or ew > W + 2 * pw:
         with pytest.raises(clnn.ShapeError):
-            clnn.max_pool2d(clnn.zeros((N, C, H, W)), (kh, kw), (sh, sw), (ph, pw))
+            fwd(clnn.zeros((N, C, H, W)), (kh, kw), (sh, sw), (ph, pw), **options)
         return
     # few distinct values, so max pooling meets ties
     x = RNG.integers(-3, 4, (N, C, H, W)).astype(np.float32)
-    ref, backward = pool2d_ref(x, (kh, kw), (sh, sw), (ph, pw), mode)
-    fwd = clnn.max_pool2d if mode == "max" else clnn.avg_pool2d
-    bwd = clnn.max_pool2d_backward if mode == "max" else clnn.avg_pool2d_backward
+    ref_options = {k: v for k, v in options.items() if k != "dilation"}
+    ref, backward, where = pool2d_ref(x, (kh, kw), (sh, sw), (ph, pw), mode, (dh, dw),
+                                      **ref_options)
     X = guarded_input(clnn.device(), x)
     y = Guarded(clnn.device(), ref.shape, np.float32)
-    fwd(X, (kh, kw), (sh, sw), (ph, pw), out=y.view)
-    assert_close(y.check(), ref, np.float32, k=kh * kw)
+    if mode == "max":
+        idx = Guarded(clnn.device(), ref.shape, np.int32)
+        got = fwd(X, (kh, kw), (sh, sw), (ph, pw), return_indices=True, out=y.view,
+                  indices=idx.view, **options)
+        assert got[0] is y.view and got[1] is idx.view
+        np.testing.assert_array_equal(idx.check(), where)
+    else:
+        fwd(X, (kh, kw), (sh, sw), (ph, pw), out=y.view, **options)
+    got = y.check()
+    assert np.array_equal(np.isinf(got), np.isinf(ref))      # windows with no input
+    assert_close(np.where(np.isinf(ref), 0, got), np.where(np.isinf(ref), 0, ref),
+                 np.float32, k=kh * kw)
     dy = RNG.standard_normal(ref.shape).astype(np.float32)
     dx = Guarded(clnn.device(), x.shape, np.float32)
-    bwd(guarded_input(clnn.device(), dy), X, (kh, kw), (sh, sw), (ph, pw), out=dx.view)
+    bwd(guarded_input(clnn.device(), dy), X, (kh, kw), (sh, sw), (ph, pw), out=dx.view,
+        **options)
     k = -(-kh // sh) * -(-kw // sw)
     assert_close(dx.check(), backward(dy), np.float32, k=k,
                  scale=np.maximum(backward(np.abs(dy)), 1))
+
+
+def test_pytorch_output_sizes_and_divisors():
+    """Examples worked from PyTorch's documented formulas: ceil_mode's extra window
+    (and the one it must not add), count_include_pad and divisor_override."""
+    x = clnn.asarray(np.arange(25, dtype=np.float32).reshape(1, 1, 5, 5))
+    assert clnn.max_pool2d(x, 2, ceil_mode=True).shape == (1, 1, 3, 3)
+    assert clnn.max_pool2d(x, 2).shape == (1, 1, 2, 2)
+    # (5 + 2 - 2) / 3 = 1.67 -> 2 up, but window 2 would start at 6 - 1 = 5 >= 5 + 1
+    assert clnn.max_pool2d(clnn.zeros((1, 1, 5, 5)), 2, 3, 1, ceil_mode=True).shape[-1] == 2
+    a = clnn.avg_pool2d(x, 3, 2, 1).get()[0, 0]
+    assert a[0, 0] == (0 + 1 + 5 + 6) / 9                     # padding counts
+    a = clnn.avg_pool2d(x, 3, 2, 1, count_include_pad=False).get()[0, 0]
+    assert a[0, 0] == (0 + 1 + 5 + 6) / 4
+    a = clnn.avg_pool2d(x, 2, ceil_mode=True).get()[0, 0]
+    assert a[2, 2] == 24 / 1                                  # past the input: not counted
+    assert clnn.avg_pool2d(x, 2, divisor_override=3).get()[0, 0, 0, 0] == (0 + 1 + 5 + 6) / 3
+    m = clnn.max_pool2d(x, 2, dilation=2).get()[0, 0]
+    assert m.shape == (2, 2) and m[0, 0] == 12                # taps 0, 2, 10, 12
 
 
 def test_defaults_and_bad_input():
@@ -47,6 +88,16 @@ def test_defaults_and_bad_input():
         clnn.avg_pool2d(x, 5)
     with pytest.raises(clnn.ShapeError):
         clnn.max_pool2d_backward(clnn.zeros((1, 2, 3, 3)), x, 2)
+    with pytest.raises(clnn.ShapeError):        # half the dilated window (3) is 1
+        clnn.max_pool2d(x, 2, dilation=2, padding=2)
+    for bad in (dict(divisor_override=0), dict(divisor_override=1.5),
+                dict(count_include_pad=None), dict(ceil_mode=1)):
+        with pytest.raises(clnn.ArgumentError):
+            clnn.avg_pool2d(x, 2, **bad)
+    with pytest.raises(clnn.ShapeError):
+        clnn.max_pool2d(x, 2, dilation=0)
+    with pytest.raises(clnn.DTypeError):
+        clnn.max_pool2d(x, 2, return_indices=True, indices=clnn.zeros((1, 2, 2, 2)))
 
 
 @pytest.mark.parametrize("H,W", [(2, 2), (7, 9), (28, 28), (1 + 2 * 5, 2 * 8)])
@@ -59,7 +110,7 @@ def test_2x2_max_pooling_ties_and_nans(H, W):
     x = RNG.integers(-2, 3, (2, 3, H, W)).astype(np.float32)     # many ties
     x[0, 0, 0, 1] = x[1, 2, -1, -1] = x[1, 1, 0, 0] = np.nan
     x[1, 1, 0, 1] = np.nan                                          # two in one window
-    ref, backward = pool2d_ref(x, (2, 2), (2, 2), (0, 0), "max")
+    ref, backward, _ = pool2d_ref(x, (2, 2), (2, 2), (0, 0), "max")
     dy = RNG.standard_normal(ref.shape).astype(np.float32)
     X, DY = clnn.asarray(x), clnn.asarray(dy)
     fast = clnn.max_pool2d(X, 2).get(), clnn.max_pool2d_backward(DY, X, 2).get()
