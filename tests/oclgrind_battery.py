@@ -67,6 +67,18 @@ def _ops():
     close(loss.get(), -(t * np.log(p)).sum() / 7)
     loss, da = clnn.quadratic_loss(X, Y)
     close(loss.get(), ((x - y) ** 2).sum() / 14, 1e-4)
+    # cross-entropy with class indices over (N, C, S), an ignored target, weights
+    zz = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    tt = rng.integers(0, 4, (3, 5)).astype(np.int32)
+    tt[1, 2] = -100
+    ww = rng.uniform(0.5, 2, 4).astype(np.float32)
+    loss, _ = clnn.cross_entropy(clnn.asarray(zz), clnn.asarray(tt), clnn.asarray(ww))
+    lp = zz - zz.max(1, keepdims=True)
+    lp = lp - np.log(np.exp(lp).sum(1, keepdims=True))
+    keep = tt != -100
+    t0 = np.where(keep, tt, 0)
+    nll = -np.take_along_axis(lp, t0[:, None], 1)[:, 0] * ww[t0]
+    close(loss.get(), (nll * keep).sum() / (ww[t0] * keep).sum(), 1e-4)
     key = clnn.dropout_key(1, 2, 3)
     close(clnn.dropout(X, 0.3, key).get(), x * clnn.dropout_mask(x.shape, 0.3, key))
     _batch_norm(rng)

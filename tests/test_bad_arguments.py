@@ -74,6 +74,12 @@ OPS = {
                                "dz": ("out", (3, 4)), "grad_scale": ("scalar", 0.5)},
                               lambda a: clnn.softmax_cross_entropy(
                                   a["z"], a["y"], dz=a["dz"], grad_scale=a["grad_scale"])),
+    "cross_entropy": ({"input": ("in", (3, 4)), "target": ("in", (3, 4)),
+                       "weight": ("in", (4,)), "dz": ("out", (3, 4)),
+                       "label_smoothing": ("scalar", 0.1)},
+                      lambda a: clnn.cross_entropy(a["input"], a["target"], a["weight"],
+                                                   label_smoothing=a["label_smoothing"],
+                                                   dz=a["dz"])),
     "quadratic_loss": ({"a": ("in", (2, 5)), "y": ("in", (2, 5)), "da": ("out", (2, 5))},
                        lambda a: clnn.quadratic_loss(a["a"], a["y"], da=a["da"])),
     "gemm": ({"a": ("in", (4, 3)), "b": ("in", (3, 5)), "out": ("out", (4, 5)),
@@ -114,7 +120,7 @@ OPS = {
 }
 
 # None is a valid value there (no bias; the default slope or gradient scale)
-OPTIONAL = {("gemm", "bias"), ("conv2d", "b"), ("leaky_relu", "slope"),
+OPTIONAL = {("gemm", "bias"), ("conv2d", "b"), ("leaky_relu", "slope"), ("cross_entropy", "weight"),
             ("softmax_cross_entropy", "grad_scale")}
 ARRAY_FLAWS = ("int32", "past-buffer", "numpy", "None", "misaligned", "strided")
 SHAPED_FLAWS = ("shape", "extra-dim")
