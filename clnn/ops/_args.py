@@ -263,10 +263,13 @@ def launch(kern, dev, n, **args):
 
 
 def pair(v, name, low):
-    """An int (numpy's too) or a pair of them, each at least ``low``, as Python ints."""
+    """An int (numpy's too) or a pair of them, each at least ``low``, as Python ints; a
+    1-tuple counts for both axes (PyTorch's _pair)."""
     def ok(i):
         return isinstance(i, (int, np.integer)) and not isinstance(i, (bool, np.bool_)) \
             and i >= low
+    if isinstance(v, (tuple, list)) and len(v) == 1:
+        v = v[0]
     t = (v, v) if ok(v) else v
     if isinstance(t, (tuple, list)) and len(t) == 2 and all(ok(i) for i in t):
         return int(t[0]), int(t[1])

@@ -72,7 +72,7 @@ def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None,
     PyTorch's argument order and meaning: in training, mean and var are the batch's
     (the variance biased), and the running statistics, when given, move towards them:
     r = (1 - momentum) r + momentum s (the variance unbiased, times M/(M-1) for M values
-    per channel); otherwise mean and var are the running statistics. ``running_mean``
+    per channel; any finite momentum, as PyTorch takes); otherwise mean and var are the running statistics. ``running_mean``
     and ``running_var`` are (C,) arrays of the arithmetic type (float32 for float16 x).
     ``save``, a (2, C) array of that type, receives the batch's mean and biased
     variance in training, for batch_norm_backward. ``activation`` (with its
@@ -92,7 +92,11 @@ def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None,
         raise ArgumentError("batch_norm in evaluation mode needs running_mean and "
                             "running_var")
     affine = _affine(weight, bias, dev, dt, C)
-    eps, momentum = _eps(eps, dt), _momentum(momentum, dt)
+    eps = _eps(eps, dt)
+    # momentum moves running statistics in training only (PyTorch ignores it
+    # otherwise), and, as in PyTorch, any finite value is taken
+    momentum = finite(momentum, "momentum", dt) if training and running_mean is not None \
+        else 0.0
     act = "identity" if activation is None else activation
     p = activation_parameter(act, activation_param, dt)
     if training and N * HW < 2:

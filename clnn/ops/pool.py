@@ -81,9 +81,9 @@ def _divisor(count_include_pad, divisor_override):
     if divisor_override is None:
         return (0 if count_include_pad else 1), 1
     if not isinstance(divisor_override, (int, np.integer)) or \
-            isinstance(divisor_override, (bool, np.bool_)) or \
-            not 0 < divisor_override <= INT_MAX:
-        raise ArgumentError(f"divisor_override must be a positive int, got "
+            isinstance(divisor_override, (bool, np.bool_)) or divisor_override == 0 or \
+            not -INT_MAX <= divisor_override <= INT_MAX:
+        raise ArgumentError(f"divisor_override must be a nonzero 32-bit int, got "
                             f"{divisor_override!r}")
     return 2, int(divisor_override)
 

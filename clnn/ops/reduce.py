@@ -11,7 +11,7 @@ import builtins
 import numpy as np
 
 from .. import programs, tuning
-from ..errors import ShapeError
+from ..errors import ArgumentError, ShapeError
 from ._args import (check, check_out, common_device, dev_empty, dev_scratch, done,
                     normalize_axis, offset)
 
@@ -129,33 +129,89 @@ def _along(x, axis):
     return (outer, shape[axis], inner), shape[:axis] + shape[axis + 1:]
 
 
-def _reduce_op(x, axis, out, op, final, scale_by_R=False):
+def _axes(axis, ndim):
+    """The sorted axes to reduce (None: all), from an int or a tuple of ints."""
+    if axis is None:
+        return list(range(ndim))
+    if isinstance(axis, (tuple, list)):
+        axes = [normalize_axis(a, ndim) for a in axis]
+        if len(set(axes)) != len(axes):
+            raise ShapeError(f"axis {tuple(axis)} repeats an axis")
+        return sorted(axes)
+    return [normalize_axis(axis, ndim)]
+
+
+def _runs(axes):
+    """Adjacent axes grouped: each run is one reduction of a contiguous (outer, R,
+    inner) view."""
+    runs = []
+    for a in axes:
+        if runs and runs[-1][-1] == a - 1:
+            runs[-1].append(a)
+        else:
+            runs.append([a])
+    return runs
+
+
+def _reduce_op(x, axis, out, op, final, keepdims=False, scale_by_R=False):
     dev = common_device(x=x, out=out)
     dt = check(x, "x", dev)
-    axis = normalize_axis(axis, x.ndim)
-    shape3, out_shape = _along(x, axis)
-    if op == "max" and shape3[1] == 0:
-        raise ShapeError("max of an empty axis is undefined")
-    if scale_by_R and shape3[1] == 0:
-        raise ShapeError("mean of an empty axis is undefined")
-    out = check_out(out, out_shape, dt, dev, allow_alias=False, inputs=(x,))
-    post = 1.0 / shape3[1] if scale_by_R else 1.0
-    return reduce3(dev, dt, x, shape3, out, op=op, final=final, post=post)
+    if not isinstance(keepdims, (bool, np.bool_)):
+        raise ArgumentError(f"keepdims must be True or False, got {keepdims!r}")
+    axes = _axes(axis, x.ndim)
+    shape = tuple(x.shape)
+    count = int(np.prod([shape[a] for a in axes], dtype=np.int64))
+    if op == "max" and count == 0:
+        raise ShapeError("max over an empty axis is undefined")
+    kept = tuple(1 if a in axes else n for a, n in enumerate(shape))
+    reduced = tuple(n for a, n in enumerate(shape) if a not in axes)
+    out = check_out(out, kept if keepdims else reduced, dt, dev, allow_alias=False,
+                    inputs=(x,))
+    target = out.reshape(reduced) if keepdims else out
+    if scale_by_R and count == 0:
+        # the mean of nothing is NaN (numpy and PyTorch)
+        from .elementwise import fill
+        return fill(out, float("nan")) if out.size else out
+    post = 1.0 / count if scale_by_R else 1.0
+    if not axes:                                  # nothing to reduce: a copy
+        from .elementwise import copy
+        copy(x.reshape(reduced), out=target)
+        return out
+    # runs of adjacent axes, the last first, so the others' positions hold; every
+    # run but the last writes an intermediate array
+    src, cur = x, list(shape)
+    runs = _runs(axes)
+    for i, run in enumerate(reversed(runs)):
+        a0, a1 = run[0], run[-1]
+        outer = int(np.prod(cur[:a0], dtype=np.int64))
+        R = int(np.prod(cur[a0:a1 + 1], dtype=np.int64))
+        inner = int(np.prod(cur[a1 + 1:], dtype=np.int64))
+        cur = cur[:a0] + cur[a1 + 1:]
+        last = i == len(runs) - 1
+        dst = target if last else dev_empty(dev, tuple(cur), dt)
+        if dst.size:
+            reduce3(dev, dt, src, (outer, R, inner), dst, op=op,
+                    final=final if last else "none", post=post if last else 1.0)
+        src = dst
+    return out
 
 
-def sum(x, axis=None, out=None):  # noqa: A001 - mirrors numpy's name
-    """Sum of ``x`` over all elements (a 0-d array) or along ``axis``."""
-    return _reduce_op(x, axis, out, "sum", "none")
+def sum(x, axis=None, out=None, keepdims=False):  # noqa: A001 - mirrors numpy's name
+    """Sum of ``x`` over all elements (a 0-d array), along ``axis``, or along a tuple
+    of axes; ``keepdims`` keeps them with length 1 (numpy's)."""
+    return _reduce_op(x, axis, out, "sum", "none", keepdims)
 
 
-def mean(x, axis=None, out=None):
-    """Mean of ``x`` over all elements or along ``axis``."""
-    return _reduce_op(x, axis, out, "sum", "scale", scale_by_R=True)
+def mean(x, axis=None, out=None, keepdims=False):
+    """Mean of ``x`` over all elements or along ``axis`` (an int or a tuple); NaN over
+    an empty axis, as numpy and PyTorch."""
+    return _reduce_op(x, axis, out, "sum", "scale", keepdims, scale_by_R=True)
 
 
-def max(x, axis=None, out=None):  # noqa: A001
-    """Maximum of ``x`` (NaN propagates, as in numpy)."""
-    return _reduce_op(x, axis, out, "max", "none")
+def max(x, axis=None, out=None, keepdims=False):  # noqa: A001
+    """Maximum of ``x`` (NaN propagates, as in numpy), over all elements or along
+    ``axis`` (an int or a tuple)."""
+    return _reduce_op(x, axis, out, "max", "none", keepdims)
 
 
 def dot(x, y, out=None):

@@ -90,7 +90,7 @@ def test_defaults_and_bad_input():
         clnn.max_pool2d_backward(clnn.zeros((1, 2, 3, 3)), x, 2)
     with pytest.raises(clnn.ShapeError):        # half the dilated window (3) is 1
         clnn.max_pool2d(x, 2, dilation=2, padding=2)
-    for bad in (dict(divisor_override=0), dict(divisor_override=1.5),
+    for bad in (dict(divisor_override=0), dict(divisor_override=1.5), dict(divisor_override=2**31),
                 dict(count_include_pad=None), dict(ceil_mode=1)):
         with pytest.raises(clnn.ArgumentError):
             clnn.avg_pool2d(x, 2, **bad)

@@ -93,13 +93,16 @@ def test_max_propagates_nan(dev, kernels):
     assert np.isnan(clnn.max(clnn.asarray(x)).get())
 
 
-def test_sum_of_empty_is_zero_and_max_of_empty_is_an_error(dev, kernels):
+def test_empty_sums_are_zero_means_nan_and_max_an_error(dev, kernels):
+    """numpy's and PyTorch's answers: sum 0, mean NaN; the max of nothing is an error."""
     x = clnn.empty((0,))
     assert clnn.sum(x).get() == 0
     with pytest.raises(clnn.ShapeError):
         clnn.max(x)
-    with pytest.raises(clnn.ShapeError):
-        clnn.mean(x)
+    assert np.isnan(clnn.mean(x).get())
+    m = clnn.mean(clnn.empty((3, 0)), axis=1).get()
+    assert m.shape == (3,) and np.all(np.isnan(m))
+    assert clnn.mean(clnn.empty((0, 3)), axis=1).shape == (0,)
 
 
 def test_bad_axis_and_out(dev):
@@ -112,3 +115,40 @@ def test_bad_axis_and_out(dev):
     assert np.array_equal(out.check(), [1, 2, 3])
     with pytest.raises(clnn.ShapeError):
         clnn.dot(x, clnn.zeros((4, 3)))
+
+
+@pytest.mark.parametrize("shape,axis", [((3, 4, 5), (0, 2)), ((3, 4, 5), (1, 2)),
+                                        ((2, 3, 4, 5), (0, 1, 3)), ((7, 1, 13), (-1, 0)),
+                                        ((2, 3, 4, 5), (3, 1)), ((5, 6), ()),
+                                        ((0, 3), (1,)), ((4,), (0,))],
+                         ids=lambda v: "x".join(map(str, v)) if v else "none")
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_several_axes_and_keepdims(dev, shape, axis, keepdims, kernels):
+    x = RNG.standard_normal(shape).astype(np.float32)
+    X = guarded_input(dev, x) if x.size else clnn.asarray(x)
+    for f, ref in ((clnn.sum, np.sum), (clnn.mean, np.mean), (clnn.max, np.max)):
+        want_shape = np.sum(np.zeros(shape), axis=axis, keepdims=keepdims).shape
+        if f is clnn.max and any(shape[a] == 0 for a in axis):
+            with pytest.raises(clnn.ShapeError):
+                f(X, axis=axis, keepdims=keepdims)
+            continue
+        with np.errstate(invalid="ignore"):
+            want = ref(x.astype(np.float64), axis=axis, keepdims=keepdims)
+        k = int(np.prod([shape[a] for a in axis])) if axis else 1
+        if want.size == 0:                    # nothing to guard: only the shape
+            assert f(X, axis=axis, keepdims=keepdims).shape == want.shape
+            continue
+        out = Guarded(dev, want_shape, np.float32)
+        assert f(X, axis=axis, out=out.view, keepdims=keepdims) is out.view
+        got = out.check()
+        assert np.array_equal(np.isnan(got), np.isnan(want))
+        assert_close(np.nan_to_num(got), np.nan_to_num(want), np.float32, k=k)
+
+
+def test_axis_arguments_are_checked(dev):
+    x = clnn.zeros((3, 4))
+    for axis in ((0, 0), (0, 2), (1, -3)):
+        with pytest.raises(clnn.ShapeError):
+            clnn.sum(x, axis=axis)
+    with pytest.raises(clnn.ArgumentError):
+        clnn.sum(x, axis=0, keepdims=1)
