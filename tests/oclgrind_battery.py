@@ -34,6 +34,9 @@ def ops():
         close(clnn.softmax(clnn.asarray(wide)).get(),
               np.exp(wide) / np.exp(wide).sum(1, keepdims=True))
         close(clnn.sum(clnn.asarray(wide), axis=0).get(), wide.sum(0), 1e-4)
+        cube = rng.standard_normal((3, 40, 5)).astype(np.float32)     # along axis 1
+        close(clnn.softmax(clnn.asarray(cube), axis=1).get(),
+              np.exp(cube) / np.exp(cube).sum(1, keepdims=True))
 
 
 def _ops():

@@ -5,38 +5,41 @@
 ## Used by clnn/ops/softmax.py.
 <%include file="_common.cl"/>
 //
-// Rows of a (rows, cols) matrix, one work-item per row: three passes over the row
+// Rows of cols elements ``inner`` apart (softmax along any axis of an array seen as
+// (outer, cols, inner): row r = o * inner + i starts at o * cols * inner + i; the
+// last axis is inner = 1), one work-item per row: three passes over the row
 // (max, sum of exponentials, write), so exp never sees a positive argument and rows
 // of 1e4 do not overflow. A row is summed in one fixed order: results are bitwise
 // reproducible.
 //
 #define CLNN_FOR_EACH_ROW(r, rows) for (int r = (int)get_global_id(0); r < (rows); r += (int)get_global_size(0))
 
-// max and log(sum(exp(x - max))) of one row
+// max and log(sum(exp(x - max))) of one row, its elements ``step`` apart
 inline void clnn_row_stats(__global const real_t *x, const int base, const int cols,
-                           acc_t *m_out, acc_t *lse_out)
+                           const int step, acc_t *m_out, acc_t *lse_out)
 {
     acc_t m = (acc_t)(-INFINITY);
     for (int j = 0; j < cols; ++j)
-        m = fmax(m, CLNN_LOAD(x, base + j));
+        m = fmax(m, CLNN_LOAD(x, base + j * step));
     acc_t s = (acc_t)0;
     for (int j = 0; j < cols; ++j)
-        s += exp(CLNN_LOAD(x, base + j) - m);
+        s += exp(CLNN_LOAD(x, base + j * step) - m);
     *m_out = m;
     *lse_out = log(s);
 }
 
 <%def name="rowwise(entry, value)">
-__kernel void ${entry}(const int rows, const int cols,
+__kernel void ${entry}(const int rows, const int cols, const int inner,
                        __global const real_t *x, const int x_off,
                        __global real_t *out, const int out_off)
 {
     CLNN_FOR_EACH_ROW(r, rows) {
+        const int base = (r / inner) * cols * inner + r % inner;
         acc_t m, lse;
-        clnn_row_stats(x, x_off + r * cols, cols, &m, &lse);
+        clnn_row_stats(x, x_off + base, cols, inner, &m, &lse);
         for (int j = 0; j < cols; ++j) {
-            const acc_t v = CLNN_LOAD(x, x_off + r * cols + j);
-            CLNN_STORE(${value}, out, out_off + r * cols + j);
+            const acc_t v = CLNN_LOAD(x, x_off + base + j * inner);
+            CLNN_STORE(${value}, out, out_off + base + j * inner);
         }
     }
 }
@@ -59,7 +62,7 @@ __kernel void clnn_softmax_xent(const int rows, const int cols, const acc_t grad
 {
     CLNN_FOR_EACH_ROW(r, rows) {
         acc_t m, lse;
-        clnn_row_stats(z, z_off + r * cols, cols, &m, &lse);
+        clnn_row_stats(z, z_off + r * cols, cols, 1, &m, &lse);
         acc_t loss = (acc_t)0, sy = (acc_t)0;
         for (int j = 0; j < cols; ++j)
             sy += CLNN_LOAD(y, y_off + r * cols + j);
@@ -83,32 +86,34 @@ __kernel void clnn_softmax_xent(const int rows, const int cols, const acc_t grad
 #define CLNN_FOR_EACH_COL(j, cols) for (int j = (int)get_local_id(0); j < (cols); j += CLNN_WG)
 
 inline void clnn_row_stats_wg(__local acc_t *scratch, __global const real_t *x,
-                              const int base, const int cols, acc_t *m_out, acc_t *lse_out)
+                              const int base, const int cols, const int step,
+                              acc_t *m_out, acc_t *lse_out)
 {
     acc_t m = (acc_t)(-INFINITY);
     CLNN_FOR_EACH_COL(j, cols)
-        m = fmax(m, CLNN_LOAD(x, base + j));
+        m = fmax(m, CLNN_LOAD(x, base + j * step));
     m = clnn_wg_max(scratch, m);
     acc_t s = (acc_t)0;
     CLNN_FOR_EACH_COL(j, cols)
-        s += exp(CLNN_LOAD(x, base + j) - m);
+        s += exp(CLNN_LOAD(x, base + j * step) - m);
     *m_out = m;
     *lse_out = log(clnn_wg_sum(scratch, s));
 }
 
 <%def name="rowwise_wg(entry, value)">
 __kernel __attribute__((reqd_work_group_size(CLNN_WG, 1, 1)))
-void ${entry}(const int rows, const int cols,
+void ${entry}(const int rows, const int cols, const int inner,
               __global const real_t *x, const int x_off,
               __global real_t *out, const int out_off)
 {
     __local acc_t scratch[CLNN_WG];
     CLNN_FOR_EACH_ROW_WG(r, rows) {
+        const int base = (r / inner) * cols * inner + r % inner;
         acc_t m, lse;
-        clnn_row_stats_wg(scratch, x, x_off + r * cols, cols, &m, &lse);
+        clnn_row_stats_wg(scratch, x, x_off + base, cols, inner, &m, &lse);
         CLNN_FOR_EACH_COL(j, cols) {
-            const acc_t v = CLNN_LOAD(x, x_off + r * cols + j);
-            CLNN_STORE(${value}, out, out_off + r * cols + j);
+            const acc_t v = CLNN_LOAD(x, x_off + base + j * inner);
+            CLNN_STORE(${value}, out, out_off + base + j * inner);
         }
     }
 }
@@ -125,7 +130,7 @@ void clnn_softmax_xent_wg(const int rows, const int cols, const acc_t grad_scale
     __local acc_t scratch[CLNN_WG];
     CLNN_FOR_EACH_ROW_WG(r, rows) {
         acc_t m, lse;
-        clnn_row_stats_wg(scratch, z, z_off + r * cols, cols, &m, &lse);
+        clnn_row_stats_wg(scratch, z, z_off + r * cols, cols, 1, &m, &lse);
         acc_t loss = (acc_t)0, sy = (acc_t)0;
         CLNN_FOR_EACH_COL(j, cols)
             sy += CLNN_LOAD(y, y_off + r * cols + j);

@@ -2,23 +2,27 @@
 Kernel: clnn/kernels/softmax.cl.
 """
 
+import numpy as np
+
 from .. import programs
-from ._args import check, check_out, common_device, done, launch_size, offset
+from ._args import check, check_out, common_device, done, launch_size, normalize_axis, offset
 from .loss import fused_loss, row_groups
 
 programs.register("softmax", {"wg": 0}, lambda: [{"wg": 0}, {"wg": 64}, {"wg": 256}])
 
 
-def _rows(x):
-    cols = x.shape[-1] if x.ndim else 1
-    return (x.size // cols if cols else 0), cols
-
-
-def _rowwise(entry, x, out):
+def _rowwise(entry, x, axis, out):
     dev = common_device(x=x, out=out)
-    dt = check(x, "x", dev)          # any rank: rows along the last axis (0-d: one)
+    dt = check(x, "x", dev)          # any rank; a 0-d array is one row of one
+    axis = normalize_axis(axis, x.ndim) if x.ndim else None
     out = check_out(out, x.shape, dt, dev, inputs=(x,))
-    rows, cols = _rows(x)
+    if axis is None:
+        outer, cols, inner = 1, 1, 1
+    else:
+        outer = int(np.prod(x.shape[:axis], dtype=np.int64))
+        cols = x.shape[axis]
+        inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
+    rows = outer * inner
     if rows and cols:
         wg = row_groups(dev, rows, cols)
         if wg:
@@ -28,19 +32,20 @@ def _rowwise(entry, x, out):
         else:
             kern = programs.get_kernel(dev, "softmax", entry, {"dtype": programs.dtype_name(dt)})
             g, l = launch_size(dev, rows)
-        done(out, kern(g, l, rows=rows, cols=cols, x=x, x_off=offset(x), out=out,
-                       out_off=offset(out)))
+        done(out, kern(g, l, rows=rows, cols=cols, inner=inner, x=x, x_off=offset(x),
+                       out=out, out_off=offset(out)))
     return out
 
 
-def softmax(x, out=None):
-    """Softmax along the last axis, stable for large inputs (in place with out=x)."""
-    return _rowwise("clnn_softmax", x, out)
+def softmax(x, axis=-1, out=None):
+    """Softmax along ``axis`` (the last by default; PyTorch's dim), stable for large
+    inputs (in place with out=x)."""
+    return _rowwise("clnn_softmax", x, axis, out)
 
 
-def log_softmax(x, out=None):
-    """log(softmax(x)) along the last axis, computed as x - logsumexp(x)."""
-    return _rowwise("clnn_log_softmax", x, out)
+def log_softmax(x, axis=-1, out=None):
+    """log(softmax(x)) along ``axis``, computed as x - logsumexp(x)."""
+    return _rowwise("clnn_log_softmax", x, axis, out)
 
 
 def softmax_cross_entropy(z, y, *, dz=None, grad_scale=None):

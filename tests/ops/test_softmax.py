@@ -38,6 +38,30 @@ def test_softmax_large_inputs_do_not_overflow(dev, kernels):
     assert np.all(np.isfinite(clnn.log_softmax(clnn.asarray(z)).get()[:, 1:2]))
 
 
+@pytest.mark.parametrize("shape,axis", [((3, 4, 5), 0), ((3, 4, 5), 1), ((2, 7, 1, 33), 1),
+                                        ((5,), 0), ((), None), ((4, 0, 3), 2),
+                                        ((2, 3, 37), -2)],
+                         ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v))
+def test_softmax_along_any_axis(dev, shape, axis, kernels):
+    z = (RNG.standard_normal(shape) * 4).astype(np.float32)
+    zz = z.astype(np.float64)
+    ax = -1 if axis is None else axis
+    if z.ndim:
+        m = zz.max(ax, keepdims=True) if z.size else zz
+        ref = zz - m - np.log(np.exp(zz - m).sum(ax, keepdims=True)) if z.size else zz
+    else:
+        ref = np.zeros(())                                # one element: log(1)
+    for f, want in ((clnn.log_softmax, ref), (clnn.softmax, np.exp(ref))):
+        if z.size == 0:
+            assert f(clnn.asarray(z), axis=ax).shape == shape
+            continue
+        out = Guarded(dev, shape, np.float32)
+        f(guarded_input(dev, z), axis=ax, out=out.view)
+        assert_close(out.check(), want, np.float32, k=shape[ax] if z.ndim else 1)
+    with pytest.raises(clnn.ShapeError):
+        clnn.softmax(clnn.zeros((2, 3)), axis=2)
+
+
 @DTYPES
 @SHAPES
 def test_softmax_cross_entropy(dev, shape, dtype, kernels):
