@@ -125,7 +125,8 @@ def pool2d_ref(x, k, stride, padding, mode, dilation=(1, 1), ceil_mode=False,
                 g = dy[:, :, p, q].astype(np.float64)
                 if mode == "max":
                     n, c = np.indices((N, C))
-                    np.add.at(dx, (n, c, idx[:, :, p, q]), g)
+                    hit = idx[:, :, p, q] >= 0           # -1: a window with no input
+                    np.add.at(dx, (n[hit], c[hit], idx[:, :, p, q][hit]), g[hit])
                 else:
                     for h, w in [(p * sh - ph + r, q * sw - pw + t)
                                  for r in range(kh) for t in range(kw)]:

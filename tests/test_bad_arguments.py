@@ -125,7 +125,7 @@ OPTIONAL = {("gemm", "bias"), ("conv2d", "b"), ("leaky_relu", "slope"), ("cross_
 ARRAY_FLAWS = ("int32", "past-buffer", "numpy", "None", "misaligned", "strided")
 SHAPED_FLAWS = ("shape", "extra-dim")
 SCALAR_FLAWS = (None, "2", float("nan"), float("inf"), -1e39, 1e39, 1 + 2j, [1.0], True)
-SIZE_FLAWS = (-1, 0, 2.5, "2", None, (1, 2, 3), (1,), True, 2 ** 40 + 0.5)
+SIZE_FLAWS = (-1, 0, 2.5, "2", None, (1, 2, 3), (), True, 2 ** 40 + 0.5)  # (1,) is PyTorch's (1, 1)
 AXIS_FLAWS = (2, -3, 1.0, "1", (0, 1))
 
 

@@ -187,39 +187,25 @@ def _linear(s, dt):
 
 
 def _conv2d(s, dt):
+    """Straight through: clnn takes PyTorch's arguments (unbatched inputs, padding
+    strings) and refuses by name what it lacks (groups, dilation)."""
     a = bind(lambda weight, bias=None, stride=1, padding=0, dilation=1, groups=1: None,
              s.args, s.kwargs)
     x, w, b = s.input, a["weight"], a["bias"]
-    if a["groups"] != 1:
-        raise Unsupported("conv2d groups")
-    if a["dilation"] not in (1, (1, 1), [1, 1]):
-        raise Unsupported("conv2d dilation")
-    padding = a["padding"]
-    if padding == "valid":
-        padding = 0
-    elif padding == "same":
-        st = a["stride"]
-        R, S = w.shape[2:]
-        if st not in (1, (1, 1)) or R % 2 == 0 or S % 2 == 0:
-            raise Unsupported("conv2d padding='same' with an even kernel or a stride")
-        padding = (R // 2, S // 2)
-    unbatched = x.ndim == 3
-    X = dev_array(x[None] if unbatched else x)
-    W = dev_array(w)
-    y = clnn.conv2d(X, W, None if b is None else dev_array(b), stride=a["stride"],
-                    padding=padding).get()
+    opts = dict(stride=a["stride"], padding=a["padding"], dilation=a["dilation"],
+                groups=a["groups"])
+    X, W = dev_array(x), dev_array(w)
+    y = clnn.conv2d(X, W, None if b is None else dev_array(b), **opts).get()
 
     def backward(gy):
-        g = clnn.asarray(np.ascontiguousarray(gy[None] if unbatched else gy))
-        dx = clnn.conv2d_backward_data(g, W, X.shape, stride=a["stride"],
-                                       padding=padding).get()
-        out = {0: dx[0] if unbatched else dx,
-               1: clnn.conv2d_backward_weight(g, X, W.shape, stride=a["stride"],
-                                              padding=padding).get()}
+        g = clnn.asarray(gy)
+        out = {0: clnn.conv2d_backward_data(g, W, tuple(x.shape), **opts).get(),
+               1: clnn.conv2d_backward_weight(g, X, tuple(w.shape), **opts).get()}
         if b is not None:
-            out[2] = clnn.bias_grad(g).get()
+            g4 = g if g.ndim == 4 else g.reshape((1,) + g.shape)
+            out[2] = clnn.bias_grad(g4).get()
         return out
-    return (y[0] if unbatched else y), backward
+    return y, backward
 
 
 def _pool(kind):
@@ -234,18 +220,15 @@ def _pool(kind):
             opts = dict(ceil_mode=a["ceil_mode"], count_include_pad=a["count_include_pad"],
                         divisor_override=a["divisor_override"])
         stride = a["stride"] if a["stride"] not in ((), []) else None
-        x = s.input
-        unbatched = x.ndim == 3
-        X = dev_array(x[None] if unbatched else x)
+        X = dev_array(s.input)                          # (N, C, H, W) or unbatched
         fwd = clnn.max_pool2d if kind == "max" else clnn.avg_pool2d
         bwd = clnn.max_pool2d_backward if kind == "max" else clnn.avg_pool2d_backward
         y = fwd(X, a["kernel_size"], stride, a["padding"], **opts).get()
 
         def backward(gy):
-            g = clnn.asarray(np.ascontiguousarray(gy[None] if unbatched else gy))
-            dx = bwd(g, X, a["kernel_size"], stride, a["padding"], **opts).get()
-            return {0: dx[0] if unbatched else dx}
-        return (y[0] if unbatched else y), backward     # values only, not the indices
+            return {0: bwd(clnn.asarray(gy), X, a["kernel_size"], stride, a["padding"],
+                           **opts).get()}
+        return y, backward                              # values only, not the indices
     return run
 
 

@@ -32,7 +32,7 @@ import numpy as np
 import pyopencl.cltypes as cltypes
 
 from .. import programs, tuning
-from ..errors import ShapeError
+from ..errors import ArgumentError, ShapeError
 from ._args import (INT_MAX, check, check_out, common_device, dev_scratch, done, finite,
                     launch_size, offset, pair, scratch_cap)
 from .elementwise import activation_parameter
@@ -326,7 +326,7 @@ def conv_geometry(x_shape, w_shape, stride, padding, x_off=0):
     if C != Cw:
         raise ShapeError(f"x has {C} channels but w expects {Cw}")
     (sh, sw), (ph, pw) = pair(stride, "stride", 1), pair(padding, "padding", 0)
-    if min(N, C, H, W, M, R, S) < 1:
+    if min(C, H, W, M, R, S) < 1 or N < 0:
         raise ShapeError(f"empty convolution: x {tuple(x_shape)}, w {tuple(w_shape)}")
     if R > H + 2 * ph or S > W + 2 * pw:
         raise ShapeError(f"the {R}x{S} kernel is bigger than the padded {H + 2 * ph}x"
@@ -377,12 +377,8 @@ def _pad_input(dev, dt, x, images, H, W, ph, pw):
     return xp, 0, Hp, Wp, 0, 0, (ph, ph)
 
 
-def conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_param=None,
-           out=None):
-    """y = activation(conv(x, w) + b), x (N, C, H, W), w (M, C, R, S) -> y (N, M, P, Q).
-
-    ``stride`` and ``padding`` are ints or (h, w) pairs. Overwrites ``out``.
-    """
+def _conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_param=None,
+            out=None):
     dev = common_device(x=x, w=w, b=b, out=out)
     dt = check(x, "x", dev, ndim=4)
     check(w, "w", dev, dtype=dt, ndim=4)
@@ -424,11 +420,7 @@ def conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_par
     return done(out, evt)
 
 
-def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None):
-    """dx = dL/dx for y = conv2d(x, w): dy (N, M, P, Q), w (M, C, R, S) -> dx x_shape.
-
-    Overwrites ``out``.
-    """
+def _conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None):
     dev = common_device(dy=dy, w=w, out=out)
     dt = check(dy, "dy", dev, ndim=4)
     check(w, "w", dev, dtype=dt, ndim=4)
@@ -467,13 +459,8 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None):
     return done(out, evt)
 
 
-def conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, alpha=1.0,
-                           beta=0.0):
-    """dw = alpha * dL/dw + beta * out for y = conv2d(x, w): dy (N, M, P, Q), x (N, C, H, W).
-
-    With the defaults it overwrites ``out``; ``alpha = -lr/batch, beta = momentum`` makes
-    it the update step of a training loop, as for dense layers.
-    """
+def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, alpha=1.0,
+                            beta=0.0):
     dev = common_device(dy=dy, x=x, out=out)
     dt = check(dy, "dy", dev, ndim=4)
     check(x, "x", dev, dtype=dt, ndim=4)
@@ -527,3 +514,128 @@ def conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, alp
                    alpha=alpha, beta=beta, conv="wgrad",
                    conv_args=_geometry_args(C, H, W, M, P, Q, R, S, st, pd), params=p)
     return done(out, evt)
+
+
+# ------------------------------------------------------------ the public ops: PyTorch's
+# options, unbatched (C, H, W) arrays and empty batches, then the routines above
+
+def _options(name, w_shape, stride, padding, dilation, groups):
+    """``padding`` as ints, after PyTorch's options that clnn does not have yet are
+    refused by name (a typed error, before anything runs)."""
+    if not isinstance(groups, (int, np.integer)) or isinstance(groups, (bool, np.bool_)) \
+            or groups < 1:
+        raise ArgumentError(f"{name}: groups must be a positive int, got {groups!r}")
+    if groups != 1:
+        raise ArgumentError(f"{name}: groups={groups} (grouped or depthwise convolution) is "
+                            "not supported yet")
+    if pair(dilation, "dilation", 1) != (1, 1):
+        raise ArgumentError(f"{name}: dilation={dilation!r} is not supported yet")
+    if isinstance(padding, str):
+        if padding == "valid":
+            return 0
+        if padding != "same":
+            raise ArgumentError(f"{name}: padding must be ints, 'valid' or 'same', got "
+                                f"{padding!r}")
+        if pair(stride, "stride", 1) != (1, 1):
+            raise ArgumentError(f"{name}: padding='same' needs stride 1 (as in PyTorch)")
+        R, S = _shape(w_shape, "w_shape")[2:] if len(w_shape) == 4 else (1, 1)
+        if R % 2 == 0 or S % 2 == 0:
+            raise ArgumentError(f"{name}: padding='same' with an even kernel ({R}x{S}) pads "
+                                "one side more than the other: not supported yet")
+        return (R // 2, S // 2)
+    return padding
+
+
+def _four(a, name):
+    """A (C, H, W) array as the view (1, C, H, W); 4-D arrays as they are."""
+    if a is None or not hasattr(a, "ndim") or a.ndim != 3:
+        return a
+    if not a.flags.c_contiguous:
+        raise ShapeError(f"{name} must be C-contiguous")
+    return a.reshape((1,) + tuple(a.shape))
+
+
+def conv2d(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, activation=None,
+           activation_param=None, out=None):
+    """y = activation(conv(x, w) + b), x (N, C, H, W), w (M, C, R, S) -> y (N, M, P, Q).
+
+    ``stride`` and ``padding`` are ints or (h, w) pairs; ``padding`` also "valid" or
+    "same" (stride 1, odd kernels). An unbatched x (C, H, W) gives y (M, P, Q), a batch
+    of 0 an empty y, as PyTorch. ``dilation`` and ``groups`` other than 1 are refused
+    (ArgumentError) for now. Overwrites ``out``.
+    """
+    padding = _options("conv2d", getattr(w, "shape", ()), stride, padding, dilation, groups)
+    unbatched = getattr(x, "ndim", 0) == 3
+    x4, o4 = _four(x, "x"), _four(out, "out") if unbatched else out
+    if getattr(x4, "ndim", 0) == 4 and x4.shape[0] == 0:
+        return _empty_conv(x4, w, b, stride, padding, out)
+    y = _conv2d(x4, w, b, stride=stride, padding=padding, activation=activation,
+                activation_param=activation_param, out=o4)
+    return y.reshape(y.shape[1:]) if unbatched and out is None else (out if unbatched else y)
+
+
+def _empty_conv(x, w, b, stride, padding, out):
+    dev = common_device(x=x, w=w, b=b, out=out)
+    dt = check(x, "x", dev, ndim=4)
+    check(w, "w", dev, dtype=dt, ndim=4)
+    N, C, H, W, M, R, S, P, Q, _, _ = conv_geometry(x.shape, w.shape, stride, padding)
+    if b is not None:
+        check(b, "b", dev, dtype=dt, shape=(M,))
+    return check_out(out, (0, M, P, Q), dt, dev, inputs=(x, w, b), allow_alias=False)
+
+
+def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1,
+                         out=None):
+    """dx = dL/dx for y = conv2d(x, w): dy (N, M, P, Q), w (M, C, R, S) -> dx x_shape
+    (unbatched (C, H, W) too). Overwrites ``out``."""
+    padding = _options("conv2d_backward_data", getattr(w, "shape", ()), stride, padding,
+                       dilation, groups)
+    shape = _shape(x_shape, "x_shape")
+    unbatched = len(shape) == 3
+    if unbatched:
+        shape = (1,) + shape
+        dy, out4 = _four(dy, "dy"), _four(out, "out")
+    else:
+        out4 = out
+    if len(shape) == 4 and shape[0] == 0:
+        dev = common_device(dy=dy, w=w, out=out)
+        dt = check(dy, "dy", dev, ndim=4)
+        geo = conv_geometry(shape, getattr(w, "shape", ()), stride, padding)
+        if tuple(dy.shape) != (0, geo[4], geo[7], geo[8]):
+            raise ShapeError(f"dy has shape {dy.shape}; this convolution's output is "
+                             f"{(0, geo[4], geo[7], geo[8])}")
+        return check_out(out, shape, dt, dev, inputs=(dy, w), allow_alias=False)
+    dx = _conv2d_backward_data(dy, w, shape, stride=stride, padding=padding, out=out4)
+    return dx.reshape(dx.shape[1:]) if unbatched and out is None else \
+        (out if unbatched else dx)
+
+
+def conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
+                           out=None, alpha=1.0, beta=0.0):
+    """dw = alpha * dL/dw + beta * out for y = conv2d(x, w): dy (N, M, P, Q), x (N, C, H, W)
+    (or unbatched (M, P, Q) and (C, H, W)).
+
+    With the defaults it overwrites ``out``; ``alpha = -lr/batch, beta = momentum`` makes
+    it the update step of a training loop, as for dense layers. A batch of 0 gives
+    dw = beta * out.
+    """
+    padding = _options("conv2d_backward_weight", _shape(w_shape, "w_shape"), stride, padding,
+                       dilation, groups)
+    if getattr(x, "ndim", 0) == 3:
+        x, dy = _four(x, "x"), _four(dy, "dy")
+    if getattr(x, "ndim", 0) == 4 and x.shape[0] == 0:
+        dev = common_device(dy=dy, x=x, out=out)
+        dt = check(dy, "dy", dev, ndim=4)
+        check(x, "x", dev, dtype=dt, ndim=4)
+        geo = conv_geometry(x.shape, _shape(w_shape, "w_shape"), stride, padding)
+        if tuple(dy.shape) != (0, geo[4], geo[7], geo[8]):
+            raise ShapeError(f"dy has shape {dy.shape}; this convolution's output is "
+                             f"{(0, geo[4], geo[7], geo[8])}")
+        alpha, beta = finite(alpha, "alpha", dt), finite(beta, "beta", dt)
+        if out is None and beta != 0:
+            raise ShapeError("beta != 0 reads out: pass the out array")
+        out = check_out(out, tuple(w_shape), dt, dev, inputs=(dy, x), allow_alias=False)
+        from .elementwise import fill, scale
+        return fill(out, 0.0) if beta == 0 else scale(beta, out, out=out)
+    return _conv2d_backward_weight(dy, x, w_shape, stride=stride, padding=padding, out=out,
+                                   alpha=alpha, beta=beta)

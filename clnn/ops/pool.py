@@ -39,9 +39,6 @@ def pool_geometry(x_shape, kernel_size, stride, padding, dilation=1, ceil_mode=F
     if ext[0] > H + 2 * p[0] or ext[1] > W + 2 * p[1]:
         raise ShapeError(f"the {ext[0]}x{ext[1]} window is bigger than the padded "
                          f"{H + 2 * p[0]}x{W + 2 * p[1]} input")
-    for name, v in (("kernel_size", k), ("stride", s), ("padding", p), ("dilation", d)):
-        if max(v) > INT_MAX // 4:
-            raise ShapeError(f"{name} {v} does not fit 32-bit index arithmetic")
     P = _out_size(H, k[0], s[0], p[0], d[0], ceil_mode)
     Q = _out_size(W, k[1], s[1], p[1], d[1], ceil_mode)
     # one output position along an axis: its stride multiplies nothing, and a huge one
@@ -88,8 +85,29 @@ def _divisor(count_include_pad, divisor_override):
     return 2, int(divisor_override)
 
 
+def _unbatched(*arrays):
+    """(C, H, W) arrays as (1, C, H, W) views (PyTorch takes unbatched images)."""
+    out = []
+    for a in arrays:
+        if a is not None and getattr(a, "ndim", 0) == 3:
+            if not a.flags.c_contiguous:
+                raise ShapeError("unbatched (C, H, W) arrays must be C-contiguous")
+            a = a.reshape((1,) + tuple(a.shape))
+        out.append(a)
+    return out
+
+
 def _forward(mode, x, kernel_size, stride, padding, out, dilation=1, ceil_mode=False,
              divisor=(0, 1), indices=None, want_indices=False):
+    if getattr(x, "ndim", 0) == 3:
+        x4, o4, i4 = _unbatched(x, out, indices)
+        r = _forward(mode, x4, kernel_size, stride, padding, o4, dilation, ceil_mode,
+                     divisor, i4, want_indices)
+        y, idx = r if want_indices else (r, None)
+        y = out if out is not None else y.reshape(y.shape[1:])
+        if want_indices:
+            return y, (indices if indices is not None else idx.reshape(idx.shape[1:]))
+        return y
     dev = common_device(x=x, out=out, indices=indices)
     dt = check(x, "x", dev, ndim=4)
     N, C, H, W, P, Q, k, s, p, d = pool_geometry(x.shape, kernel_size, stride, padding,
@@ -127,6 +145,11 @@ def _forward(mode, x, kernel_size, stride, padding, out, dilation=1, ceil_mode=F
 
 def _backward(mode, dy, x, kernel_size, stride, padding, out, dilation=1, ceil_mode=False,
               divisor=(0, 1)):
+    if getattr(x, "ndim", 0) == 3:
+        dy4, x4, o4 = _unbatched(dy, x, out)
+        dx = _backward(mode, dy4, x4, kernel_size, stride, padding, o4, dilation,
+                       ceil_mode, divisor)
+        return out if out is not None else dx.reshape(dx.shape[1:])
     dev = common_device(dy=dy, x=x, out=out)
     dt = check(x, "x", dev, ndim=4)
     N, C, H, W, P, Q, k, s, p, d = pool_geometry(x.shape, kernel_size, stride, padding,
@@ -151,7 +174,8 @@ def _backward(mode, dy, x, kernel_size, stride, padding, out, dilation=1, ceil_m
 
 def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
                return_indices=False, out=None, indices=None):
-    """Max over each window of each (N, C) plane; stride defaults to kernel_size.
+    """Max over each window of each (N, C) plane of x (N, C, H, W), or of an unbatched
+    (C, H, W) x; stride defaults to kernel_size.
 
     PyTorch's options: ``dilation`` spaces the window's taps, ``ceil_mode`` rounds the
     output size up (a last window may reach past the input), ``return_indices`` also

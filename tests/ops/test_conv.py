@@ -232,3 +232,56 @@ def test_gpu_split_k_is_bitwise_reproducible():
         for _ in range(3):
             assert np.array_equal(clnn.conv2d_backward_weight(dy, x, (6, 5, 3, 3)).get(),
                                   first)
+
+
+def test_pytorch_call_forms(dev):
+    """Unbatched (C, H, W) arrays, empty batches and padding='same'/'valid' as PyTorch
+    takes them; dilation and groups refused by name until clnn has them."""
+    x = RNG.standard_normal((2, 3, 7, 6)).astype(np.float32)
+    w = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    b = RNG.standard_normal(4).astype(np.float32)
+    X, Wd, B = clnn.asarray(x), clnn.asarray(w), clnn.asarray(b)
+    full = clnn.conv2d(X, Wd, B, padding=1).get()
+    one = clnn.conv2d(clnn.asarray(x[1]), Wd, B, padding="same")
+    assert one.shape == (4, 7, 6)
+    np.testing.assert_allclose(one.get(), full[1], rtol=1e-5, atol=1e-5)
+    assert clnn.conv2d(X, Wd, padding="valid").shape == (2, 4, 5, 4)
+    dy = RNG.standard_normal((4, 7, 6)).astype(np.float32)
+    DY = clnn.asarray(dy)
+    dx = clnn.conv2d_backward_data(DY, Wd, (3, 7, 6), padding="same")
+    assert dx.shape == (3, 7, 6)
+    dx4 = clnn.conv2d_backward_data(clnn.asarray(dy[None]), Wd, (1, 3, 7, 6), padding=1)
+    np.testing.assert_array_equal(dx.get(), dx4.get()[0])
+    dw = clnn.conv2d_backward_weight(DY, clnn.asarray(x[1]), w.shape, padding=1)
+    dw4 = clnn.conv2d_backward_weight(clnn.asarray(dy[None]), clnn.asarray(x[1:2]), w.shape,
+                                      padding=1)
+    np.testing.assert_array_equal(dw.get(), dw4.get())
+    # an empty batch: empty outputs, and a zero weight gradient (beta * out)
+    E = clnn.zeros((0, 3, 7, 6))
+    assert clnn.conv2d(E, Wd, B, padding=1).shape == (0, 4, 7, 6)
+    assert clnn.conv2d_backward_data(clnn.zeros((0, 4, 7, 6)), Wd, (0, 3, 7, 6),
+                                     padding=1).shape == (0, 3, 7, 6)
+    g = clnn.asarray(np.ones(w.shape, np.float32))
+    clnn.conv2d_backward_weight(clnn.zeros((0, 4, 7, 6)), E, w.shape, padding=1, out=g,
+                                beta=0.5)
+    assert np.all(g.get() == 0.5)
+    for kw, what in ((dict(groups=3), "groups"), (dict(dilation=2), "dilation"),
+                     (dict(padding="same", stride=2), "stride 1"),
+                     (dict(padding="full"), "padding")):
+        with pytest.raises(clnn.ArgumentError, match=what):
+            clnn.conv2d(X, Wd, **kw)
+    with pytest.raises(clnn.ArgumentError, match="even kernel"):
+        clnn.conv2d(X, clnn.zeros((4, 3, 2, 2)), padding="same")
+
+
+def test_unbatched_pooling(dev):
+    x = RNG.standard_normal((3, 6, 5)).astype(np.float32)
+    X = clnn.asarray(x)
+    y, idx = clnn.max_pool2d(X, 2, return_indices=True)
+    y4, idx4 = clnn.max_pool2d(clnn.asarray(x[None]), 2, return_indices=True)
+    assert y.shape == (3, 3, 2) and idx.shape == (3, 3, 2)
+    np.testing.assert_array_equal(y.get(), y4.get()[0])
+    np.testing.assert_array_equal(idx.get(), idx4.get()[0])
+    dy = clnn.asarray(RNG.standard_normal((3, 3, 2)).astype(np.float32))
+    assert clnn.avg_pool2d_backward(dy, X, 2).shape == (3, 6, 5)
+    assert clnn.max_pool2d_backward(dy, X, 2).shape == (3, 6, 5)
