@@ -2,11 +2,13 @@
 beside PyTorch CPU (and cuDNN through PyTorch CUDA, TF32 off, on a machine with an
 NVIDIA GPU) in the same run.
 
-    python benchmarks/bench_conv.py [--device SPEC] [--repeats 5]
+    python benchmarks/bench_conv.py [--device SPEC] [--repeats 5] [--layers depthwise,...]
 
 Layers: LeNet-5's C1, C3 and C5 at batch 64, two ResNet-like 3x3 layers (N=32, C=64,
 56x56, M=64, and N=32, C=M=256, 14x14, both padding 1) and a ResNet stem (N=8, 3
-channels, 224x224, 64 filters of 7x7, stride 2, padding 3). Each clnn result is checked
+channels, 224x224, 64 filters of 7x7, stride 2, padding 3), a MobileNet-like depthwise
+3x3 layer (N=32, C=256, 56x56, groups=256) and a dilated 3x3 layer (dilation 2, as
+DeepLab's). Each clnn result is checked
 against PyTorch (or, without it, the float64 loops of tests/reference.py) before
 timing. Writes benchmarks/results/bench_conv.json.
 """
@@ -23,37 +25,37 @@ import _common  # noqa: E402
 
 import clnn  # noqa: E402
 
-# (name, N, C, H, W, M, R, S, padding, stride)
+# (name, N, C, H, W, M, R, S, padding, stride[, dilation, groups])
 LAYERS = [("LeNet C1", 64, 1, 32, 32, 6, 5, 5, 0, 1), ("LeNet C3", 64, 6, 14, 14, 16, 5, 5, 0, 1),
           ("LeNet C5", 64, 16, 5, 5, 120, 5, 5, 0, 1),
           ("56x56x64 3x3", 32, 64, 56, 56, 64, 3, 3, 1, 1),
           ("14x14x256 3x3", 32, 256, 14, 14, 256, 3, 3, 1, 1),
-          ("224x224 7x7 s2 stem", 8, 3, 224, 224, 64, 7, 7, 3, 2)]
+          ("224x224 7x7 s2 stem", 8, 3, 224, 224, 64, 7, 7, 3, 2),
+          ("depthwise 56x56x256 3x3", 32, 256, 56, 56, 256, 3, 3, 1, 1, 1, 256),
+          ("dilated 28x28x64 3x3 d2", 16, 64, 28, 28, 64, 3, 3, 2, 1, 2, 1)]
 
 
-def references(torch, x, w, dy, pad, st):
+def references(torch, x, w, dy, pad, st, dl=1, g=1):
     if torch is not None:
         X = torch.from_numpy(x).requires_grad_(True)
         Wt = torch.from_numpy(w).requires_grad_(True)
-        y = torch.nn.functional.conv2d(X, Wt, padding=pad, stride=st)
+        y = torch.nn.functional.conv2d(X, Wt, padding=pad, stride=st, dilation=dl, groups=g)
         y.backward(torch.from_numpy(dy))
         return y.detach().numpy(), X.grad.numpy(), Wt.grad.numpy()
-    from reference import conv2d_backward_ref, conv2d_ref
-    y = conv2d_ref(x, w, None, (st, st), (pad, pad))
-    dx, dw = conv2d_backward_ref(dy, x, w, (st, st), (pad, pad))
-    return y, dx, dw
+    from reference import conv2d_general_ref
+    y, backward = conv2d_general_ref(x, w, None, (st, st), (pad, pad), (dl, dl), g)
+    return (y,) + tuple(backward(dy))
 
 
-def torch_ops(torch, x, w, dy, pad, st, cuda=False):
+def torch_ops(torch, x, w, dy, pad, st, dl=1, g=1, cuda=False):
     tx, tw, tdy = (torch.from_numpy(v) for v in (x, w, dy))
     if cuda:
         tx, tw, tdy = tx.cuda(), tw.cuda(), tdy.cuda()
     F = torch.nn.functional
-    return {"forward": lambda: F.conv2d(tx, tw, padding=pad, stride=st),
-            "data grad": lambda: torch.nn.grad.conv2d_input(x.shape, tw, tdy, padding=pad,
-                                                            stride=st),
-            "weight grad": lambda: torch.nn.grad.conv2d_weight(tx, w.shape, tdy,
-                                                               padding=pad, stride=st)}
+    kw = dict(padding=pad, stride=st, dilation=dl, groups=g)
+    return {"forward": lambda: F.conv2d(tx, tw, **kw),
+            "data grad": lambda: torch.nn.grad.conv2d_input(x.shape, tw, tdy, **kw),
+            "weight grad": lambda: torch.nn.grad.conv2d_weight(tx, w.shape, tdy, **kw)}
 
 
 def close(name, got, ref):
@@ -64,26 +66,33 @@ def close(name, got, ref):
 
 def main(argv=None):
     ap = _common.arg_parser(__doc__)
+    ap.add_argument("--layers", help="comma-separated words: only layers whose name has "
+                    "one (e.g. depthwise,LeNet)")
     args = ap.parse_args(argv)
     torch = _common.torch_or_none()
     rows = []
     cuda = _common.torch_cuda()
-    for name, N, C, H, W, M, R, S, pad, st in LAYERS:
+    words = args.layers.split(",") if args.layers else None
+    for name, N, C, H, W, M, R, S, pad, st, *rest in LAYERS:
+        if words and not any(wd in name for wd in words):
+            continue
+        dl, g = rest if rest else (1, 1)
         rng = np.random.default_rng(0)
-        P, Q = (H + 2 * pad - R) // st + 1, (W + 2 * pad - S) // st + 1
+        P = (H + 2 * pad - dl * (R - 1) - 1) // st + 1
+        Q = (W + 2 * pad - dl * (S - 1) - 1) // st + 1
         x = rng.standard_normal((N, C, H, W), dtype=np.float32)
-        w = rng.standard_normal((M, C, R, S), dtype=np.float32)
+        w = rng.standard_normal((M, C // g, R, S), dtype=np.float32)
         dy = rng.standard_normal((N, M, P, Q), dtype=np.float32)
-        flops = 2.0 * N * M * P * Q * C * R * S
-        y_ref, dx_ref, dw_ref = references(torch, x, w, dy, pad, st)
-        row = {"layer": name, "shape": [N, C, H, W, M, R, S, pad, st], "ms": {}}
+        flops = 2.0 * N * M * P * Q * (C // g) * R * S
+        y_ref, dx_ref, dw_ref = references(torch, x, w, dy, pad, st, dl, g)
+        row = {"layer": name, "shape": [N, C, H, W, M, R, S, pad, st, dl, g], "ms": {}}
         for dev in _common.devices(args.device):
             X, Wd, DY = (clnn.asarray(v, device=dev) for v in (x, w, dy))
-            ops = {"forward": lambda: clnn.conv2d(X, Wd, padding=pad, stride=st),
-                   "data grad": lambda: clnn.conv2d_backward_data(DY, Wd, x.shape,
-                                                                  padding=pad, stride=st),
-                   "weight grad": lambda: clnn.conv2d_backward_weight(
-                       DY, X, w.shape, padding=pad, stride=st)}
+            kw = dict(padding=pad, stride=st, dilation=dl, groups=g)
+            ops = {"forward": lambda: clnn.conv2d(X, Wd, **kw),
+                   "data grad": lambda: clnn.conv2d_backward_data(DY, Wd, x.shape, **kw),
+                   "weight grad": lambda: clnn.conv2d_backward_weight(DY, X, w.shape,
+                                                                      **kw)}
             for op, ref in zip(ops, (y_ref, dx_ref, dw_ref)):
                 close(f"{name} {op}", ops[op]().get(), ref)
             key = f"clnn ({dev.name})"
@@ -91,11 +100,11 @@ def main(argv=None):
                                                             sync=dev.finish)
                               for op, fn in ops.items()}
         if torch is not None:
-            tops = torch_ops(torch, x, w, dy, pad, st)
+            tops = torch_ops(torch, x, w, dy, pad, st, dl, g)
             row["ms"]["PyTorch CPU"] = {op: 1e3 * _common.median_time(fn, args.repeats)
                                         for op, fn in tops.items()}
         if cuda is not None:
-            tops = torch_ops(cuda, x, w, dy, pad, st, cuda=True)
+            tops = torch_ops(cuda, x, w, dy, pad, st, dl, g, cuda=True)
             for op, ref in zip(tops, (y_ref, dx_ref, dw_ref)):
                 close(f"{name} {op} (cuDNN)", tops[op]().cpu().numpy(), ref)
             row["ms"]["cuDNN (PyTorch CUDA)"] = {

@@ -244,6 +244,21 @@ def conv():
             close(fwd(X, k, st, pad, **opts).get(), y_ref)
             g = rng.standard_normal(y_ref.shape).astype(np.float32)
             close(bwd(clnn.asarray(g), X, k, st, pad, **opts).get(), backward(g))
+    # the direct kernels of grouped and dilated convolutions (both work-group sizes of
+    # the weight gradient's reduction)
+    from reference import conv2d_general_ref
+    xg = rng.standard_normal((2, 4, 7, 6)).astype(np.float32)
+    wg_ = rng.standard_normal((6, 2, 3, 2)).astype(np.float32)
+    opts = dict(stride=(2, 1), padding=(2, 1), dilation=(2, 2), groups=2)
+    y_ref, backward = conv2d_general_ref(xg, wg_, None, (2, 1), (2, 1), (2, 2), 2)
+    g = rng.standard_normal(y_ref.shape).astype(np.float32)
+    dx_ref, dw_ref = backward(g)
+    XG, WG, G = clnn.asarray(xg), clnn.asarray(wg_), clnn.asarray(g)
+    for size in (64, 256):
+        with mock.patch.object(conv_module, "_direct_wg", lambda dev, size=size: size):
+            close(clnn.conv2d(XG, WG, **opts).get(), y_ref, 1e-4)
+            close(clnn.conv2d_backward_data(G, WG, xg.shape, **opts).get(), dx_ref, 1e-4)
+            close(clnn.conv2d_backward_weight(G, XG, wg_.shape, **opts).get(), dw_ref, 1e-3)
     print(f"checked {checked} GEMM and gathered variants for convolution, and pooling")
 
 

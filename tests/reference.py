@@ -145,3 +145,43 @@ def numeric_grad(loss, x, h=1e-6):
         xm[idx] -= h
         g[idx] = (loss(xp) - loss(xm)) / (2 * h)
     return g
+
+
+def conv2d_general_ref(x, w, b, stride, padding, dilation=(1, 1), groups=1):
+    """(y, backward(dy) -> (dx, dw)) for PyTorch's conv2d with groups and dilation, in
+    float64: w is (M, C / groups, R, S); tap (r, s) reads the zero-padded input at
+    (p sh + r dh, q sw + s dw)."""
+    x, w = x.astype(np.float64), w.astype(np.float64)
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    N, C, H, W = x.shape
+    M, Cg, R, S = w.shape
+    G, Mg = groups, M // groups
+    P = (H + 2 * ph - dh * (R - 1) - 1) // sh + 1
+    Q = (W + 2 * pw - dw * (S - 1) - 1) // sw + 1
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    wg = w.reshape(G, Mg, Cg, R, S)
+
+    def patch(arr, r, s):
+        return arr[:, :, r * dh:r * dh + sh * (P - 1) + 1:sh,
+                   s * dw:s * dw + sw * (Q - 1) + 1:sw]
+    y = np.zeros((N, G, Mg, P, Q))
+    for r in range(R):
+        for s in range(S):
+            pt = patch(xp, r, s).reshape(N, G, Cg, P, Q)
+            y += np.einsum("ngcpq,gmc->ngmpq", pt, wg[:, :, :, r, s])
+    y = y.reshape(N, M, P, Q)
+    if b is not None:
+        y += b.astype(np.float64)[None, :, None, None]
+
+    def backward(dy):
+        d = dy.astype(np.float64).reshape(N, G, Mg, P, Q)
+        dxp = np.zeros_like(xp)
+        dwg = np.zeros_like(wg)
+        for r in range(R):
+            for s in range(S):
+                pt = patch(xp, r, s).reshape(N, G, Cg, P, Q)
+                dwg[:, :, :, r, s] = np.einsum("ngmpq,ngcpq->gmc", d, pt)
+                patch(dxp, r, s)[...] += np.einsum("ngmpq,gmc->ngcpq", d,
+                                                   wg[:, :, :, r, s]).reshape(N, C, P, Q)
+        return dxp[:, :, ph:ph + H, pw:pw + W], dwg.reshape(M, Cg, R, S)
+    return y, backward

@@ -175,11 +175,12 @@ class Dense(Layer):
 
 
 class Conv2d(Layer):
-    """a = f(conv(x, weight) + bias): weight (M, C, R, S), bias (M,), on (C, H, W) inputs.
+    """a = f(conv(x, weight) + bias): weight (M, C / groups, R, S), bias (M,), on
+    (C, H, W) inputs. PyTorch's ``dilation`` and ``groups`` (groups = C: depthwise);
     ``bias=False`` leaves the bias out (as PyTorch's, before a BatchNorm2d)."""
 
     def __init__(self, out_channels, kernel_size, stride=1, padding=0, activation="relu",
-                 param=None, bias=True):
+                 param=None, bias=True, dilation=1, groups=1):
         if not isinstance(out_channels, (int, np.integer)) or out_channels < 1:
             raise ArgumentError(f"out_channels must be a positive int, got {out_channels!r}")
         _check_activation(activation)
@@ -189,6 +190,11 @@ class Conv2d(Layer):
         self.out_channels = int(out_channels)
         self.kernel_size = pair(kernel_size, "kernel_size", 1)
         self.stride, self.padding = pair(stride, "stride", 1), pair(padding, "padding", 0)
+        self.dilation = pair(dilation, "dilation", 1)
+        if not isinstance(groups, (int, np.integer)) or isinstance(groups, bool) or \
+                groups < 1:
+            raise ArgumentError(f"groups must be a positive int, got {groups!r}")
+        self.groups = int(groups)
         self.activation = activation
         self.param = ACTIVATION_PARAMS.get(activation) if param is None else \
             finite(param, "param")
@@ -203,26 +209,37 @@ class Conv2d(Layer):
         return {"type": "Conv2d", "out_channels": self.out_channels,
                 "kernel_size": list(self.kernel_size), "stride": self.stride,
                 "padding": self.padding, "activation": self.activation, "param": self.param,
-                "bias": self.use_bias}
+                "bias": self.use_bias, "dilation": self.dilation, "groups": self.groups}
 
     def plan(self, in_shape):
-        from ..ops.conv import conv_geometry
+        from ..ops.conv import conv_geometry, direct_geometry
         if len(in_shape) != 3:
             raise ShapeError(f"Conv2d takes (C, H, W) inputs, got {in_shape} per example")
         C = in_shape[0]
         R, S = self.kernel_size
-        _, _, _, _, M, _, _, P, Q, _, _ = conv_geometry((1,) + tuple(in_shape),
-                                                        (self.out_channels, C, R, S),
-                                                        self.stride, self.padding)
-        return [(M, C, R, S)] + [(M,)] * self.use_bias, (M, P, Q)
+        if C % self.groups:
+            raise ShapeError(f"groups={self.groups} must divide the {C} input channels")
+        w = (self.out_channels, C // self.groups, R, S)
+        if self.groups == 1 and self.dilation == (1, 1):     # the implicit GEMM's checks
+            g = conv_geometry((1,) + tuple(in_shape), w, self.stride, self.padding)
+        else:                                                # the direct kernels'
+            g = direct_geometry((1,) + tuple(in_shape), w, self.stride, self.padding,
+                                self.dilation, self.groups)
+        M, P, Q = g[4], g[7], g[8]
+        return [w] + [(M,)] * self.use_bias, (M, P, Q)
+
+    def _opts(self):
+        return dict(stride=self.stride, padding=self.padding, dilation=self.dilation,
+                    groups=self.groups)
 
     def build(self, in_shape, device, dtype, rng):
         _, (M, P, Q) = self.plan(in_shape)
         C = in_shape[0]
         R, S = self.kernel_size
         self.in_shape, self.out_shape = tuple(in_shape), (M, P, Q)
-        self.weight = _init(rng, self.activation, (M, C, R, S), C * R * S, M * R * S, dtype,
-                            device)
+        Cg = C // self.groups
+        self.weight = _init(rng, self.activation, (M, Cg, R, S), Cg * R * S,
+                            M // self.groups * R * S, dtype, device)
         self.bias = clnn.zeros((M,), dtype, device=device) if self.use_bias else None
 
     @property
@@ -234,17 +251,15 @@ class Conv2d(Layer):
 
     def forward(self, x, out, logits=False, training=False, key=0):
         fused = None if self.activation == "identity" else self.activation
-        return clnn.conv2d(x, self.weight, self.bias, stride=self.stride,
-                           padding=self.padding, activation=fused,
-                           activation_param=self.param, out=out)
+        return clnn.conv2d(x, self.weight, self.bias, activation=fused,
+                           activation_param=self.param, out=out, **self._opts())
 
     def backward_input(self, delta, x, dx):
-        clnn.conv2d_backward_data(delta, self.weight, x.shape, stride=self.stride,
-                                  padding=self.padding, out=dx)
+        clnn.conv2d_backward_data(delta, self.weight, x.shape, out=dx, **self._opts())
 
     def gradients(self, delta, x, grads, ones):
-        clnn.conv2d_backward_weight(delta, x, self.weight.shape, stride=self.stride,
-                                    padding=self.padding, out=grads[0])
+        clnn.conv2d_backward_weight(delta, x, self.weight.shape, out=grads[0],
+                                    **self._opts())
         if self.use_bias:
             clnn.bias_grad(delta, out=grads[1])   # delta summed over batch and positions
 

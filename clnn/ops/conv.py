@@ -35,8 +35,12 @@ from .. import programs, tuning
 from ..errors import ArgumentError, ShapeError
 from ._args import (INT_MAX, check, check_out, common_device, dev_scratch, done, finite,
                     launch_size, offset, pair, scratch_cap)
-from .elementwise import activation_parameter
+from .elementwise import ACTIVATIONS, activation_parameter
 from .gemm import Operand, run_gemm, tiled_workspace
+
+programs.register("convd", {"act": "none", "wg": 64},
+                  lambda: [{"act": a, "wg": wg} for a in ("none",) + ACTIVATIONS
+                           for wg in (64, 256)])
 
 _TILES = ((("MWI", 10), ("NWI", 16), ("VW", 8)), (("MWI", 5), ("NWI", 8), ("VW", 8)))
 programs.register(
@@ -520,16 +524,18 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
 # options, unbatched (C, H, W) arrays and empty batches, then the routines above
 
 def _options(name, w_shape, stride, padding, dilation, groups):
-    """``padding`` as ints, after PyTorch's options that clnn does not have yet are
-    refused by name (a typed error, before anything runs)."""
+    """(padding as ints, dilation pair, groups, direct): PyTorch's options checked, and
+    whether the direct kernels (convd.cl: groups or dilation) run the call."""
     if not isinstance(groups, (int, np.integer)) or isinstance(groups, (bool, np.bool_)) \
             or groups < 1:
         raise ArgumentError(f"{name}: groups must be a positive int, got {groups!r}")
-    if groups != 1:
-        raise ArgumentError(f"{name}: groups={groups} (grouped or depthwise convolution) is "
-                            "not supported yet")
-    if pair(dilation, "dilation", 1) != (1, 1):
-        raise ArgumentError(f"{name}: dilation={dilation!r} is not supported yet")
+    groups = int(groups)
+    dl = pair(dilation, "dilation", 1)
+    direct = groups != 1 or dl != (1, 1)
+    return _padding(name, w_shape, stride, padding, dl), dl, groups, direct
+
+
+def _padding(name, w_shape, stride, padding, dl):
     if isinstance(padding, str):
         if padding == "valid":
             return 0
@@ -539,10 +545,11 @@ def _options(name, w_shape, stride, padding, dilation, groups):
         if pair(stride, "stride", 1) != (1, 1):
             raise ArgumentError(f"{name}: padding='same' needs stride 1 (as in PyTorch)")
         R, S = _shape(w_shape, "w_shape")[2:] if len(w_shape) == 4 else (1, 1)
-        if R % 2 == 0 or S % 2 == 0:
-            raise ArgumentError(f"{name}: padding='same' with an even kernel ({R}x{S}) pads "
-                                "one side more than the other: not supported yet")
-        return (R // 2, S // 2)
+        eh, ew = dl[0] * (R - 1), dl[1] * (S - 1)         # the padding 'same' needs
+        if eh % 2 or ew % 2:
+            raise ArgumentError(f"{name}: padding='same' here pads one side more than the "
+                                f"other (kernel {R}x{S}, dilation {dl}): not supported yet")
+        return (eh // 2, ew // 2)
     return padding
 
 
@@ -557,39 +564,34 @@ def _four(a, name):
 
 def conv2d(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, activation=None,
            activation_param=None, out=None):
-    """y = activation(conv(x, w) + b), x (N, C, H, W), w (M, C, R, S) -> y (N, M, P, Q).
+    """y = activation(conv(x, w) + b), x (N, C, H, W), w (M, C / groups, R, S) ->
+    y (N, M, P, Q), PyTorch's conv2d.
 
-    ``stride`` and ``padding`` are ints or (h, w) pairs; ``padding`` also "valid" or
-    "same" (stride 1, odd kernels). An unbatched x (C, H, W) gives y (M, P, Q), a batch
-    of 0 an empty y, as PyTorch. ``dilation`` and ``groups`` other than 1 are refused
-    (ArgumentError) for now. Overwrites ``out``.
+    ``stride``, ``padding`` and ``dilation`` are ints or (h, w) pairs; ``padding`` also
+    "valid" or "same" (stride 1; even total padding). ``groups`` splits the channels
+    into groups convolved separately (groups = C: depthwise). An unbatched x (C, H, W)
+    gives y (M, P, Q), a batch of 0 an empty y. Grouped and dilated convolutions run
+    direct kernels (convd.cl); the others the implicit GEMM. Overwrites ``out``.
     """
-    padding = _options("conv2d", getattr(w, "shape", ()), stride, padding, dilation, groups)
+    padding, dl, groups, direct = _options("conv2d", getattr(w, "shape", ()), stride,
+                                           padding, dilation, groups)
     unbatched = getattr(x, "ndim", 0) == 3
     x4, o4 = _four(x, "x"), _four(out, "out") if unbatched else out
-    if getattr(x4, "ndim", 0) == 4 and x4.shape[0] == 0:
-        return _empty_conv(x4, w, b, stride, padding, out)
-    y = _conv2d(x4, w, b, stride=stride, padding=padding, activation=activation,
-                activation_param=activation_param, out=o4)
+    if direct or (getattr(x4, "ndim", 0) == 4 and x4.shape[0] == 0):
+        y = _direct_forward(x4, w, b, stride, padding, dl, groups, activation,
+                            activation_param, o4)
+    else:
+        y = _conv2d(x4, w, b, stride=stride, padding=padding, activation=activation,
+                    activation_param=activation_param, out=o4)
     return y.reshape(y.shape[1:]) if unbatched and out is None else (out if unbatched else y)
-
-
-def _empty_conv(x, w, b, stride, padding, out):
-    dev = common_device(x=x, w=w, b=b, out=out)
-    dt = check(x, "x", dev, ndim=4)
-    check(w, "w", dev, dtype=dt, ndim=4)
-    N, C, H, W, M, R, S, P, Q, _, _ = conv_geometry(x.shape, w.shape, stride, padding)
-    if b is not None:
-        check(b, "b", dev, dtype=dt, shape=(M,))
-    return check_out(out, (0, M, P, Q), dt, dev, inputs=(x, w, b), allow_alias=False)
 
 
 def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1,
                          out=None):
-    """dx = dL/dx for y = conv2d(x, w): dy (N, M, P, Q), w (M, C, R, S) -> dx x_shape
-    (unbatched (C, H, W) too). Overwrites ``out``."""
-    padding = _options("conv2d_backward_data", getattr(w, "shape", ()), stride, padding,
-                       dilation, groups)
+    """dx = dL/dx for y = conv2d(x, w): dy (N, M, P, Q), w (M, C / groups, R, S) -> dx
+    x_shape (unbatched (C, H, W) too). Overwrites ``out``."""
+    padding, dl, groups, direct = _options("conv2d_backward_data", getattr(w, "shape", ()),
+                                           stride, padding, dilation, groups)
     shape = _shape(x_shape, "x_shape")
     unbatched = len(shape) == 3
     if unbatched:
@@ -597,15 +599,10 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
         dy, out4 = _four(dy, "dy"), _four(out, "out")
     else:
         out4 = out
-    if len(shape) == 4 and shape[0] == 0:
-        dev = common_device(dy=dy, w=w, out=out)
-        dt = check(dy, "dy", dev, ndim=4)
-        geo = conv_geometry(shape, getattr(w, "shape", ()), stride, padding)
-        if tuple(dy.shape) != (0, geo[4], geo[7], geo[8]):
-            raise ShapeError(f"dy has shape {dy.shape}; this convolution's output is "
-                             f"{(0, geo[4], geo[7], geo[8])}")
-        return check_out(out, shape, dt, dev, inputs=(dy, w), allow_alias=False)
-    dx = _conv2d_backward_data(dy, w, shape, stride=stride, padding=padding, out=out4)
+    if direct or (len(shape) == 4 and shape[0] == 0):
+        dx = _direct_backward_data(dy, w, shape, stride, padding, dl, groups, out4)
+    else:
+        dx = _conv2d_backward_data(dy, w, shape, stride=stride, padding=padding, out=out4)
     return dx.reshape(dx.shape[1:]) if unbatched and out is None else \
         (out if unbatched else dx)
 
@@ -613,29 +610,137 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
 def conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
                            out=None, alpha=1.0, beta=0.0):
     """dw = alpha * dL/dw + beta * out for y = conv2d(x, w): dy (N, M, P, Q), x (N, C, H, W)
-    (or unbatched (M, P, Q) and (C, H, W)).
+    (or unbatched (M, P, Q) and (C, H, W)), dw of ``w_shape`` (M, C / groups, R, S).
 
     With the defaults it overwrites ``out``; ``alpha = -lr/batch, beta = momentum`` makes
     it the update step of a training loop, as for dense layers. A batch of 0 gives
     dw = beta * out.
     """
-    padding = _options("conv2d_backward_weight", _shape(w_shape, "w_shape"), stride, padding,
-                       dilation, groups)
+    padding, dl, groups, direct = _options("conv2d_backward_weight",
+                                           _shape(w_shape, "w_shape"), stride, padding,
+                                           dilation, groups)
     if getattr(x, "ndim", 0) == 3:
         x, dy = _four(x, "x"), _four(dy, "dy")
-    if getattr(x, "ndim", 0) == 4 and x.shape[0] == 0:
-        dev = common_device(dy=dy, x=x, out=out)
-        dt = check(dy, "dy", dev, ndim=4)
-        check(x, "x", dev, dtype=dt, ndim=4)
-        geo = conv_geometry(x.shape, _shape(w_shape, "w_shape"), stride, padding)
-        if tuple(dy.shape) != (0, geo[4], geo[7], geo[8]):
-            raise ShapeError(f"dy has shape {dy.shape}; this convolution's output is "
-                             f"{(0, geo[4], geo[7], geo[8])}")
-        alpha, beta = finite(alpha, "alpha", dt), finite(beta, "beta", dt)
-        if out is None and beta != 0:
-            raise ShapeError("beta != 0 reads out: pass the out array")
-        out = check_out(out, tuple(w_shape), dt, dev, inputs=(dy, x), allow_alias=False)
-        from .elementwise import fill, scale
-        return fill(out, 0.0) if beta == 0 else scale(beta, out, out=out)
+    if direct or (getattr(x, "ndim", 0) == 4 and x.shape[0] == 0):
+        return _direct_backward_weight(dy, x, w_shape, stride, padding, dl, groups, out,
+                                       alpha, beta)
     return _conv2d_backward_weight(dy, x, w_shape, stride=stride, padding=padding, out=out,
                                    alpha=alpha, beta=beta)
+
+
+# ------------------------------------------------------------ direct kernels (convd.cl)
+
+def direct_geometry(x_shape, w_shape, stride, padding, dilation, groups):
+    """(N, C, H, W, M, R, S, P, Q, (sh, sw), (ph, pw), (dh, dw)) of a grouped and
+    dilated convolution, PyTorch's rules: w is (M, C / groups, R, S), both C and M
+    divide by groups; every index fits a 32-bit int."""
+    if len(x_shape) != 4 or len(w_shape) != 4:
+        raise ShapeError(f"x must be (N, C, H, W) and w (M, C / groups, R, S); got "
+                         f"{tuple(x_shape)} and {tuple(w_shape)}")
+    N, C, H, W = x_shape
+    M, Cg, R, S = w_shape
+    if C % groups or M % groups:
+        raise ShapeError(f"groups={groups} must divide the {C} input and {M} output "
+                         "channels")
+    if Cg != C // groups:
+        raise ShapeError(f"w has {Cg} channels per group; x's {C} channels in {groups} "
+                         f"groups are {C // groups}")
+    (sh, sw), (ph, pw) = pair(stride, "stride", 1), pair(padding, "padding", 0)
+    dh, dw = dilation
+    if min(C, H, W, M, R, S) < 1 or N < 0:
+        raise ShapeError(f"empty convolution: x {tuple(x_shape)}, w {tuple(w_shape)}")
+    eh, ew = dh * (R - 1) + 1, dw * (S - 1) + 1
+    if eh > H + 2 * ph or ew > W + 2 * pw:
+        raise ShapeError(f"the dilated {eh}x{ew} kernel is bigger than the padded "
+                         f"{H + 2 * ph}x{W + 2 * pw} input")
+    P, Q = (H + 2 * ph - eh) // sh + 1, (W + 2 * pw - ew) // sw + 1
+    sh, sw = (sh if P > 1 else min(sh, H + 2 * ph - eh + 1)), \
+        (sw if Q > 1 else min(sw, W + 2 * pw - ew + 1))
+    for what, n in (("the input", N * C * H * W), ("the output", N * M * P * Q),
+                    ("the filters", M * Cg * R * S), ("a padded row", (H + 2 * ph) * W),
+                    ("the weight gradient's sum", N * P * Q)):
+        if n > INT_MAX:
+            raise ShapeError(f"{what} of this convolution spans {n} elements; clnn "
+                             "indexes with 32-bit ints")
+    return N, C, H, W, M, R, S, P, Q, (sh, sw), (ph, pw), (dh, dw)
+
+
+def _direct_args(N, C, H, W, M, R, S, P, Q, st, pd, dl, groups):
+    return dict(N=N, C=C, H=H, W=W, M=M, P=P, Q=Q, R=R, S=S, SH=st[0], SW=st[1], PH=pd[0],
+                PW=pd[1], DH=dl[0], DW=dl[1], G=groups)
+
+
+def _direct_wg(dev):
+    want = 64 if dev.facts.is_cpu else 256
+    while want > dev.facts.max_work_group_size:
+        want //= 2
+    return want
+
+
+def _direct_kernel(dev, dt, entry, act="none"):
+    return programs.get_kernel(dev, "convd", entry, {"dtype": programs.dtype_name(dt),
+                                                     "act": act, "wg": _direct_wg(dev)})
+
+
+def _direct_forward(x, w, b, stride, padding, dl, groups, activation, activation_param,
+                    out):
+    dev = common_device(x=x, w=w, b=b, out=out)
+    dt = check(x, "x", dev, ndim=4)
+    check(w, "w", dev, dtype=dt, ndim=4)
+    g = direct_geometry(x.shape, w.shape, stride, padding, dl, groups)
+    N, M, P, Q = g[0], g[4], g[7], g[8]
+    if b is not None:
+        check(b, "b", dev, dtype=dt, shape=(M,))
+    act = "none" if activation is None else activation
+    act_p = activation_parameter(act, activation_param, dt) if act != "none" else 0.0
+    out = check_out(out, (N, M, P, Q), dt, dev, inputs=(x, w, b), allow_alias=False)
+    bb = b if b is not None else w
+    if out.size == 0:
+        return out
+    evt = _direct_kernel(dev, dt, "clnn_convd_forward", act)(
+                 *launch_size(dev, N * M * P), rows=N * M * P, act_p=act_p, has_bias=int(b is not None), x=x, x_off=offset(x), w=w,
+                 w_off=offset(w), b=bb, b_off=offset(bb), y=out, y_off=offset(out),
+                 **_direct_args(*g, groups))
+    return done(out, evt)
+
+
+def _direct_backward_data(dy, w, shape, stride, padding, dl, groups, out):
+    dev = common_device(dy=dy, w=w, out=out)
+    dt = check(dy, "dy", dev, ndim=4)
+    check(w, "w", dev, dtype=dt, ndim=4)
+    g = direct_geometry(shape, w.shape, stride, padding, dl, groups)
+    N, C, H, W, M, P, Q = g[0], g[1], g[2], g[3], g[4], g[7], g[8]
+    if tuple(dy.shape) != (N, M, P, Q):
+        raise ShapeError(f"dy has shape {dy.shape}; this convolution's output is "
+                         f"{(N, M, P, Q)}")
+    out = check_out(out, (N, C, H, W), dt, dev, inputs=(dy, w), allow_alias=False)
+    if out.size == 0:
+        return out
+    evt = _direct_kernel(dev, dt, "clnn_convd_backward_data")(
+                 *launch_size(dev, N * C * H), rows=N * C * H, dy=dy,
+                 dy_off=offset(dy), w=w, w_off=offset(w), dx=out, dx_off=offset(out),
+                 **_direct_args(*g, groups))
+    return done(out, evt)
+
+
+def _direct_backward_weight(dy, x, w_shape, stride, padding, dl, groups, out, alpha, beta):
+    dev = common_device(dy=dy, x=x, out=out)
+    dt = check(dy, "dy", dev, ndim=4)
+    check(x, "x", dev, dtype=dt, ndim=4)
+    w_shape = _shape(w_shape, "w_shape")
+    g = direct_geometry(x.shape, w_shape, stride, padding, dl, groups)
+    N, M, P, Q = g[0], g[4], g[7], g[8]
+    if tuple(dy.shape) != (N, M, P, Q):
+        raise ShapeError(f"dy has shape {dy.shape}; this convolution's output is "
+                         f"{(N, M, P, Q)}")
+    alpha, beta = finite(alpha, "alpha", dt), finite(beta, "beta", dt)
+    if out is None and beta != 0:
+        raise ShapeError("beta != 0 reads out: pass the out array")
+    out = check_out(out, w_shape, dt, dev, inputs=(dy, x), allow_alias=False)
+    if out.size == 0:
+        return out
+    wg = _direct_wg(dev)
+    kern = _direct_kernel(dev, dt, "clnn_convd_backward_weight")
+    evt = kern((out.size * wg,), (wg,), alpha=alpha, beta=beta, dy=dy, dy_off=offset(dy),
+               x=x, x_off=offset(x), dw=out, dw_off=offset(out), **_direct_args(*g, groups))
+    return done(out, evt)

@@ -80,3 +80,38 @@ def test_cnn_bad_input(dev):
         nn.Sequential([nn.Conv2d(3, 7)], in_shape=(1, 5, 5))
     with pytest.raises(clnn.ArgumentError):
         nn.Sequential([nn.Dense(3)], in_features=4, in_shape=(4,))
+
+
+def test_depthwise_and_dilated_layers_gradients(dev):
+    """A MobileNet-like block (depthwise 3x3, then a 1x1 pointwise) and a dilated
+    layer: gradients of a step against finite differences in float64."""
+    if not dev.facts.fp64:
+        pytest.skip("finite differences need float64")
+    net = nn.Sequential([nn.Conv2d(4, 3, padding=1, activation="tanh", groups=2),
+                         nn.Conv2d(4, 3, padding=2, dilation=2, activation="elu", groups=4),
+                         nn.Conv2d(3, 1, activation="tanh"), nn.Flatten(),
+                         nn.Dense(2, "sigmoid")], in_shape=(2, 6, 5), dtype=np.float64,
+                        seed=3)
+    assert net.layers[1].weight.shape == (4, 1, 3, 3)
+    x = RNG.standard_normal((3, 2, 6, 5))
+    y = RNG.random((3, 2))
+    xd, yd, _, _ = net._train_args(x, y, "quadratic", 0.1, 0.0)
+    got = {}
+
+    def keep(step):
+        got["g"] = [g.get() * step.grad_scale for g in step.grads]
+        step.skip = True
+    net.train_step(xd, yd, 0.1, 0.0, hook=keep)
+    for pi, p in enumerate(net.parameters()):
+        base = p.get()
+        for f in RNG.choice(base.size, size=min(4, base.size), replace=False):
+            idx = np.unravel_index(f, base.shape)
+            vals = []
+            for sign in (1, -1):
+                q = base.copy()
+                q[idx] += sign * 1e-6
+                p.set(q)
+                vals.append(quadratic(net, x, y))
+            p.set(base)
+            num = (vals[0] - vals[1]) / 2e-6
+            assert abs(got["g"][pi][idx] - num) < 1e-6 * max(1, abs(num)), (pi, idx)

@@ -265,13 +265,49 @@ def test_pytorch_call_forms(dev):
     clnn.conv2d_backward_weight(clnn.zeros((0, 4, 7, 6)), E, w.shape, padding=1, out=g,
                                 beta=0.5)
     assert np.all(g.get() == 0.5)
-    for kw, what in ((dict(groups=3), "groups"), (dict(dilation=2), "dilation"),
-                     (dict(padding="same", stride=2), "stride 1"),
-                     (dict(padding="full"), "padding")):
+    for kw, what in ((dict(padding="same", stride=2), "stride 1"),
+                     (dict(padding="full"), "padding"), (dict(groups=0), "groups")):
         with pytest.raises(clnn.ArgumentError, match=what):
             clnn.conv2d(X, Wd, **kw)
-    with pytest.raises(clnn.ArgumentError, match="even kernel"):
+    with pytest.raises(clnn.ArgumentError, match="one side more"):
         clnn.conv2d(X, clnn.zeros((4, 3, 2, 2)), padding="same")
+    with pytest.raises(clnn.ShapeError, match="divide"):
+        clnn.conv2d(X, clnn.zeros((4, 1, 3, 3)), groups=3)    # 4 outputs in 3 groups
+
+
+@pytest.mark.parametrize("N,C,H,W,M,R,S,st,pd,dl,G", [
+    (2, 4, 9, 8, 4, 3, 3, (1, 1), (1, 1), (1, 1), 4),          # depthwise 3x3
+    (1, 6, 7, 7, 6, 3, 3, (2, 2), (1, 1), (1, 1), 6),          # depthwise, stride 2
+    (3, 4, 10, 9, 6, 3, 2, (2, 1), (2, 1), (2, 3), 2),         # grouped and dilated
+    (2, 3, 11, 13, 5, 3, 3, (1, 1), (2, 2), (2, 2), 1),        # dilated only
+    (1, 2, 5, 5, 4, 1, 1, (1, 1), (0, 0), (1, 1), 2),          # 1x1 grouped
+    (2, 4, 6, 6, 8, 3, 3, (1, 1), (3, 3), (3, 3), 4)],         # depth multiplier 2
+    ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v))
+def test_grouped_and_dilated_convolution(dev, N, C, H, W, M, R, S, st, pd, dl, G):
+    from reference import conv2d_general_ref
+    for dtype in float_dtypes(dev)[:2]:
+        x = RNG.standard_normal((N, C, H, W)).astype(dtype)
+        w = RNG.standard_normal((M, C // G, R, S)).astype(dtype)
+        b = RNG.standard_normal(M).astype(dtype)
+        ref, backward = conv2d_general_ref(x, w, b, st, pd, dl, G)
+        opts = dict(stride=st, padding=pd, dilation=dl, groups=G)
+        y = Guarded(dev, ref.shape, dtype)
+        clnn.conv2d(guarded_input(dev, x), guarded_input(dev, w), guarded_input(dev, b),
+                    out=y.view, activation="relu", **opts)
+        tol = 64 * eps(dtype) * (C // G) * R * S
+        np.testing.assert_allclose(y.check(), np.maximum(ref, 0), rtol=tol, atol=tol * 4)
+        dy = RNG.standard_normal(ref.shape).astype(dtype)
+        dx_ref, dw_ref = backward(dy)
+        dx = Guarded(dev, x.shape, dtype)
+        clnn.conv2d_backward_data(guarded_input(dev, dy), guarded_input(dev, w), x.shape,
+                                  out=dx.view, **opts)
+        np.testing.assert_allclose(dx.check(), dx_ref, rtol=tol, atol=tol * 4 * M)
+        dw = Guarded(dev, w.shape, dtype, fill=np.ones(w.shape))
+        clnn.conv2d_backward_weight(guarded_input(dev, dy), guarded_input(dev, x), w.shape,
+                                    out=dw.view, alpha=0.5, beta=2.0, **opts)
+        k = N * ref.shape[2] * ref.shape[3]
+        np.testing.assert_allclose(dw.check(), 0.5 * dw_ref + 2.0, rtol=tol * k,
+                                   atol=tol * k * 4)
 
 
 def test_unbatched_pooling(dev):
