@@ -178,7 +178,10 @@ class DataParallel:
         scales by one over the global batch."""
         if self.world.size == 1:
             return                        # nothing to sum: this rank's are the sums
-        total, count = self._sum_gradients(step.flat_grads, self._count)
+        # this rank's share of the mean's denominator: its batch, or for a
+        # CrossEntropyLoss its labels' total weight (the step's grad_scale is 1 over it)
+        local = 1.0 / step.grad_scale if step.grad_scale else 0.0
+        total, count = self._sum_gradients(step.flat_grads, local)
         if step.flat_grads is not None:
             step.flat_grads.set(total)
         step.grad_scale = 1.0 / count

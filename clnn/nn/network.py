@@ -23,11 +23,13 @@ import pyopencl.array as cla
 
 import clnn
 from ..device import device as _device
+from ..ops.xent import cross_entropy_parts
 from .. import optim
 from ..errors import ArgumentError, CheckpointError, ShapeError
 from ..ops._args import INT_MAX
 from ..ops.dropout import dropout_key
 from .layers import Layer, from_config
+from .losses import CrossEntropyLoss
 
 LOSSES = ("quadratic", "cross_entropy")
 
@@ -194,8 +196,40 @@ class Sequential:
             raise ArgumentError(f"{name} contains NaN or infinite values")
         return arr
 
-    def _targets(self, y, batch):
-        """y as a device (batch, out_features) array: targets, or int class labels."""
+    def _labels(self, y, batch, loss):
+        """Class labels as a device int32 (batch,) array, for a CrossEntropyLoss: in
+        0..classes-1 or its ignore_index."""
+        if isinstance(y, cla.Array):
+            if y.shape != (batch,) or y.dtype != np.int32:
+                raise ShapeError(f"labels must be a ({batch},) int32 array, are {y.shape} "
+                                 f"{y.dtype}")
+            return y
+        host = np.asarray(y)
+        if host.shape != (batch,) or host.dtype.kind not in "iu":
+            raise ShapeError(f"CrossEntropyLoss takes ({batch},) integer labels, got "
+                             f"{host.shape} {host.dtype}")
+        bad = (host != loss.ignore_index) & ((host < 0) | (host >= self.out_features))
+        if np.any(bad):
+            raise ShapeError(f"labels must lie in 0..{self.out_features - 1} or be "
+                             f"ignore_index ({loss.ignore_index})")
+        return clnn.asarray(host.astype(np.int32), device=self.device)
+
+    def _loss_weight(self, loss):
+        """The loss's class weights on the device (kept per loss object), or None."""
+        if loss.weight is None:
+            return None
+        cache = self.__dict__.setdefault("_loss_weights", {})
+        w = cache.get(id(loss))
+        if w is None or w[0] is not loss:
+            w = cache[id(loss)] = (loss, clnn.asarray(loss.weight.astype(self.dtype),
+                                                      device=self.device))
+        return w[1]
+
+    def _targets(self, y, batch, loss=None):
+        """y as a device (batch, out_features) array: targets, or int class labels
+        (for a CrossEntropyLoss: the labels themselves, int32)."""
+        if isinstance(loss, CrossEntropyLoss):
+            return self._labels(y, batch, loss)
         if isinstance(y, cla.Array):
             if y.shape != (batch, self.out_features) or y.dtype != self.dtype:
                 raise ShapeError(f"y must be a ({batch}, {self.out_features}) {self.dtype} "
@@ -270,7 +304,14 @@ class Sequential:
         if len(self.out_shape) != 1:
             raise ArgumentError(f"the network's output is {self.out_shape} per example; "
                                 "losses take flat outputs (end with Dense)")
-        if loss not in LOSSES:
+        if isinstance(loss, CrossEntropyLoss):
+            if self.layers[-1].activation != "softmax":
+                raise ArgumentError("CrossEntropyLoss needs a softmax output layer")
+            if loss.weight is not None and loss.weight.shape != (self.out_features,):
+                raise ShapeError(f"CrossEntropyLoss has {loss.weight.size} class weights "
+                                 f"for {self.out_features} classes")
+            return
+        if not isinstance(loss, str) or loss not in LOSSES:
             raise ArgumentError(f"unknown loss {loss!r}; choose from {', '.join(LOSSES)}")
         last = self.layers[-1].activation
         if loss == "cross_entropy" and last != "softmax":
@@ -331,7 +372,8 @@ class Sequential:
         # the optimizer's state with the workspace, before any op: a step then has
         # the same live buffers from the first one on (and a failure writes nothing)
         opt.prepare(flat)
-        xent = loss == "cross_entropy"
+        options = loss if isinstance(loss, CrossEntropyLoss) else None
+        xent = loss == "cross_entropy" or options is not None
         L = len(self.layers)
         # the first layer reads the user's x and never writes it
         inputs = [x] + ws.a[:-1]
@@ -342,7 +384,19 @@ class Sequential:
             key = dropout_key(self.seed, i, self.steps) if layer.stochastic else 0
             layer.forward(inputs[i], ws.a[i], logits=xent and i == L - 1, training=True,
                           key=key)
-        if xent:
+        grad_scale = 1.0 / batch
+        if options is not None:
+            # the sum and its gradient, over the labels' total weight D (from the
+            # kernel): the mean PyTorch takes, with the network's unscaled deltas
+            value, _, denom = cross_entropy_parts(
+                ws.a[-1], y, self._loss_weight(options), options.ignore_index, "sum",
+                options.label_smoothing, dz=ws.delta[-1])
+            grad_scale = 1.0 / denom if denom else float("inf")
+            if denom:
+                clnn.scale(1.0 / denom, value, out=value)
+            else:
+                clnn.fill(value, float("nan"))     # a mean over nothing, as PyTorch
+        elif xent:
             value, _ = clnn.softmax_cross_entropy(ws.a[-1], y, dz=ws.delta[-1], grad_scale=1.0)
         else:
             value, _ = clnn.quadratic_loss(ws.a[-1], y, da=ws.delta[-1], grad_scale=1.0)
@@ -361,9 +415,11 @@ class Sequential:
         # allocate nothing, so a step that runs out of memory (or fails in any op
         # above) leaves weights and optimizer state as they were: all or nothing.
         info = GradientStep(self.parameters(), [g for gs in self._grads for g in gs],
-                            1.0 / batch, self.flat_parameters, self.flat_gradients)
+                            grad_scale, self.flat_parameters, self.flat_gradients)
         if hook is not None:
             hook(info)
+        if not np.isfinite(info.grad_scale):
+            info.skip = True              # every label ignored: nothing to learn from
         if not info.skip and flat:
             # one kernel for every parameter (and the padding between them, whose
             # zero gradients leave it 0)
@@ -381,7 +437,7 @@ class Sequential:
         if not (np.isfinite(momentum) and 0 <= momentum < 1):
             raise ArgumentError(f"momentum must lie in [0, 1), got {momentum}")
         xd = self._input(x)
-        return xd, self._targets(y, xd.shape[0]), lr, momentum
+        return xd, self._targets(y, xd.shape[0], loss), lr, momentum
 
     def fit(self, x, y, loss="quadratic", epochs=1, batch_size=32, lr=0.1, momentum=0.0,
             shuffle=True, seed=None, validation=None, progress=None, optimizer=None,
@@ -421,7 +477,7 @@ class Sequential:
         x_host = x_host.astype(self.dtype, copy=False)   # what _input uploaded to xd
         if validation is not None:
             xv = self._input(validation[0], "validation x")
-            yv = self._targets(validation[1], xv.shape[0])
+            yv = self._targets(validation[1], xv.shape[0], loss)
         if progress is None:
             progress = sys.stderr.isatty()
         rng = np.random.default_rng(seed)
@@ -494,10 +550,30 @@ class Sequential:
                 or batch_size < 1:
             raise ArgumentError(f"batch_size must be a positive int, got {batch_size!r}")
         xd = self._input(x)
-        yd = self._targets(y, xd.shape[0])
-        xent = loss == "cross_entropy"
+        yd = self._targets(y, xd.shape[0], loss)
+        options = loss if isinstance(loss, CrossEntropyLoss) else None
+        xent = loss == "cross_entropy" or options is not None
         total, correct = clnn.zeros((), self.dtype, self.device), 0
         n = xd.shape[0]
+        if options is not None:
+            # PyTorch's mean over the whole set: the sum over the labels' total weight;
+            # accuracy over the labels that are not ignored
+            denom, counted = 0.0, 0
+            for start in range(0, n, batch_size):
+                stop = min(n, start + batch_size)
+                out = self._run(xd[start:stop], logits=True)
+                labels = yd[start:stop].get()
+                keep = labels != options.ignore_index
+                correct += int((out.get().argmax(1)[keep] == labels[keep]).sum())
+                counted += int(keep.sum())
+                value, _, d = cross_entropy_parts(out, yd[start:stop],
+                                                  self._loss_weight(options),
+                                                  options.ignore_index, "sum",
+                                                  options.label_smoothing, want_dz=False)
+                clnn.axpy(1.0, value, total)
+                denom += d
+            return (float(total.get()) / denom if denom else float("nan"),
+                    correct / counted if counted else float("nan"))
         for start in range(0, n, batch_size):
             stop = min(n, start + batch_size)
             # the loss the training step computes, with the same kernel (for cross-

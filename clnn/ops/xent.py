@@ -36,6 +36,16 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     ShapeError raised before anything is written (it costs one wait for the device).
     A mean over targets that are all ignored is NaN, as in PyTorch.
     """
+    loss, dz, _ = cross_entropy_parts(input, target, weight, ignore_index, reduction,
+                                      label_smoothing, dz=dz, want_dz=want_dz)
+    return loss, dz
+
+
+def cross_entropy_parts(input, target, weight=None, ignore_index=-100, reduction="mean",
+                        label_smoothing=0.0, *, dz=None, want_dz=True):
+    """``cross_entropy`` and the denominator D of its mean (a float: the targets'
+    total weight, or the number of positions for probabilities), which a training loop
+    that sums (reduction="sum") divides by itself."""
     dev = common_device(input=input, target=target, weight=weight, dz=dz)
     dt = check(input, "input", dev)
     if input.ndim < 2:
@@ -94,7 +104,7 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
         if reduction != "none":
             from .elementwise import fill
             fill(loss, scale * 0.0 if reduction == "mean" else 0.0)
-        return loss, dz
+        return loss, dz, denom
     per_row = loss if reduction == "none" else dev_empty(dev, (rows,), acc)
     kern = programs.get_kernel(dev, "xent", "clnn_xent", params)
     d = dz if want_dz else input
@@ -108,6 +118,6 @@ def cross_entropy(input, target, weight=None, ignore_index=-100, reduction="mean
     if want_dz:
         done(dz, evt)
     if reduction == "none":
-        return done(loss, evt), dz
+        return done(loss, evt), dz, denom
     # the rows' losses (already over D for a mean) summed in a fixed order
-    return reduce3(dev, dt, per_row, (1, rows, 1), loss, inp="acc"), dz
+    return reduce3(dev, dt, per_row, (1, rows, 1), loss, inp="acc"), dz, denom

@@ -280,3 +280,65 @@ class TestBadInput:
         finally:
             dev.pool.budget = old
         assert self.params(net) == before
+
+
+def test_cross_entropy_loss_options_match_the_op_and_torch(dev):
+    """fit/train_step/evaluate with nn.CrossEntropyLoss (weights, ignore_index, label
+    smoothing): the step's gradient is the mean loss's (the op's, and PyTorch's
+    definition), labels never become one-hot rows, ignored labels teach nothing."""
+    if not dev.facts.fp64:
+        pytest.skip("needs float64")
+    loss = nn.CrossEntropyLoss(weight=[1.0, 2.0, 0.5], ignore_index=-1,
+                               label_smoothing=0.1)
+    net = nn.Sequential([nn.Dense(4, "tanh"), nn.Dense(3, "softmax")], in_features=5,
+                        dtype=np.float64, seed=1)
+    x = RNG.standard_normal((6, 5))
+    y = np.array([0, 2, -1, 1, 1, 2])
+    xd, yd, _, _ = net._train_args(x, y, loss, 0.1, 0.0)
+    assert yd.dtype == np.int32 and yd.shape == (6,)
+    got = {}
+
+    def keep(step):
+        got["g"] = [g.get() * step.grad_scale for g in step.grads]
+        step.skip = True
+    value = float(net.train_step(xd, yd, 0.1, 0.0, loss, hook=keep).get())
+    logits = net._run(xd, logits=True)
+    want, _ = clnn.cross_entropy(logits, yd, clnn.asarray(loss.weight), -1, "mean", 0.1)
+    assert abs(value - float(want.get())) < 1e-12
+    # finite differences of the mean loss through the network
+    p = net.parameters()[0]
+    base = p.get()
+    for idx in [(0, 0), (2, 3), (3, 4)]:
+        vals = []
+        for sign in (1, -1):
+            q = base.copy()
+            q[idx] += sign * 1e-6
+            p.set(q)
+            out = net._run(xd, logits=True)
+            vals.append(float(clnn.cross_entropy(out, yd, clnn.asarray(loss.weight), -1,
+                                                 "mean", 0.1)[0].get()))
+        p.set(base)
+        assert abs(got["g"][0][idx] - (vals[0] - vals[1]) / 2e-6) < 1e-7
+    # evaluate: the same loss over the set; accuracy over the labels not ignored
+    ev_loss, acc = net.evaluate(x, y, loss)
+    assert abs(ev_loss - value) < 1e-12
+    pred = net.predict(x).argmax(1)
+    keep_ = y != -1
+    assert acc == (pred[keep_] == y[keep_]).mean()
+    hist = net.fit(x, y, loss, epochs=3, batch_size=4, validation=(x, y), lr=0.5)
+    assert len(hist["val_loss"]) == 3 and hist["loss"][-1] < hist["loss"][0]
+    # every label of a batch ignored: no update
+    before = [q.get() for q in net.parameters()]
+    xi, yi, _, _ = net._train_args(x[:2], [-1, -1], loss, 0.1, 0.0)
+    assert np.isnan(float(net.train_step(xi, yi, 0.1, 0.0, loss).get()))
+    assert all(np.array_equal(b, q.get()) for b, q in zip(before, net.parameters()))
+    for bad in (nn.CrossEntropyLoss(weight=[1, 2]), ):
+        with pytest.raises(clnn.ShapeError):
+            net.fit(x, y, bad)
+    with pytest.raises(clnn.ShapeError):
+        net.fit(x, np.array([0, 3, 1, 1, 1, 1]), loss)
+    for make in (lambda: nn.CrossEntropyLoss(label_smoothing=2),
+                 lambda: nn.CrossEntropyLoss(weight=[[1.0]]),
+                 lambda: nn.CrossEntropyLoss(ignore_index=0.5)):
+        with pytest.raises(clnn.ArgumentError):
+            make()
