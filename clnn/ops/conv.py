@@ -314,7 +314,7 @@ def _shape(v, name):
     return tuple(int(i) for i in t)
 
 
-def conv_geometry(x_shape, w_shape, stride, padding, x_off=0):
+def conv_geometry(x_shape, w_shape, stride, padding, x_off=0, dilation=(1, 1)):
     """(N, C, H, W, M, R, S, P, Q, (sh, sw), (ph, pw)) after checking every size.
 
     Every index a kernel computes must fit a 32-bit int: the padded input (from the
@@ -332,13 +332,14 @@ def conv_geometry(x_shape, w_shape, stride, padding, x_off=0):
     (sh, sw), (ph, pw) = pair(stride, "stride", 1), pair(padding, "padding", 0)
     if min(C, H, W, M, R, S) < 1 or N < 0:
         raise ShapeError(f"empty convolution: x {tuple(x_shape)}, w {tuple(w_shape)}")
-    if R > H + 2 * ph or S > W + 2 * pw:
-        raise ShapeError(f"the {R}x{S} kernel is bigger than the padded {H + 2 * ph}x"
+    eh, ew = dilation[0] * (R - 1) + 1, dilation[1] * (S - 1) + 1     # dilated extent
+    if eh > H + 2 * ph or ew > W + 2 * pw:
+        raise ShapeError(f"the {eh}x{ew} kernel is bigger than the padded {H + 2 * ph}x"
                          f"{W + 2 * pw} input")
-    P, Q = (H + 2 * ph - R) // sh + 1, (W + 2 * pw - S) // sw + 1
+    P, Q = (H + 2 * ph - eh) // sh + 1, (W + 2 * pw - ew) // sw + 1
     # the smallest stride that still gives one position (1 would change the geometry)
-    sh, sw = (sh if P > 1 else min(sh, H + 2 * ph - R + 1)), \
-        (sw if Q > 1 else min(sw, W + 2 * pw - S + 1))
+    sh, sw = (sh if P > 1 else min(sh, H + 2 * ph - eh + 1)), \
+        (sw if Q > 1 else min(sw, W + 2 * pw - ew + 1))
     for what, n in (("the padded input", x_off + N * C * (H + 2 * ph) * (W + 2 * pw)),
                     ("the output", N * M * P * Q), ("the filters", M * C * R * S),
                     ("a row of the unrolled input", C * R * S * max(P * Q, 1))):
@@ -382,12 +383,12 @@ def _pad_input(dev, dt, x, images, H, W, ph, pw):
 
 
 def _conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_param=None,
-            out=None):
+            out=None, dilation=(1, 1)):
     dev = common_device(x=x, w=w, b=b, out=out)
     dt = check(x, "x", dev, ndim=4)
     check(w, "w", dev, dtype=dt, ndim=4)
     N, C, H, W, M, R, S, P, Q, st, pd = conv_geometry(x.shape, w.shape, stride, padding,
-                                                      offset(x))
+                                                      offset(x), dilation)
     if b is not None:
         check(b, "b", dev, dtype=dt, shape=(M,))
     act = "none" if activation is None else activation
@@ -395,12 +396,18 @@ def _conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_pa
     out = check_out(out, (N, M, P, Q), dt, dev, inputs=(x, w, b), allow_alias=False)
     rows = _rows(dev, dt, "fwd", M, N * P * Q, C * R * S)
     p = rows[0]
+    dilated = tuple(dilation) != (1, 1)
+    if dilated and p["variant"] != "gather":      # the tiled loaders have no dilation yet
+        return _direct_forward(x, w, b, stride, padding, tuple(dilation), 1, activation,
+                               activation_param, out)
     if p["variant"] == "gather":
+        # dilation is the k steps: tap (r, s) moves by (dh rows, dw columns)
         xg, xg_off, Hg, Wg, phg, pwg, zr = _pad_input(dev, dt, x, N * C, H, W, *pd)
         evt = _run_gather(dev, dt, p, x=xg, x_off=xg_off, H=Hg, W=Wg, ph=phg, pw=pwg,
                           zero_rows=zr, rows3=(N, P, Q),
                           row_steps=(C * Hg * Wg, st[0], st[1]),
-                          k3=(C, R, S), k_steps=(Hg * Wg, 1, 1), cols=M, src=w,
+                          k3=(C, R, S), k_steps=(Hg * Wg, dilation[0], dilation[1]),
+                          cols=M, src=w,
                           src_off=offset(w), CS=C * R * S, KD=C * R * S, KS=0, flip=0,
                           out=out, out_steps=(M * P * Q, Q, 1, P * Q), act=act,
                           act_p=act_p, bias=b)
@@ -424,29 +431,38 @@ def _conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_pa
     return done(out, evt)
 
 
-def _conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None):
+def _conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None,
+                          dilation=(1, 1)):
     dev = common_device(dy=dy, w=w, out=out)
     dt = check(dy, "dy", dev, ndim=4)
     check(w, "w", dev, dtype=dt, ndim=4)
     N, C, H, W, M, R, S, P, Q, st, pd = conv_geometry(_shape(x_shape, "x_shape"), w.shape,
-                                                      stride, padding)
+                                                      stride, padding, 0, dilation)
     if dy.shape != (N, M, P, Q):
         raise ShapeError(f"dy has shape {dy.shape}; this convolution's output is "
                          f"{(N, M, P, Q)}")
     out = check_out(out, (N, C, H, W), dt, dev, inputs=(dy, w), allow_alias=False)
     rows = _rows(dev, dt, "dgrad", C, N * H * W, M * R * S)
     p = rows[0]
-    if p["variant"] == "gather" and st == (1, 1) and pd[0] < R and pd[1] < S and \
-            p.get("DGRAD", _dgrad_method(C, H, W, M, P, Q, R, S)) == "flip":
+    dh, dw = dilation
+    eh, ew = dh * (R - 1) + 1, dw * (S - 1) + 1
+    flip = p["variant"] == "gather" and st == (1, 1) and pd[0] < eh and pd[1] < ew and \
+        p.get("DGRAD", _dgrad_method(C, H, W, M, P, Q, R, S)) == "flip"
+    if (dh, dw) != (1, 1) and not flip:
+        # dilation: the flipped pass below, else (col2im, the GPU loaders) direct
+        return _direct_backward_data(dy, w, (N, C, H, W), stride, padding, (dh, dw), 1,
+                                     out)
+    if flip:
         # at unit stride the data gradient is a forward pass over dy padded by
-        # R - 1 - ph, with the filters flipped and their channel axes swapped (a
-        # padding of R or more would make that a crop: col2im handles it)
+        # eh - 1 - ph (eh = R undilated), with the filters flipped and their channel
+        # axes swapped, taps (dh, dw) apart (a padding of eh or more would make that a
+        # crop: col2im handles it)
         dg, dg_off, Hg, Wg, phg, pwg, zr = _pad_input(dev, dt, dy, N * M, P, Q,
-                                                      R - 1 - pd[0], S - 1 - pd[1])
+                                                      eh - 1 - pd[0], ew - 1 - pd[1])
         evt = _run_gather(dev, dt, p, x=dg, x_off=dg_off, H=Hg, W=Wg, ph=phg, pw=pwg,
                           zero_rows=zr,
                           rows3=(N, H, W), row_steps=(M * Hg * Wg, 1, 1),
-                          k3=(M, R, S), k_steps=(Hg * Wg, 1, 1), cols=C, src=w,
+                          k3=(M, R, S), k_steps=(Hg * Wg, dh, dw), cols=C, src=w,
                           src_off=offset(w), CS=R * S, KD=R * S, KS=C * R * S, flip=1,
                           out=out, out_steps=(C * H * W, W, 1, H * W))
         return done(out, evt)
@@ -464,12 +480,12 @@ def _conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None):
 
 
 def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, alpha=1.0,
-                            beta=0.0):
+                            beta=0.0, dilation=(1, 1)):
     dev = common_device(dy=dy, x=x, out=out)
     dt = check(dy, "dy", dev, ndim=4)
     check(x, "x", dev, dtype=dt, ndim=4)
     N, C, H, W, M, R, S, P, Q, st, pd = conv_geometry(x.shape, _shape(w_shape, "w_shape"),
-                                                      stride, padding, offset(x))
+                                                      stride, padding, offset(x), dilation)
     if dy.shape != (N, M, P, Q):
         raise ShapeError(f"dy has shape {dy.shape}; this convolution's output is "
                          f"{(N, M, P, Q)}")
@@ -479,6 +495,9 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
     out = check_out(out, (M, C, R, S), dt, dev, inputs=(dy, x), allow_alias=False)
     rows = _rows(dev, dt, "wgrad", M, C * R * S, N * P * Q)
     p = rows[0]
+    if tuple(dilation) != (1, 1) and p["variant"] != "gather":
+        return _direct_backward_weight(dy, x, (M, C, R, S), stride, padding,
+                                       tuple(dilation), 1, out, alpha, beta)
     if p["variant"] == "gather":
         xg, xg_off, Hg, Wg, phg, pwg, zr = _pad_input(dev, dt, x, N * C, H, W, *pd)
         # dy^T is packed for a group of images at a time (at most SCRATCH_BYTES), and
@@ -494,7 +513,7 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
             g = min(group, N - n0)
             evt = _run_gather(dev, dt, p, x=xg, x_off=xg_off + n0 * C * Hg * Wg, H=Hg, W=Wg,
                               ph=phg, pw=pwg, zero_rows=zr, rows3=(C, R, S),
-                              row_steps=(Hg * Wg, 1, 1), k3=(g, P, Q),
+                              row_steps=(Hg * Wg, dilation[0], dilation[1]), k3=(g, P, Q),
                               k_steps=(C * Hg * Wg, st[0], st[1]), cols=M, src=dy,
                               src_off=offset(dy) + n0 * M * P * Q, CS=P * Q, KD=P * Q,
                               KS=M * P * Q, flip=0, out=out,
@@ -570,19 +589,21 @@ def conv2d(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, activatio
     ``stride``, ``padding`` and ``dilation`` are ints or (h, w) pairs; ``padding`` also
     "valid" or "same" (stride 1; even total padding). ``groups`` splits the channels
     into groups convolved separately (groups = C: depthwise). An unbatched x (C, H, W)
-    gives y (M, P, Q), a batch of 0 an empty y. Grouped and dilated convolutions run
-    direct kernels (convd.cl); the others the implicit GEMM. Overwrites ``out``.
+    gives y (M, P, Q), a batch of 0 an empty y. Dilation is the k steps of the CPU's
+    implicit-GEMM loaders; grouped convolutions (and dilated ones on the GPU rows, whose
+    tiled loaders have no dilation yet) run direct kernels (convd.cl). Overwrites
+    ``out``.
     """
     padding, dl, groups, direct = _options("conv2d", getattr(w, "shape", ()), stride,
                                            padding, dilation, groups)
     unbatched = getattr(x, "ndim", 0) == 3
     x4, o4 = _four(x, "x"), _four(out, "out") if unbatched else out
-    if direct or (getattr(x4, "ndim", 0) == 4 and x4.shape[0] == 0):
+    if groups != 1 or (getattr(x4, "ndim", 0) == 4 and x4.shape[0] == 0):
         y = _direct_forward(x4, w, b, stride, padding, dl, groups, activation,
                             activation_param, o4)
-    else:
+    else:                 # the implicit GEMM (dilated: CPU loaders, else direct)
         y = _conv2d(x4, w, b, stride=stride, padding=padding, activation=activation,
-                    activation_param=activation_param, out=o4)
+                    activation_param=activation_param, out=o4, dilation=dl)
     return y.reshape(y.shape[1:]) if unbatched and out is None else (out if unbatched else y)
 
 
@@ -599,10 +620,11 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
         dy, out4 = _four(dy, "dy"), _four(out, "out")
     else:
         out4 = out
-    if direct or (len(shape) == 4 and shape[0] == 0):
+    if groups != 1 or (len(shape) == 4 and shape[0] == 0):
         dx = _direct_backward_data(dy, w, shape, stride, padding, dl, groups, out4)
     else:
-        dx = _conv2d_backward_data(dy, w, shape, stride=stride, padding=padding, out=out4)
+        dx = _conv2d_backward_data(dy, w, shape, stride=stride, padding=padding, out=out4,
+                                   dilation=dl)
     return dx.reshape(dx.shape[1:]) if unbatched and out is None else \
         (out if unbatched else dx)
 
@@ -621,11 +643,11 @@ def conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, dilation=1, g
                                            dilation, groups)
     if getattr(x, "ndim", 0) == 3:
         x, dy = _four(x, "x"), _four(dy, "dy")
-    if direct or (getattr(x, "ndim", 0) == 4 and x.shape[0] == 0):
+    if groups != 1 or (getattr(x, "ndim", 0) == 4 and x.shape[0] == 0):
         return _direct_backward_weight(dy, x, w_shape, stride, padding, dl, groups, out,
                                        alpha, beta)
     return _conv2d_backward_weight(dy, x, w_shape, stride=stride, padding=padding, out=out,
-                                   alpha=alpha, beta=beta)
+                                   alpha=alpha, beta=beta, dilation=dl)
 
 
 # ------------------------------------------------------------ direct kernels (convd.cl)

@@ -321,3 +321,34 @@ def test_unbatched_pooling(dev):
     dy = clnn.asarray(RNG.standard_normal((3, 3, 2)).astype(np.float32))
     assert clnn.avg_pool2d_backward(dy, X, 2).shape == (3, 6, 5)
     assert clnn.max_pool2d_backward(dy, X, 2).shape == (3, 6, 5)
+
+
+@pytest.mark.parametrize("variant", ["default", "gather-flat", "gather-line", "gather-checked",
+                                     "gemm-reg", "gpu"])
+@pytest.mark.parametrize("shape", [(2, 3, 11, 13, 5, 3, 3, (1, 1), (2, 2), (2, 2)),
+                                   (2, 3, 12, 9, 4, 3, 2, (2, 1), (3, 1), (3, 2)),
+                                   (1, 2, 9, 9, 3, 2, 2, (1, 1), (0, 0), (4, 3)),
+                                   (2, 4, 10, 10, 3, 3, 3, (1, 1), (5, 5), (2, 2))],
+                         ids=["d2", "strided-d3x2", "d4x3", "pad-past-extent"])
+def test_dilation_in_the_implicit_gemm(variant, shape):
+    """Dilation is the k steps of the CPU loaders (forward, weight gradient, the flipped
+    data gradient at unit stride); the GPU rows and col2im hand dilated calls to the
+    direct kernels. Every path against the float64 reference."""
+    from reference import conv2d_general_ref
+    N, C, H, W, M, R, S, st, pd, dl = shape
+    x = RNG.standard_normal((N, C, H, W)).astype(np.float32)
+    w = RNG.standard_normal((M, C, R, S)).astype(np.float32)
+    ref, backward = conv2d_general_ref(x, w, None, st, pd, dl, 1)
+    dy = RNG.standard_normal(ref.shape).astype(np.float32)
+    dx_ref, dw_ref = backward(dy)
+    with variant_in_force(variant):
+        opts = dict(stride=st, padding=pd, dilation=dl)
+        y = Guarded(clnn.device(), ref.shape, np.float32)
+        clnn.conv2d(guarded_input(clnn.device(), x), clnn.asarray(w), out=y.view, **opts)
+        dx = clnn.conv2d_backward_data(clnn.asarray(dy), clnn.asarray(w), x.shape, **opts)
+        dw = clnn.conv2d_backward_weight(clnn.asarray(dy), clnn.asarray(x), w.shape, **opts)
+    tol = 1e-5 * C * R * S
+    np.testing.assert_allclose(y.check(), ref, rtol=tol, atol=tol)
+    np.testing.assert_allclose(dx.get(), dx_ref, rtol=tol, atol=tol * M)
+    np.testing.assert_allclose(dw.get(), dw_ref, rtol=tol * N * ref.shape[2] * ref.shape[3],
+                               atol=1e-4 * np.abs(dw_ref).max())
