@@ -15,7 +15,9 @@ gradient hook sums them across ranks before the same update runs everywhere. The
 taken in rank order on every rank (gathered, then added 0 + 1 + ... in turn), not by a
 plain Allreduce, whose order MPI does not promise: so every rank holds bitwise the same
 weights after every step, and N ranks with batch B/N match one process with batch B to
-rounding.
+rounding. The exchange moves what a ring all-reduce does, 2 (N-1)/N of the gradient per
+rank (a reduce-scatter by Alltoall, each chunk summed by one rank in rank order, then
+an Allgather).
 
 Not yet: overlapping the exchange with the backward pass (buckets), and
 synchronised BatchNorm statistics (each rank normalises with its own shard's, as
@@ -159,18 +161,28 @@ class DataParallel:
     # ---------------------------------------------------------------- the step
     def _sum_gradients(self, flat_grads, count):
         """The gradients (and example counts) of every rank, summed in rank order:
-        bitwise the same on every rank."""
+        bitwise the same on every rank.
+
+        Reduce-scatter, then all-gather, as a ring all-reduce moves data (2 (N-1)/N of
+        the gradient per rank), but in a fixed order: the vector is cut into N chunks,
+        Alltoall hands rank j every rank's chunk j, rank j adds them 0 + 1 + ... in
+        turn, and Allgather gives every rank every summed chunk. Each element is thus
+        added in rank order by exactly one rank, and copied to the others."""
         n = 0 if flat_grads is None else flat_grads.size
         dt = self.net.dtype
-        mine = np.empty(n + 1, dt)
+        size = self.world.size
+        chunk = -(-(n + 1) // size)
+        mine = np.zeros(chunk * size, dt)        # the count rides at index n
         if n:
             mine[:n] = flat_grads.get()
         mine[n] = count
-        every = np.empty((self.world.size, n + 1), dt)
-        self.world.comm.Allgather(mine, every)
-        total = every[0].copy()
-        for r in range(1, self.world.size):
-            total += every[r]
+        parts = np.empty((size, chunk), dt)
+        self.world.comm.Alltoall(mine.reshape(size, chunk), parts)
+        summed = parts[0].copy()
+        for r in range(1, size):
+            summed += parts[r]
+        total = np.empty(chunk * size, dt)
+        self.world.comm.Allgather(summed, total)
         return total[:n], float(total[n])
 
     def hook(self, step):
