@@ -51,7 +51,7 @@ def _train(args):
     if args.lr is not None:
         kw["lr"] = args.lr
     job(seed=args.seed, out=args.out, device=args.device, optimizer=args.optimizer,
-        progress=False if args.no_progress else None, **kw)
+        progress=False if args.no_progress else None, resume=args.resume, **kw)
     return 0
 
 
@@ -113,6 +113,9 @@ def main(argv=None):
     p.add_argument("--out", default="results", help="folder for the model and the PNG")
     p.add_argument("--device", help="device spec (default: CLNN_DEVICE, else GPU, else PoCL)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--resume", metavar="NPZ", help="continue from a checkpoint this job "
+                   "saved (it saves one after every epoch): the same batches and updates "
+                   "as a run that never stopped")
     p = sub.add_parser("tune", help="search GEMM/convolution tile parameters for this "
                                     "device and store them in the user's tuning database")
     p.add_argument("what", nargs="?", default="all", choices=["gemm", "conv", "all"])

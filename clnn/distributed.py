@@ -225,12 +225,14 @@ class DataParallel:
 
     # ---------------------------------------------------------------- training
     def fit(self, x, y, loss="quadratic", epochs=1, batch_size=32, lr=0.1, momentum=0.0,
-            optimizer=None, scheduler=None, shuffle=True, seed=0, validation=None):
+            optimizer=None, scheduler=None, shuffle=True, seed=0, validation=None,
+            initial_epoch=0, callback=None):
         """``Sequential.fit`` across ranks: ``batch_size`` is the global batch; every
         global batch (the same shuffle on every rank, from ``seed``) is split into one
         shard per rank, so each example is used once per epoch, by one rank. Returns
         the history with losses averaged over every example of every rank. An
-        exception on any rank ends the whole job."""
+        exception on any rank ends the whole job. ``initial_epoch`` and ``callback`` as
+        in ``Sequential.fit`` (the callback runs on every rank)."""
         net, world = self.net, self.world
         if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ArgumentError(f"batch_size must be a positive int, got {batch_size!r}")
@@ -250,7 +252,10 @@ class DataParallel:
             if validation is not None:
                 hist.update(val_loss=[], val_accuracy=[])
             import time
-            for _ in range(epochs):
+            if shuffle:
+                for _ in range(min(initial_epoch, epochs)):
+                    rng.permutation(n)           # the shuffles of the epochs done
+            for epoch in range(initial_epoch, epochs):
                 t0 = time.perf_counter()
                 order = rng.permutation(n) if shuffle else np.arange(n)
                 local = 0.0
@@ -271,6 +276,8 @@ class DataParallel:
                     vl, va = net.evaluate(validation[0], validation[1], loss)
                     hist["val_loss"].append(vl)
                     hist["val_accuracy"].append(va)
+                if callback is not None:
+                    callback(epoch, hist)
             return hist
 
     def save(self, path):

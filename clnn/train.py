@@ -102,7 +102,36 @@ def _world():
     return world
 
 
-def _train(net, dev, data, epochs, batch_size, opt, seed, progress, world=None):
+def _resume(path, net, dev, n_train, batch_size):
+    """(network, epochs done) from a checkpoint this job saved: the same network, saved
+    at the end of an epoch (every epoch saves one)."""
+    loaded = nn.load(path, device=dev)
+    if loaded.in_shape != net.in_shape or \
+            [l.config() for l in loaded.layers] != [l.config() for l in net.layers]:
+        raise ArgumentError(f"--resume {path}: not this job's network")
+    per_epoch = -(-n_train // batch_size)
+    if loaded.steps % per_epoch:
+        raise ArgumentError(f"--resume {path}: saved after {loaded.steps} steps, not at the "
+                            f"end of an epoch of {per_epoch} (another batch size?)")
+    return loaded, loaded.steps // per_epoch
+
+
+def _checkpoint(net, world, out, name):
+    """A callback for fit that saves the model after every epoch (rank 0 writes)."""
+    path = os.path.join(out, name + ".npz")
+
+    def save(epoch, hist):
+        if world is None:
+            net.save(path)
+        else:
+            if world.rank == 0:
+                net.save(path)
+            world.comm.Barrier()
+    return save
+
+
+def _train(net, dev, data, epochs, batch_size, opt, seed, progress, world=None,
+           initial_epoch=0, callback=None):
     x_train, y_train, x_test, y_test = data
     say = print if world is None or world.rank == 0 else (lambda *a, **k: None)
     say(f"model:  {net}")
@@ -115,11 +144,13 @@ def _train(net, dev, data, epochs, batch_size, opt, seed, progress, world=None):
         from .distributed import DataParallel
         hist = DataParallel(net, world).fit(x_train, y_train, "cross_entropy", epochs=epochs,
                                             batch_size=batch_size, optimizer=opt, seed=seed,
-                                            validation=(x_test, y_test))
+                                            validation=(x_test, y_test),
+                                            initial_epoch=initial_epoch, callback=callback)
     else:
         hist = net.fit(x_train, y_train, loss="cross_entropy", epochs=epochs,
                        batch_size=batch_size, optimizer=opt, seed=seed,
-                       validation=(x_test, y_test), progress=progress)
+                       validation=(x_test, y_test), progress=progress,
+                       initial_epoch=initial_epoch, callback=callback)
     return hist, time.perf_counter() - t0
 
 
@@ -138,9 +169,11 @@ def _mnist_split(dev, seed, images=False, quiet=False):
 
 
 def mnist(epochs=20, batch_size=64, lr=None, momentum=0.9, seed=0, out="results",
-          device=None, progress=None, optimizer="sgd"):
+          device=None, progress=None, optimizer="sgd", resume=None):
     """Train 784-256-64-10 (relu, relu, softmax + cross-entropy) on 4000 MNIST digits
-    and test on the other 1000. Returns (network, history, test accuracy)."""
+    and test on the other 1000, saving the model after every epoch; ``resume``: a
+    checkpoint of this job to continue from (bitwise as if never stopped). Returns
+    (network, history, test accuracy)."""
     check_out_folder(out)
     world = _world()
     dev = world.device if world else clnn.device(device)
@@ -149,7 +182,12 @@ def mnist(epochs=20, batch_size=64, lr=None, momentum=0.9, seed=0, out="results"
                          nn.Dense(10, "softmax")], 784, device=dev, seed=seed)
     opt = make_optimizer(optimizer, 0.1 if lr is None and optimizer == "sgd" else lr,
                          momentum)
-    hist, total = _train(net, dev, data, epochs, batch_size, opt, seed, progress, world)
+    done = 0
+    if resume:
+        net, done = _resume(resume, net, dev, len(data[0]), batch_size)
+        opt, seed = net.optimizer or opt, net.seed
+    hist, total = _train(net, dev, data, epochs, batch_size, opt, seed, progress, world,
+                         done, _checkpoint(net, world, out, "mnist-mlp"))
     acc = hist["val_accuracy"][-1] if hist["loss"] else None
     if world is None or world.rank == 0:
         acc = _report_and_save(dev, net, hist, data[2], data[3], total, out, "mnist-mlp",
@@ -158,7 +196,7 @@ def mnist(epochs=20, batch_size=64, lr=None, momentum=0.9, seed=0, out="results"
 
 
 def lenet5(epochs=15, batch_size=32, lr=None, momentum=0.9, seed=0, out="results",
-           device=None, progress=None, optimizer="sgd"):
+           device=None, progress=None, optimizer="sgd", resume=None):
     """LeNet-5 (conv 5x5 6, max-pool 2, conv 5x5 16, max-pool 2, dense 120, 84, 10 with
     softmax + cross-entropy; ReLU) on 4000 MNIST digits padded to 32x32, tested on the
     other 1000. Returns (network, history, test accuracy)."""
@@ -172,7 +210,12 @@ def lenet5(epochs=15, batch_size=32, lr=None, momentum=0.9, seed=0, out="results
                         seed=seed)
     opt = make_optimizer(optimizer, 0.02 if lr is None and optimizer == "sgd" else lr,
                          momentum)
-    hist, total = _train(net, dev, data, epochs, batch_size, opt, seed, progress, world)
+    done = 0
+    if resume:
+        net, done = _resume(resume, net, dev, len(data[0]), batch_size)
+        opt, seed = net.optimizer or opt, net.seed
+    hist, total = _train(net, dev, data, epochs, batch_size, opt, seed, progress, world,
+                         done, _checkpoint(net, world, out, "mnist-lenet5"))
     acc = hist["val_accuracy"][-1] if hist["loss"] else None
     if world is None or world.rank == 0:
         acc = _report_and_save(dev, net, hist, data[2], data[3], total, out, "mnist-lenet5",

@@ -31,3 +31,24 @@ def test_selfcheck_passes():
     r = clnn_cli("selfcheck", "--quick")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "all ops match numpy" in r.stdout and "FAIL" not in r.stdout
+
+
+def test_train_resumes_bitwise(tmp_path):
+    """`clnn train mnist` saves after every epoch; 1 epoch, then --resume for the 2nd,
+    gives bitwise the weights of 2 epochs in one go (and refuses another network)."""
+    import numpy as np
+    import pytest
+    pytest.importorskip("mlxtend")
+    one, two = tmp_path / "one", tmp_path / "two"
+    for args in (["--epochs", "2", "--out", str(two)], ["--epochs", "1", "--out", str(one)],
+                 ["--epochs", "2", "--out", str(one), "--resume",
+                  str(one / "mnist-mlp.npz")]):
+        r = clnn_cli("train", "mnist", "--no-progress", *args)
+        assert r.returncode == 0, r.stdout + r.stderr
+    with np.load(one / "mnist-mlp.npz") as a, np.load(two / "mnist-mlp.npz") as b:
+        assert sorted(a.files) == sorted(b.files)
+        for k in a.files:
+            assert np.array_equal(a[k], b[k]), k
+    r = clnn_cli("train", "lenet5", "--epochs", "1", "--no-progress", "--out", str(one),
+                 "--resume", str(one / "mnist-mlp.npz"))
+    assert r.returncode == 1 and "not this job's network" in r.stderr

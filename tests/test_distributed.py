@@ -65,3 +65,13 @@ def test_clnn_train_under_mpiexec(tmp_path):
     assert os.path.exists(tmp_path / "mnist-mlp.npz")   # and saves
     acc = float(out.split("test accuracy: ")[1].split("%")[0])
     assert acc > 85, out
+    # one epoch, then --resume for the second: bitwise the two-epoch model
+    one = tmp_path / "one"
+    for extra in (["--epochs", "1"], ["--epochs", "2", "--resume",
+                                      str(one / "mnist-mlp.npz")]):
+        r = mpiexec(["-m", "clnn", "train", "mnist", "--out", str(one), "--no-progress"]
+                    + extra, tmp_path)
+        assert r.returncode == 0, r.stdout + r.stderr
+    with np.load(one / "mnist-mlp.npz") as a, np.load(tmp_path / "mnist-mlp.npz") as b:
+        for k in a.files:
+            assert np.array_equal(a[k], b[k]), k

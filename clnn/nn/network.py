@@ -441,9 +441,14 @@ class Sequential:
 
     def fit(self, x, y, loss="quadratic", epochs=1, batch_size=32, lr=0.1, momentum=0.0,
             shuffle=True, seed=None, validation=None, progress=None, optimizer=None,
-            scheduler=None, hook=None):
+            scheduler=None, hook=None, initial_epoch=0, callback=None):
         """Mini-batch training. Returns a history: {"loss": [...], "epoch_time": [...],
         "val_loss": [...], "val_accuracy": [...]} (validation keys when given).
+
+        ``initial_epoch``: the epochs already done (a resumed run): their shuffles are
+        drawn and skipped, so epochs initial_epoch..epochs-1 see the batches an
+        uninterrupted run would. ``callback(epoch, history)`` runs after every epoch
+        (e.g. to save a checkpoint).
 
         ``optimizer``: a clnn.optim optimizer (it becomes ``self.optimizer``); without
         one, SGD with ``lr`` and ``momentum``. ``scheduler``: a clnn.optim schedule,
@@ -458,6 +463,10 @@ class Sequential:
                                 f"{type(scheduler).__name__}")
         if hook is not None and not callable(hook):
             raise ArgumentError("hook must be callable")
+        if callback is not None and not callable(callback):
+            raise ArgumentError("callback must be callable")
+        if not isinstance(initial_epoch, (int, np.integer)) or initial_epoch < 0:
+            raise ArgumentError(f"initial_epoch must be an int >= 0, got {initial_epoch!r}")
         x_host = np.asarray(x.get() if hasattr(x, "get") else x)
         y_host = np.asarray(y.get() if hasattr(y, "get") else y)
         if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
@@ -487,9 +496,13 @@ class Sequential:
         bar = None
         if progress:
             from tqdm.auto import tqdm
-            bar = tqdm(total=epochs * -(-n // batch_size), unit="batch", leave=True)
+            bar = tqdm(total=max(0, epochs - initial_epoch) * -(-n // batch_size),
+                       unit="batch", leave=True)
+        if shuffle:
+            for _ in range(min(initial_epoch, epochs)):
+                rng.permutation(n)               # the shuffles of the epochs done
         try:
-            for epoch in range(epochs):
+            for epoch in range(initial_epoch, epochs):
                 t0 = time.perf_counter()
                 if shuffle:
                     order = rng.permutation(n)
@@ -523,6 +536,8 @@ class Sequential:
                     if bar is not None:
                         bar.set_postfix(epoch=epoch + 1, loss=f"{hist['loss'][-1]:.4f}",
                                         val_acc=f"{va:.3f}")
+                if callback is not None:
+                    callback(epoch, hist)
         finally:
             if bar is not None:
                 bar.close()
