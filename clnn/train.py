@@ -168,6 +168,22 @@ def _mnist_split(dev, seed, images=False, quiet=False):
     return data
 
 
+def _job(net, dev, data, world, opt, epochs, batch_size, seed, progress, resume, out, name,
+         title):
+    """Train (from ``resume`` when given), save after every epoch, and report: the part
+    both jobs share. Returns (network, history, test accuracy)."""
+    done = 0
+    if resume:
+        net, done = _resume(resume, net, dev, len(data[0]), batch_size)
+        opt, seed = net.optimizer or opt, net.seed
+    hist, total = _train(net, dev, data, epochs, batch_size, opt, seed, progress, world,
+                         done, _checkpoint(net, world, out, name))
+    acc = hist["val_accuracy"][-1] if hist["loss"] else None
+    if world is None or world.rank == 0:
+        acc = _report_and_save(dev, net, hist, data[2], data[3], total, out, name, title)
+    return net, hist, acc
+
+
 def mnist(epochs=20, batch_size=64, lr=None, momentum=0.9, seed=0, out="results",
           device=None, progress=None, optimizer="sgd", resume=None):
     """Train 784-256-64-10 (relu, relu, softmax + cross-entropy) on 4000 MNIST digits
@@ -182,17 +198,8 @@ def mnist(epochs=20, batch_size=64, lr=None, momentum=0.9, seed=0, out="results"
                          nn.Dense(10, "softmax")], 784, device=dev, seed=seed)
     opt = make_optimizer(optimizer, 0.1 if lr is None and optimizer == "sgd" else lr,
                          momentum)
-    done = 0
-    if resume:
-        net, done = _resume(resume, net, dev, len(data[0]), batch_size)
-        opt, seed = net.optimizer or opt, net.seed
-    hist, total = _train(net, dev, data, epochs, batch_size, opt, seed, progress, world,
-                         done, _checkpoint(net, world, out, "mnist-mlp"))
-    acc = hist["val_accuracy"][-1] if hist["loss"] else None
-    if world is None or world.rank == 0:
-        acc = _report_and_save(dev, net, hist, data[2], data[3], total, out, "mnist-mlp",
-                               f"MNIST 784-256-64-10 on {dev.name}")
-    return net, hist, acc
+    return _job(net, dev, data, world, opt, epochs, batch_size, seed, progress, resume, out,
+                "mnist-mlp", f"MNIST 784-256-64-10 on {dev.name}")
 
 
 def lenet5(epochs=15, batch_size=32, lr=None, momentum=0.9, seed=0, out="results",
@@ -210,14 +217,5 @@ def lenet5(epochs=15, batch_size=32, lr=None, momentum=0.9, seed=0, out="results
                         seed=seed)
     opt = make_optimizer(optimizer, 0.02 if lr is None and optimizer == "sgd" else lr,
                          momentum)
-    done = 0
-    if resume:
-        net, done = _resume(resume, net, dev, len(data[0]), batch_size)
-        opt, seed = net.optimizer or opt, net.seed
-    hist, total = _train(net, dev, data, epochs, batch_size, opt, seed, progress, world,
-                         done, _checkpoint(net, world, out, "mnist-lenet5"))
-    acc = hist["val_accuracy"][-1] if hist["loss"] else None
-    if world is None or world.rank == 0:
-        acc = _report_and_save(dev, net, hist, data[2], data[3], total, out, "mnist-lenet5",
-                               f"LeNet-5 on MNIST on {dev.name}")
-    return net, hist, acc
+    return _job(net, dev, data, world, opt, epochs, batch_size, seed, progress, resume, out,
+                "mnist-lenet5", f"LeNet-5 on MNIST on {dev.name}")

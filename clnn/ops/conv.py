@@ -314,6 +314,21 @@ def _shape(v, name):
     return tuple(int(i) for i in t)
 
 
+def _positions(H, W, R, S, stride, padding, dilation):
+    """(P, Q, stride) of a convolution: the (dilated) kernel must fit the padded input;
+    an axis with one output position gets the smallest stride that still gives one
+    (1 would change the geometry the kernels assume; a huge one would not fit their int
+    arguments)."""
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    eh, ew = dh * (R - 1) + 1, dw * (S - 1) + 1            # the dilated extent
+    if eh > H + 2 * ph or ew > W + 2 * pw:
+        raise ShapeError(f"the {eh}x{ew} kernel{' (dilated)' if (dh, dw) != (1, 1) else ''} "
+                         f"is bigger than the padded {H + 2 * ph}x{W + 2 * pw} input")
+    P, Q = (H + 2 * ph - eh) // sh + 1, (W + 2 * pw - ew) // sw + 1
+    return P, Q, ((sh if P > 1 else min(sh, H + 2 * ph - eh + 1)),
+                  (sw if Q > 1 else min(sw, W + 2 * pw - ew + 1)))
+
+
 def conv_geometry(x_shape, w_shape, stride, padding, x_off=0, dilation=(1, 1)):
     """(N, C, H, W, M, R, S, P, Q, (sh, sw), (ph, pw)) after checking every size.
 
@@ -332,14 +347,7 @@ def conv_geometry(x_shape, w_shape, stride, padding, x_off=0, dilation=(1, 1)):
     (sh, sw), (ph, pw) = pair(stride, "stride", 1), pair(padding, "padding", 0)
     if min(C, H, W, M, R, S) < 1 or N < 0:
         raise ShapeError(f"empty convolution: x {tuple(x_shape)}, w {tuple(w_shape)}")
-    eh, ew = dilation[0] * (R - 1) + 1, dilation[1] * (S - 1) + 1     # dilated extent
-    if eh > H + 2 * ph or ew > W + 2 * pw:
-        raise ShapeError(f"the {eh}x{ew} kernel is bigger than the padded {H + 2 * ph}x"
-                         f"{W + 2 * pw} input")
-    P, Q = (H + 2 * ph - eh) // sh + 1, (W + 2 * pw - ew) // sw + 1
-    # the smallest stride that still gives one position (1 would change the geometry)
-    sh, sw = (sh if P > 1 else min(sh, H + 2 * ph - eh + 1)), \
-        (sw if Q > 1 else min(sw, W + 2 * pw - ew + 1))
+    P, Q, (sh, sw) = _positions(H, W, R, S, (sh, sw), (ph, pw), dilation)
     for what, n in (("the padded input", x_off + N * C * (H + 2 * ph) * (W + 2 * pw)),
                     ("the output", N * M * P * Q), ("the filters", M * C * R * S),
                     ("a row of the unrolled input", C * R * S * max(P * Q, 1))):
@@ -671,13 +679,7 @@ def direct_geometry(x_shape, w_shape, stride, padding, dilation, groups):
     dh, dw = dilation
     if min(C, H, W, M, R, S) < 1 or N < 0:
         raise ShapeError(f"empty convolution: x {tuple(x_shape)}, w {tuple(w_shape)}")
-    eh, ew = dh * (R - 1) + 1, dw * (S - 1) + 1
-    if eh > H + 2 * ph or ew > W + 2 * pw:
-        raise ShapeError(f"the dilated {eh}x{ew} kernel is bigger than the padded "
-                         f"{H + 2 * ph}x{W + 2 * pw} input")
-    P, Q = (H + 2 * ph - eh) // sh + 1, (W + 2 * pw - ew) // sw + 1
-    sh, sw = (sh if P > 1 else min(sh, H + 2 * ph - eh + 1)), \
-        (sw if Q > 1 else min(sw, W + 2 * pw - ew + 1))
+    P, Q, (sh, sw) = _positions(H, W, R, S, (sh, sw), (ph, pw), (dh, dw))
     for what, n in (("the input", N * C * H * W), ("the output", N * M * P * Q),
                     ("the filters", M * Cg * R * S), ("a padded row", (H + 2 * ph) * W),
                     ("the weight gradient's sum", N * P * Q)):
