@@ -82,6 +82,9 @@ def _ops():
     t0 = np.where(keep, tt, 0)
     nll = -np.take_along_axis(lp, t0[:, None], 1)[:, 0] * ww[t0]
     close(loss.get(), (nll * keep).sum() / (ww[t0] * keep).sum(), 1e-4)
+    if clnn.device().facts.fp64:
+        d = clnn.cast(X, np.float64)
+        close(clnn.cast(d, np.float32).get(), x)
     key = clnn.dropout_key(1, 2, 3)
     close(clnn.dropout(X, 0.3, key).get(), x * clnn.dropout_mask(x.shape, 0.3, key))
     _batch_norm(rng)

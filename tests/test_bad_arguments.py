@@ -37,6 +37,8 @@ OPS = {
              lambda a: clnn.axpy(a["alpha"], a["x"], a["y"], out=a["out"])),
     "scale": ({"alpha": ("scalar", 2.0), "x": ("free", (3, 3)), "out": ("out", (3, 3))},
               lambda a: clnn.scale(a["alpha"], a["x"], out=a["out"])),
+    "cast": ({"x": ("free", (2, 5)), "out": ("out", (2, 5))},
+             lambda a: clnn.cast(a["x"], np.float32, out=a["out"])),
     "copy": ({"x": ("free", (9,)), "out": ("out", (9,))},
              lambda a: clnn.copy(a["x"], out=a["out"])),
     "sgd_step": ({"weight": ("out", (5,)), "grad": ("in", (5,)), "buf": ("out2", (5,)),

@@ -10,6 +10,7 @@ from .bias import bias_add, bias_grad
 from .reduce import count_nonfinite, dot, max, mean, nrm2, sum
 from .softmax import log_softmax, softmax, softmax_cross_entropy
 from .xent import cross_entropy
+from .cast import cast
 from .loss import quadratic_loss
 from .gemm import gemm, gemv
 from .conv import conv2d, conv2d_backward_data, conv2d_backward_weight
@@ -24,7 +25,7 @@ __all__ = [
     "sgd_step", "adam_step", "batch_norm", "batch_norm_backward", "update_running_stats",
     "dropout", "dropout_key", "dropout_mask",
     "sigmoid", "softplus", "tanh", "bias_add", "bias_grad", "count_nonfinite", "dot", "max", "mean", "nrm2",
-    "sum", "log_softmax", "softmax", "softmax_cross_entropy", "cross_entropy", "quadratic_loss", "gemm", "gemv",
+    "sum", "log_softmax", "softmax", "softmax_cross_entropy", "cross_entropy", "cast", "quadratic_loss", "gemm", "gemv",
     "conv2d", "conv2d_backward_data", "conv2d_backward_weight", "max_pool2d",
     "max_pool2d_backward", "avg_pool2d", "avg_pool2d_backward",
 ]

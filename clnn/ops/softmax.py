@@ -37,15 +37,24 @@ def _rowwise(entry, x, axis, out):
     return out
 
 
-def softmax(x, axis=-1, out=None):
+def _as(x, dtype):
+    """x in ``dtype`` first (PyTorch's dtype= argument), on the device."""
+    if dtype is None or (hasattr(x, "dtype") and np.dtype(dtype) == x.dtype):
+        return x
+    from .cast import cast
+    return cast(x, dtype)
+
+
+def softmax(x, axis=-1, out=None, dtype=None):
     """Softmax along ``axis`` (the last by default; PyTorch's dim), stable for large
-    inputs (in place with out=x)."""
-    return _rowwise("clnn_softmax", x, axis, out)
+    inputs (in place with out=x); ``dtype``: convert x to it first, as PyTorch's."""
+    return _rowwise("clnn_softmax", _as(x, dtype), axis, out)
 
 
-def log_softmax(x, axis=-1, out=None):
-    """log(softmax(x)) along ``axis``, computed as x - logsumexp(x)."""
-    return _rowwise("clnn_log_softmax", x, axis, out)
+def log_softmax(x, axis=-1, out=None, dtype=None):
+    """log(softmax(x)) along ``axis``, computed as x - logsumexp(x); ``dtype`` as in
+    softmax."""
+    return _rowwise("clnn_log_softmax", _as(x, dtype), axis, out)
 
 
 def softmax_cross_entropy(z, y, *, dz=None, grad_scale=None):
