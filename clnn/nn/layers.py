@@ -108,7 +108,8 @@ class Dense(Layer):
 
     ``activation``: identity, sigmoid, tanh, relu, leaky_relu, elu, softplus, or softmax
     (output layer only). ``param`` is the leaky_relu slope or elu alpha. ``bias=False``
-    leaves the bias out (as PyTorch's, before a BatchNorm1d).
+    leaves the bias out (as PyTorch's, before a BatchNorm1d). Inputs of more than one
+    axis per example, (..., in), map their last axis as PyTorch's Linear: (..., out).
     """
 
     def __init__(self, out_features, activation="sigmoid", param=None, bias=True):
@@ -132,20 +133,20 @@ class Dense(Layer):
                 "activation": self.activation, "param": self.param, "bias": self.use_bias}
 
     def plan(self, in_shape):
-        if len(in_shape) != 1:
-            raise ShapeError(f"Dense takes flat inputs, got {in_shape} per example: put a "
-                             "Flatten() before it")
-        return [(self.out_features, int(in_shape[0]))] + \
-            [(self.out_features,)] * self.use_bias, (self.out_features,)
+        if len(in_shape) < 1:
+            raise ShapeError(f"Dense takes (..., in_features) inputs, got {in_shape}")
+        return [(self.out_features, int(in_shape[-1]))] + \
+            [(self.out_features,)] * self.use_bias, \
+            tuple(int(v) for v in in_shape[:-1]) + (self.out_features,)
 
     def build(self, in_shape, device, dtype, rng):
-        self.plan(in_shape)
-        self.in_features = int(in_shape[0])
+        _, out_shape = self.plan(in_shape)
+        self.in_features = int(in_shape[-1])
         fan_in, fan_out = self.in_features, self.out_features
         self.weight = _init(rng, self.activation, (fan_out, fan_in), fan_in, fan_out, dtype,
                             device)
         self.bias = clnn.zeros((fan_out,), dtype, device=device) if self.use_bias else None
-        self.out_shape = (self.out_features,)
+        self.out_shape = out_shape
 
     @property
     def parameter_names(self):
@@ -159,19 +160,27 @@ class Dense(Layer):
         a softmax (the cross-entropy loss applies it itself)."""
         act = self.activation
         fused = None if act in ("identity", "softmax") else act
-        clnn.gemm(x, self.weight, out=out, trans_b=True, bias=self.bias, activation=fused,
-                  activation_param=self.param)
+        clnn.gemm(_rows(x), self.weight, out=_rows(out), trans_b=True, bias=self.bias,
+                  activation=fused, activation_param=self.param)
         if act == "softmax" and not logits:
             clnn.softmax(out, out=out)
         return out
 
     def backward_input(self, delta, x, dx):
-        clnn.gemm(delta, self.weight, out=dx)
+        clnn.gemm(_rows(delta), self.weight, out=_rows(dx))
 
     def gradients(self, delta, x, grads, ones):
-        clnn.gemm(delta, x, out=grads[0], trans_a=True)     # dW = delta^T x
+        clnn.gemm(_rows(delta), _rows(x), out=grads[0], trans_a=True)   # dW = delta^T x
         if self.use_bias:
-            clnn.gemv(delta, ones, grads[1], trans_a=True)  # db = delta^T 1
+            if delta.ndim == 2:
+                clnn.gemv(delta, ones, grads[1], trans_a=True)       # db = delta^T 1
+            else:                                   # summed over every leading axis
+                clnn.sum(_rows(delta), axis=0, out=grads[1])
+
+
+def _rows(a):
+    """A (batch, ..., n) array as its (rows, n) view (itself when 2-D)."""
+    return a if a.ndim == 2 else a.reshape((a.size // a.shape[-1], a.shape[-1]))
 
 
 class Conv2d(Layer):

@@ -303,7 +303,8 @@ class Sequential:
     def _check_loss(self, loss):
         if len(self.out_shape) != 1:
             raise ArgumentError(f"the network's output is {self.out_shape} per example; "
-                                "losses take flat outputs (end with Dense)")
+                                "losses take flat outputs (put a Flatten() before the "
+                                "last Dense)")
         if isinstance(loss, CrossEntropyLoss):
             if self.layers[-1].activation != "softmax":
                 raise ArgumentError("CrossEntropyLoss needs a softmax output layer")

@@ -74,8 +74,11 @@ def test_cnn_bad_input(dev):
     net = cnn(dtype=np.float32)
     with pytest.raises(clnn.ShapeError):
         net(np.zeros((2, 2, 8, 7), np.float32))
-    with pytest.raises(clnn.ShapeError, match="Flatten"):
-        nn.Sequential([nn.Conv2d(3, 3), nn.Dense(2)], in_shape=(1, 5, 5))
+    # Dense maps the last axis (PyTorch's Linear); a loss then asks for a Flatten
+    net2 = nn.Sequential([nn.Conv2d(3, 3), nn.Dense(2)], in_shape=(1, 5, 5))
+    assert net2.out_shape == (3, 3, 2)
+    with pytest.raises(clnn.ArgumentError, match="Flatten"):
+        net2.fit(np.zeros((2, 1, 5, 5)), np.zeros((2, 18)))
     with pytest.raises(clnn.ShapeError):
         nn.Sequential([nn.Conv2d(3, 7)], in_shape=(1, 5, 5))
     with pytest.raises(clnn.ArgumentError):

@@ -342,3 +342,43 @@ def test_cross_entropy_loss_options_match_the_op_and_torch(dev):
                  lambda: nn.CrossEntropyLoss(ignore_index=0.5)):
         with pytest.raises(clnn.ArgumentError):
             make()
+
+
+def test_dense_maps_the_last_axis_of_n_d_inputs(dev):
+    """Dense on (..., in) inputs per example, as PyTorch's Linear: the forward pass
+    against numpy, and a step's gradients against finite differences (float64)."""
+    if not dev.facts.fp64:
+        pytest.skip("needs float64")
+    net = nn.Sequential([nn.Dense(4, "tanh"), nn.Dense(3, "elu"), nn.Flatten(),
+                         nn.Dense(2, "sigmoid")], in_shape=(5, 6), dtype=np.float64,
+                        seed=2)
+    assert net.layers[0].out_shape == (5, 4) and net.layers[2].out_shape == (15,)
+    x = RNG.standard_normal((3, 5, 6))
+    y = RNG.random((3, 2))
+    w0, b0 = net.layers[0].weight.get(), net.layers[0].bias.get()
+    w1, b1 = net.layers[1].weight.get(), net.layers[1].bias.get()
+    h = np.tanh(x @ w0.T + b0)
+    z = h @ w1.T + b1
+    h = np.where(z > 0, z, np.expm1(np.minimum(z, 0))).reshape(3, 15)
+    w2, b2 = net.layers[3].weight.get(), net.layers[3].bias.get()
+    np.testing.assert_allclose(net.predict(x), 1 / (1 + np.exp(-(h @ w2.T + b2))),
+                               rtol=1e-12)
+    xd, yd, _, _ = net._train_args(x, y, "quadratic", 0.1, 0.0)
+    got = {}
+
+    def keep(step):
+        got["g"] = [g.get() * step.grad_scale for g in step.grads]
+        step.skip = True
+    net.train_step(xd, yd, 0.1, 0.0, hook=keep)
+    for pi, p in enumerate(net.parameters()):
+        base = p.get()
+        for f in RNG.choice(base.size, size=min(4, base.size), replace=False):
+            idx = np.unravel_index(f, base.shape)
+            vals = []
+            for sign in (1, -1):
+                q = base.copy()
+                q[idx] += sign * 1e-6
+                p.set(q)
+                vals.append(float(clnn.quadratic_loss(net(xd), yd)[0].get()))
+            p.set(base)
+            assert abs(got["g"][pi][idx] - (vals[0] - vals[1]) / 2e-6) < 1e-7, (pi, idx)
