@@ -139,3 +139,30 @@ def assert_steps_allocate_nothing(dev, net, x, y, loss, steps=100):
         net.train_step(x, y, 0.1, 0.9, loss)
     dev.finish()
     assert dev.pool.allocations == allocations
+
+
+def assert_step_gradients(net, xd, yd, loss_now, rng, loss="quadratic", picks=4, h=1e-6,
+                          tol=1e-6):
+    """The gradients a training step hands its hook (times grad_scale: the mean loss's)
+    against central differences of ``loss_now()`` (the loss of the network as it is),
+    at ``picks`` random elements of every parameter; nothing is updated."""
+    got = {}
+
+    def keep(step):
+        got["g"] = [g.get() * step.grad_scale for g in step.grads]
+        step.skip = True
+    net.train_step(xd, yd, 0.1, 0.0, loss, hook=keep)
+    for pi, p in enumerate(net.parameters()):
+        base = p.get()
+        for f in rng.choice(base.size, size=min(picks, base.size), replace=False):
+            idx = np.unravel_index(f, base.shape)
+            vals = []
+            for sign in (1, -1):
+                q = base.copy()
+                q[idx] += sign * h
+                p.set(q)
+                vals.append(loss_now())
+            p.set(base)
+            num = (vals[0] - vals[1]) / (2 * h)
+            assert abs(got["g"][pi][idx] - num) < tol * max(1, abs(num)), \
+                (pi, idx, got["g"][pi][idx], num)

@@ -9,7 +9,7 @@ import pytest
 
 import clnn
 from clnn import nn
-from conftest import assert_steps_allocate_nothing
+from conftest import assert_step_gradients, assert_steps_allocate_nothing
 from reference import df_ref, f_ref
 
 RNG = np.random.default_rng(77)
@@ -364,21 +364,6 @@ def test_dense_maps_the_last_axis_of_n_d_inputs(dev):
     np.testing.assert_allclose(net.predict(x), 1 / (1 + np.exp(-(h @ w2.T + b2))),
                                rtol=1e-12)
     xd, yd, _, _ = net._train_args(x, y, "quadratic", 0.1, 0.0)
-    got = {}
-
-    def keep(step):
-        got["g"] = [g.get() * step.grad_scale for g in step.grads]
-        step.skip = True
-    net.train_step(xd, yd, 0.1, 0.0, hook=keep)
-    for pi, p in enumerate(net.parameters()):
-        base = p.get()
-        for f in RNG.choice(base.size, size=min(4, base.size), replace=False):
-            idx = np.unravel_index(f, base.shape)
-            vals = []
-            for sign in (1, -1):
-                q = base.copy()
-                q[idx] += sign * 1e-6
-                p.set(q)
-                vals.append(float(clnn.quadratic_loss(net(xd), yd)[0].get()))
-            p.set(base)
-            assert abs(got["g"][pi][idx] - (vals[0] - vals[1]) / 2e-6) < 1e-7, (pi, idx)
+    assert_step_gradients(net, xd, yd,
+                          lambda: float(clnn.quadratic_loss(net(xd), yd)[0].get()), RNG,
+                          tol=1e-7)
