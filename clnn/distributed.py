@@ -128,11 +128,8 @@ class DataParallel:
     def __init__(self, net, world=None):
         self.net = net
         self.world = World() if world is None else world
-        if net.device is not self.world.device and os.environ.get("CLNN_DEVICE") is None:
-            pass          # a network on another device than the world picked: allowed
         self._check_same_network()
         self._broadcast_parameters()
-        self._count = 0.0
 
     # ---------------------------------------------------------------- set-up
     def _description(self):
@@ -204,7 +201,6 @@ class DataParallel:
         net = self.net
         if x is None:
             return self._step_without_examples()
-        self._count = float(x.shape[0])
         return net.train_step(x, y, loss=loss, hook=self.hook)
 
     def _step_without_examples(self):
