@@ -3,8 +3,17 @@
 import numpy as np
 
 
+def softplus_params(p):
+    """(beta, threshold) from an activation parameter: (beta, threshold), beta, or
+    nothing (PyTorch's defaults 1 and 20)."""
+    if isinstance(p, (tuple, list)):
+        return float(p[0]), float(p[1])
+    return (float(p) if p else 1.0), 20.0
+
+
 def f_ref(name, z, p):
     z = z.astype(np.float64)
+    beta, t = softplus_params(p)
     return {
         "identity": lambda: z,
         "sigmoid": lambda: 1 / (1 + np.exp(-z)),
@@ -12,13 +21,14 @@ def f_ref(name, z, p):
         "relu": lambda: np.maximum(z, 0),
         "leaky_relu": lambda: np.where(z > 0, z, p * z),
         "elu": lambda: np.where(z > 0, z, p * np.expm1(z)),
-        "softplus": lambda: np.logaddexp(0, z),
+        "softplus": lambda: np.where(beta * z > t, z, np.logaddexp(0, beta * z) / beta),
     }[name]()
 
 
 def df_ref(name, z, p):
     z = z.astype(np.float64)
     s = 1 / (1 + np.exp(-z))
+    beta, t = softplus_params(p)
     return {
         "identity": lambda: np.ones_like(z),
         "sigmoid": lambda: s * (1 - s),
@@ -26,7 +36,7 @@ def df_ref(name, z, p):
         "relu": lambda: (z > 0).astype(np.float64),
         "leaky_relu": lambda: np.where(z > 0, 1.0, p),
         "elu": lambda: np.where(z > 0, 1.0, p * np.exp(z)),
-        "softplus": lambda: s,
+        "softplus": lambda: np.where(beta * z > t, 1.0, 1 / (1 + np.exp(-beta * z))),
     }[name]()
 
 

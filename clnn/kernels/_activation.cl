@@ -4,7 +4,7 @@
 <%page args="act, derivative_from=None"/>
 <% src = derivative_from %>
 % if act != "none":
-inline acc_t clnn_f(acc_t z, acc_t p)
+inline acc_t clnn_f(acc_t z, acc_t p, acc_t q)
 {
 %   if act == "identity":
     return z;
@@ -19,8 +19,10 @@ inline acc_t clnn_f(acc_t z, acc_t p)
 %   elif act == "elu":
     return z > (acc_t)0 ? z : p * expm1(z);
 %   elif act == "softplus":
-    // log(1 + e^z) without overflow: max(z, 0) + log1p(e^-|z|)
-    return fmax(z, (acc_t)0) + log1p(exp(-fabs(z)));
+    // PyTorch's softplus, p = beta, q = threshold: z where beta z > threshold, else
+    // log(1 + e^(beta z)) / beta without overflow: (max(bz, 0) + log1p(e^-|bz|)) / beta
+    const acc_t bz = p * z;
+    return bz > q ? z : (fmax(bz, (acc_t)0) + log1p(exp(-fabs(bz)))) / p;
 %   else:
 <% raise ValueError("unknown activation " + act) %>
 %   endif
@@ -29,12 +31,12 @@ inline acc_t clnn_f(acc_t z, acc_t p)
 %   if src is not None:
 
 // f'(z) from ${"the pre-activation z" if src == "z" else "the output a = f(z)"}.
-inline acc_t clnn_df(acc_t ${src}, acc_t p)
+inline acc_t clnn_df(acc_t ${src}, acc_t p, acc_t q)
 {
 %   if act == "identity":
     return (acc_t)1;
 %   elif act == "sigmoid" and src == "z":
-    acc_t s = clnn_f(z, p);
+    acc_t s = clnn_f(z, p, q);
     return s * ((acc_t)1 - s);
 %   elif act == "sigmoid":
     return a * ((acc_t)1 - a);
@@ -54,10 +56,14 @@ inline acc_t clnn_df(acc_t ${src}, acc_t p)
     // for z <= 0, a = p (e^z - 1), so p e^z = a + p
     return a > (acc_t)0 ? (acc_t)1 : a + p;
 %   elif act == "softplus" and src == "z":
-    return (acc_t)1 / ((acc_t)1 + exp(-z));
+    const acc_t bz = p * z;
+    return bz > q ? (acc_t)1 : (acc_t)1 / ((acc_t)1 + exp(-bz));
 %   elif act == "softplus":
-    // sigmoid(z) = 1 - e^-a when a = log(1 + e^z)
-    return -expm1(-a);
+    // sigmoid(beta z) = 1 - e^(-beta a) when beta a = log(1 + e^(beta z)); the linear
+    // branch's outputs are told apart by beta a > log(1 + e^q), the most the other
+    // branch reaches (the routine asks for z when the two ranges overlap measurably)
+    const acc_t ba = p * a;
+    return ba > q + log1p(exp(-q)) ? (acc_t)1 : -expm1(-ba);
 %   endif
 }
 %   endif

@@ -56,7 +56,7 @@ ${tree("part")}
 // (the batch's in training, the running statistics in evaluation); affine = 0 is
 // gamma = 1, beta = 0 (w and b are not read).
 __kernel void clnn_bn_forward(const int n, const int C, const int HW, const acc_t eps,
-                              const acc_t p, const int affine,
+                              const acc_t p, const acc_t q, const int affine,
                               __global const real_t *x, const int x_off,
                               __global const acc_t *mean, const int m_off,
                               __global const acc_t *var, const int v_off,
@@ -69,7 +69,7 @@ __kernel void clnn_bn_forward(const int n, const int C, const int HW, const acc_
         acc_t y = (CLNN_LOAD(x, x_off + i) - mean[m_off + c]) / sqrt(var[v_off + c] + eps);
         if (affine)
             y = CLNN_LOAD(w, w_off + c) * y + CLNN_LOAD(b, b_off + c);
-        CLNN_STORE(clnn_f(y, p), out, out_off + i);
+        CLNN_STORE(clnn_f(y, p, q), out, out_off + i);
     }
 }
 

@@ -129,7 +129,7 @@ __kernel void clnn_conv_gather(const int rows, const int R2, const int R3,
                                __global ${'acc_t' if vstore else 'real_t'} *out,
                                const int out_off,
                                const int OA, const int OB, const int OC, const int OM,
-                               const acc_t alpha, const acc_t beta, const acc_t act_p,
+                               const acc_t alpha, const acc_t beta, const acc_t act_p, const acc_t act_q,
                                __global const real_t *bias, const int bias_off)
 {
     const int rb = (int)get_global_id(0);
@@ -261,7 +261,7 @@ ${step()}
             r += CLNN_LOAD(bias, col0 + ${v * VW + j});
 %       endif
 %       if act != "none":
-            r = clnn_f(r, act_p);
+            r = clnn_f(r, act_p, act_q);
 %       endif
             CLNN_STORE(r, out, idx);
         }

@@ -27,7 +27,7 @@
 // inner loop is a plain multiply-add over contiguous memory (at stride 1) that the
 // compiler vectorises, with no test per element
 __kernel void clnn_convd_forward(const int rows, ${geo},
-                                 const acc_t act_p, const int has_bias,
+                                 const acc_t act_p, const acc_t act_q, const int has_bias,
                                  __global const real_t *x, const int x_off,
                                  __global const real_t *w, const int w_off,
                                  __global const real_t *b, const int b_off,
@@ -66,7 +66,7 @@ __kernel void clnn_convd_forward(const int rows, ${geo},
 % if act == "none":
                 CLNN_STORE(acc[j], y, y_off + row * Q + q0 + j);
 % else:
-                CLNN_STORE(clnn_f(acc[j], act_p), y, y_off + row * Q + q0 + j);
+                CLNN_STORE(clnn_f(acc[j], act_p, act_q), y, y_off + row * Q + q0 + j);
 % endif
         }
     }

@@ -23,31 +23,31 @@
 //
 <%include file="_activation.cl" args="act=act, derivative_from=src"/>
 
-__kernel void clnn_act_forward(const int n, const acc_t p,
+__kernel void clnn_act_forward(const int n, const acc_t p, const acc_t q,
                                __global const real_t *z, const int z_off,
                                __global real_t *out, const int out_off)
 {
     CLNN_FOR_EACH(i, n) {
-        CLNN_STORE(clnn_f(CLNN_LOAD(z, z_off + i), p), out, out_off + i);
+        CLNN_STORE(clnn_f(CLNN_LOAD(z, z_off + i), p, q), out, out_off + i);
     }
 }
 
-__kernel void clnn_act_derivative(const int n, const acc_t p,
+__kernel void clnn_act_derivative(const int n, const acc_t p, const acc_t q,
                                   __global const real_t *src, const int src_off,
                                   __global real_t *out, const int out_off)
 {
     CLNN_FOR_EACH(i, n) {
-        CLNN_STORE(clnn_df(CLNN_LOAD(src, src_off + i), p), out, out_off + i);
+        CLNN_STORE(clnn_df(CLNN_LOAD(src, src_off + i), p, q), out, out_off + i);
     }
 }
 
-__kernel void clnn_act_backward(const int n, const acc_t p,
+__kernel void clnn_act_backward(const int n, const acc_t p, const acc_t q,
                                 __global const real_t *dy, const int dy_off,
                                 __global const real_t *src, const int src_off,
                                 __global real_t *out, const int out_off)
 {
     CLNN_FOR_EACH(i, n) {
-        acc_t g = CLNN_LOAD(dy, dy_off + i) * clnn_df(CLNN_LOAD(src, src_off + i), p);
+        acc_t g = CLNN_LOAD(dy, dy_off + i) * clnn_df(CLNN_LOAD(src, src_off + i), p, q);
         CLNN_STORE(g, out, out_off + i);
     }
 }

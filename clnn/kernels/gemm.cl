@@ -36,7 +36,7 @@
 // The fused epilogue for one element of C.
 inline void clnn_epilogue(__global real_t *c, const int idx, const int m, const int n,
                           const acc_t acc, const acc_t alpha, const acc_t beta,
-                          const acc_t act_p, __global const real_t *bias)
+                          const acc_t act_p, const acc_t act_q, __global const real_t *bias)
 {
     acc_t v = alpha * acc;
     if (beta != (acc_t)0)
@@ -47,7 +47,7 @@ inline void clnn_epilogue(__global real_t *c, const int idx, const int m, const 
     v += CLNN_LOAD(bias, m);     // one bias per row: output channels of a convolution
 % endif
 % if act != "none":
-    v = clnn_f(v, act_p);
+    v = clnn_f(v, act_p, act_q);
 % endif
     CLNN_STORE(v, c, idx);
 }
@@ -279,7 +279,7 @@ typedef ${rvec} vec_t;
 // b_pk panels start at multiples of NWI elements (a multiple of VW) from a buffer
 // start, so the vector loads are aligned.
 __kernel void clnn_gemm_packed(const int M, const int N, const int K,
-                               const acc_t alpha, const acc_t beta, const acc_t act_p,
+                               const acc_t alpha, const acc_t beta, const acc_t act_p, const acc_t act_q,
                                const int Mb, const int Nb, const int a_batched, const int b_batched,
                                __global const acc_t *a_pk, __global const acc_t *b_pk,
                                __global const real_t *bias, const int bias_off,
@@ -321,7 +321,7 @@ __kernel void clnn_gemm_packed(const int M, const int N, const int K,
         if (n0 + ${v * VW + j} < N)
             clnn_epilogue(c, CLNN_C_IDX(m0 + ${i}, n0 + ${v * VW + j}), m0 + ${i},
                           n0 + ${v * VW + j}, c${i}_${v}${f".s{comps[j]}" if VW > 1 else ""},
-                          alpha, beta, act_p, bias);
+                          alpha, beta, act_p, act_q, bias);
 %     endfor
 %   endfor
     }
@@ -616,7 +616,7 @@ ${matrix_load(f"rb{l}", GVB, "b", "k", "n", "ldb", "kend", "N", guarded, g)}
 __kernel __attribute__((reqd_work_group_size(${NT}, 1, 1)))
 void clnn_gemm_tiled(const int M, const int N, const int K, const int splits,
                      const int k_split, const acc_t alpha, const acc_t beta,
-                     const acc_t act_p,
+                     const acc_t act_p, const acc_t act_q,
                      __global const real_t *a, const int4 a_desc,
                      __global const real_t *b, const int4 b_desc,
                      __global const real_t *bias, const int bias_off,
@@ -757,7 +757,7 @@ ${store_local("(buf ^ 1)", g)}
 %           endif
 %           if act != "none":
 %             for u in range(VWN):
-                r.s${comps[u]} = clnn_f(r.s${comps[u]}, act_p);
+                r.s${comps[u]} = clnn_f(r.s${comps[u]}, act_p, act_q);
 %             endfor
 %           endif
 %           if dtype == "float16":
@@ -770,7 +770,7 @@ ${store_local("(buf ^ 1)", g)}
             if (m < M) {
 %         for u in range(VWN):
                 if (n + ${u} < N)
-                    clnn_epilogue(c, CLNN_C_IDX(m, n + ${u}), m, n + ${u}, ${comp("s", VWN, u)}, alpha, beta, act_p, bias);
+                    clnn_epilogue(c, CLNN_C_IDX(m, n + ${u}), m, n + ${u}, ${comp("s", VWN, u)}, alpha, beta, act_p, act_q, bias);
 %         endfor
             }
         }
@@ -784,7 +784,7 @@ ${store_local("(buf ^ 1)", g)}
 // Split-K, second stage: C = act(alpha * (sum of the slices' sums, in slice order) +
 // beta * C + bias). A fixed order and no atomics: bitwise the same result every run.
 __kernel void clnn_gemm_splitk(const int M, const int N, const int splits,
-                               const acc_t alpha, const acc_t beta, const acc_t act_p,
+                               const acc_t alpha, const acc_t beta, const acc_t act_p, const acc_t act_q,
                                __global const acc_t *ws,
                                __global const real_t *bias, const int bias_off,
                                __global real_t *c, const int4 c_desc${", const int16 cols" if c_map else ""})
@@ -799,6 +799,6 @@ __kernel void clnn_gemm_splitk(const int M, const int N, const int splits,
         sum += ws[s * M * N];
     const int ldc = c_desc.s1;
     c += c_desc.s0 + batch * c_desc.s2;
-    clnn_epilogue(c, CLNN_C_IDX(m, n), m, n, sum, alpha, beta, act_p, bias + bias_off);
+    clnn_epilogue(c, CLNN_C_IDX(m, n), m, n, sum, alpha, beta, act_p, act_q, bias + bias_off);
 }
 % endif

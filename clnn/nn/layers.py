@@ -107,8 +107,8 @@ class Dense(Layer):
     """a = f(x @ weight.T + bias): weight (out, in) and bias (out,), PyTorch's shapes.
 
     ``activation``: identity, sigmoid, tanh, relu, leaky_relu, elu, softplus, or softmax
-    (output layer only). ``param`` is the leaky_relu slope or elu alpha. ``bias=False``
-    leaves the bias out (as PyTorch's, before a BatchNorm1d). Inputs of more than one
+    (output layer only). ``param`` is the leaky_relu slope, elu alpha or softplus beta.
+    ``bias=False`` leaves the bias out (as PyTorch's, before a BatchNorm1d). Inputs of more than one
     axis per example, (..., in), map their last axis as PyTorch's Linear: (..., out).
     """
 

@@ -98,7 +98,7 @@ def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None,
     momentum = finite(momentum, "momentum", dt) if training and running_mean is not None \
         else 0.0
     act = "identity" if activation is None else activation
-    p = activation_parameter(act, activation_param, dt)
+    p, q = activation_parameter(act, activation_param, dt)
     if training and N * HW < 2:
         raise ShapeError(f"batch_norm in training needs more than one value per channel, "
                          f"got input shape {x.shape}")
@@ -128,7 +128,7 @@ def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None,
         var, v_off = running_var, offset(running_var)
     w, b = (weight, bias) if affine else (x, x)
     evt = launch(_kernel(dev, dt, "clnn_bn_forward", act), dev, x.size, C=C, HW=HW,
-                 eps=eps, p=p, affine=int(affine), x=x, x_off=offset(x), mean=mean,
+                 eps=eps, p=p, q=q, affine=int(affine), x=x, x_off=offset(x), mean=mean,
                  m_off=m_off, var=var, v_off=v_off, w=w, w_off=offset(w), b=b,
                  b_off=offset(b), out=out, out_off=offset(out))
     if training and running_mean is not None:         # checked above

@@ -88,7 +88,7 @@ def _tiles(p, dt, cols, line_len):
 
 def _run_gather(dev, dt, p, *, x, x_off, H, W, ph, pw, rows3, row_steps, k3, k_steps,
                 cols, src, src_off, CS, KD, KS, flip, out, out_steps, alpha=1.0,
-                beta=0.0, act="none", act_p=0.0, bias=None, vstore=False, nwi=None,
+                beta=0.0, act="none", act_p=(0.0, 0.0), bias=None, vstore=False, nwi=None,
                 zero_rows=None, scratch=None):
     """One gathered GEMM (conv.cl): pack B, then the kernel. See conv.cl for the
     meaning of the row, k and output steps; ``zero_rows`` (top, bottom) counts the
@@ -122,7 +122,8 @@ def _run_gather(dev, dt, p, *, x, x_off, H, W, ph, pw, rows3, row_steps, k3, k_s
                 zhi=H - zero_rows[1] if zero_rows else H, cols=cols, b_pk=b_pk, koff=koff,
                 out=out, out_off=offset(out),
                 OA=out_steps[0], OB=out_steps[1], OC=out_steps[2], OM=out_steps[3],
-                alpha=alpha, beta=beta, act_p=act_p, bias=bias if bias is not None else out,
+                alpha=alpha, beta=beta, act_p=act_p[0], act_q=act_p[1],
+                bias=bias if bias is not None else out,
                 bias_off=offset(bias) if bias is not None else 0)
 
 
@@ -211,7 +212,7 @@ def _colmap(grid, b, h, w, bounds, c=(0, 0, 0, 0)):
 
 
 def _tiled(dev, dt, rows, mode, *, M, N, K, a, b, c, k3, coef, cols, alpha=1.0,
-           beta=0.0, act="none", act_p=0.0, bias=None, tab=None, workspace=None):
+           beta=0.0, act="none", act_p=(0.0, 0.0), bias=None, tab=None, workspace=None):
     """One tiled implicit GEMM (the GPU path): build the k table (unless given), then
     run the GEMM."""
     tab = tab if tab is not None else _ktab(dev, k3, coef)
@@ -400,7 +401,8 @@ def _conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_pa
     if b is not None:
         check(b, "b", dev, dtype=dt, shape=(M,))
     act = "none" if activation is None else activation
-    act_p = activation_parameter(act, activation_param, dt) if act != "none" else 0.0
+    act_p = activation_parameter(act, activation_param, dt) if act != "none" \
+        else (0.0, 0.0)
     out = check_out(out, (N, M, P, Q), dt, dev, inputs=(x, w, b), allow_alias=False)
     rows = _rows(dev, dt, "fwd", M, N * P * Q, C * R * S)
     p = rows[0]
@@ -716,13 +718,15 @@ def _direct_forward(x, w, b, stride, padding, dl, groups, activation, activation
     if b is not None:
         check(b, "b", dev, dtype=dt, shape=(M,))
     act = "none" if activation is None else activation
-    act_p = activation_parameter(act, activation_param, dt) if act != "none" else 0.0
+    act_p = activation_parameter(act, activation_param, dt) if act != "none" \
+        else (0.0, 0.0)
     out = check_out(out, (N, M, P, Q), dt, dev, inputs=(x, w, b), allow_alias=False)
     bb = b if b is not None else w
     if out.size == 0:
         return out
     evt = _direct_kernel(dev, dt, "clnn_convd_forward", act)(
-                 *launch_size(dev, N * M * P), rows=N * M * P, act_p=act_p, has_bias=int(b is not None), x=x, x_off=offset(x), w=w,
+                 *launch_size(dev, N * M * P), rows=N * M * P, act_p=act_p[0], act_q=act_p[1],
+                 has_bias=int(b is not None), x=x, x_off=offset(x), w=w,
                  w_off=offset(w), b=bb, b_off=offset(bb), y=out, y_off=offset(out),
                  **_direct_args(*g, groups))
     return done(out, evt)

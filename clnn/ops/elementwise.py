@@ -12,8 +12,10 @@ from ..errors import ArgumentError
 from ._args import check, check_out, common_device, done, finite, launch, offset, real
 
 ACTIVATIONS = ("identity", "sigmoid", "tanh", "relu", "leaky_relu", "elu", "softplus")
-# The parameter p of each activation that has one, and its default.
-ACTIVATION_PARAMS = {"leaky_relu": 0.01, "elu": 1.0}
+# The parameter p of each activation that has one, and its default: the leaky_relu
+# slope, the elu alpha, softplus's beta (its threshold, PyTorch's 20, is a second one).
+ACTIVATION_PARAMS = {"leaky_relu": 0.01, "elu": 1.0, "softplus": 1.0}
+SOFTPLUS_THRESHOLD = 20.0
 
 programs.register(
     "elementwise", {"op": "act", "act": "sigmoid", "src": "z"},
@@ -27,26 +29,41 @@ def elementwise_kernel(dev, dtype, entry, **params):
 
 
 def activation_parameter(name, param, dt=None):
+    """The kernels' (p, q) for activation ``name`` and the user's ``param``: the
+    leaky_relu slope, the elu alpha, softplus's beta or (beta, threshold); q is the
+    threshold for softplus and unused by the others."""
     if name not in ACTIVATIONS:
         raise ArgumentError(f"unknown activation {name!r}; choose from {', '.join(ACTIVATIONS)}")
+    q = 0.0
+    if name == "softplus":
+        q = SOFTPLUS_THRESHOLD
+        if isinstance(param, (tuple, list)):
+            if len(param) != 2:
+                raise ArgumentError(f"softplus takes beta or (beta, threshold), got {param!r}")
+            param, q = param
+            q = finite(q, "softplus threshold", dt)
     if param is None:
-        return ACTIVATION_PARAMS.get(name, 0.0)
+        return ACTIVATION_PARAMS.get(name, 0.0), q
     p = finite(param, f"{name} parameter", dt)
     if name == "elu" and p <= 0:
         raise ArgumentError(f"elu alpha must be positive, got {p}")
     if name == "leaky_relu" and p < 0:
         raise ArgumentError(f"leaky_relu slope must be >= 0, got {p}")
-    return p
+    if name == "softplus" and p <= 0:
+        raise ArgumentError(f"softplus beta must be positive, got {p}")
+    return p, q
 
 
 def activation(name, z, out=None, param=None):
-    """out = f(z) for activation ``name`` (``param``: leaky_relu slope, elu alpha)."""
+    """out = f(z) for activation ``name`` (``param``: leaky_relu slope, elu alpha,
+    softplus beta or (beta, threshold))."""
     dev = common_device(z=z, out=out)
     dt = check(z, "z", dev)
-    p = activation_parameter(name, param, dt)
+    p, q = activation_parameter(name, param, dt)
     out = check_out(out, z.shape, dt, dev, inputs=(z,))
     kern = elementwise_kernel(dev, dt, "clnn_act_forward", op="act", act=name, src="z")
-    evt = launch(kern, dev, z.size, p=p, z=z, z_off=offset(z), out=out, out_off=offset(out))
+    evt = launch(kern, dev, z.size, p=p, q=q, z=z, z_off=offset(z), out=out,
+                 out_off=offset(out))
     return done(out, evt)
 
 
@@ -57,18 +74,29 @@ def _source(z, a, name):
     return ("z", z) if a is None else ("a", a)
 
 
+def _check_source(name, src, q):
+    # softplus's two branches reach the same outputs a in (t, log(1 + e^t)] / beta for
+    # threshold t: from a, the derivative there is off by up to e^-t, so below PyTorch's
+    # default (e^-20 = 2e-9) it is computed from z only
+    if src == "a" and name == "softplus" and q < SOFTPLUS_THRESHOLD:
+        raise ArgumentError(f"the softplus derivative with threshold {q:g} < "
+                            f"{SOFTPLUS_THRESHOLD:g} needs z, not a: both branches "
+                            "produce some of the same outputs")
+
+
 def activation_derivative(name, *, z=None, a=None, out=None, param=None):
     """out = f'(z), from ``z`` or, usually cheaper, from the output ``a = f(z)``."""
     src, x = _source(z, a, name)
     dev = common_device(**{src: x}, out=out)
     dt = check(x, src, dev)
-    p = activation_parameter(name, param, dt)
+    p, q = activation_parameter(name, param, dt)
+    _check_source(name, src, q)
     if src == "a" and name == "leaky_relu" and p == 0:
         name = "relu"
     out = check_out(out, x.shape, dt, dev, inputs=(x,))
     kern = elementwise_kernel(dev, dt, "clnn_act_derivative", op="act", act=name, src=src)
-    evt = launch(kern, dev, x.size, p=p, src=x, src_off=offset(x), out=out,
-                  out_off=offset(out))
+    evt = launch(kern, dev, x.size, p=p, q=q, src=x, src_off=offset(x), out=out,
+                 out_off=offset(out))
     return done(out, evt)
 
 
@@ -77,12 +105,13 @@ def activation_backward(name, dy, *, z=None, a=None, out=None, param=None):
     src, x = _source(z, a, name)
     dev = common_device(dy=dy, **{src: x}, out=out)
     dt = check(dy, "dy", dev)
-    p = activation_parameter(name, param, dt)
+    p, q = activation_parameter(name, param, dt)
+    _check_source(name, src, q)
     check(x, src, dev, dtype=dt, shape=dy.shape)
     out = check_out(out, dy.shape, dt, dev, inputs=(dy, x))
     kern = elementwise_kernel(dev, dt, "clnn_act_backward", op="act", act=name, src=src)
-    evt = launch(kern, dev, dy.size, p=p, dy=dy, dy_off=offset(dy), src=x,
-                  src_off=offset(x), out=out, out_off=offset(out))
+    evt = launch(kern, dev, dy.size, p=p, q=q, dy=dy, dy_off=offset(dy), src=x,
+                 src_off=offset(x), out=out, out_off=offset(out))
     return done(out, evt)
 
 
@@ -102,7 +131,12 @@ tanh = _named("tanh", "out = tanh(z)")
 relu = _named("relu", "out = max(z, 0)")
 leaky_relu = _named("leaky_relu", "out = z if z > 0 else slope * z (slope=0.01)")
 elu = _named("elu", "out = z if z > 0 else alpha * (exp(z) - 1) (alpha=1.0)")
-softplus = _named("softplus", "out = log(1 + exp(z)), computed without overflow")
+
+
+def softplus(z, out=None, beta=1.0, threshold=SOFTPLUS_THRESHOLD):
+    """out = log(1 + exp(beta z)) / beta, computed without overflow, and z itself where
+    beta z > threshold (PyTorch's softplus)."""
+    return activation("softplus", z, out=out, param=(beta, threshold))
 
 
 def hadamard(x, y, out=None):

@@ -143,7 +143,8 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, b
     check(b, "b", dev, dtype=dt, contiguous=False)
     alpha, beta = finite(alpha, "alpha", dt), finite(beta, "beta", dt)
     act = "none" if activation is None else activation
-    act_p = activation_parameter(act, activation_param, dt) if act != "none" else 0.0
+    act_p = activation_parameter(act, activation_param, dt) if act != "none" \
+        else (0.0, 0.0)
     A, B = _Layout(a, "a"), _Layout(b, "b")
     M, K = (A.cols, A.rows) if trans_a else (A.rows, A.cols)
     Kb, N = (B.cols, B.rows) if trans_b else (B.rows, B.cols)
@@ -184,7 +185,7 @@ SPLITK_BYTES = 64 << 20
 
 
 def run_gemm(dev, dt, *, M, N, K, nbatch, a, b, c, alpha=1.0, beta=0.0, act="none",
-             act_p=0.0, bias=None, bias_mode="none", trans_a=False, trans_b=False,
+             act_p=(0.0, 0.0), bias=None, bias_mode="none", trans_a=False, trans_b=False,
              conv="none", conv_args=None, params=None, rows=None, workspace=None):
     """Launch a validated GEMM on Operands a, b, c: a plain one, or a convolution's
     implicit GEMM when ``conv`` names its loaders ("fwd", "dgrad", "wgrad") and
@@ -201,7 +202,8 @@ def run_gemm(dev, dt, *, M, N, K, nbatch, a, b, c, alpha=1.0, beta=0.0, act="non
         klass = tuning.shape_class(M, N, K, trans_a, trans_b, nbatch)
         rows = tuning.gemm_rows(dev.facts, dt.itemsize, dt, klass)
     bias_mode = bias_mode if bias is not None else "none"
-    common = dict(M=M, N=N, K=K, alpha=alpha, beta=beta, act_p=act_p,
+    common = dict(M=M, N=N, K=K, alpha=alpha, beta=beta, act_p=act_p[0],
+                  act_q=act_p[1],
                   bias=bias if bias is not None else c.data,
                   bias_off=bias.offset // dt.itemsize if bias is not None else 0)
     if rows[0]["variant"] == "reg":
@@ -223,7 +225,8 @@ def run_gemm(dev, dt, *, M, N, K, nbatch, a, b, c, alpha=1.0, beta=0.0, act="non
     wg = min(64, dev.facts.max_work_group_size)
     extra = {"cols": conv_args["cols"]} if conv in ("fwd", "dgrad") else {}
     return red((-(-N // wg) * wg, M, nbatch), (wg, 1, 1), M=M, N=N, splits=plan.splits,
-               alpha=alpha, beta=beta, act_p=act_p, ws=ws, bias=common["bias"],
+               alpha=alpha, beta=beta, act_p=act_p[0], act_q=act_p[1], ws=ws,
+               bias=common["bias"],
                bias_off=common["bias_off"], c=c.data, c_desc=c.desc(), **extra)
 
 

@@ -9,7 +9,7 @@ from reference import df_ref, f_ref
 RNG = np.random.default_rng(1234)
 
 
-PARAM = {"leaky_relu": 0.1, "elu": 0.7}
+PARAM = {"leaky_relu": 0.1, "elu": 0.7, "softplus": 1.5}
 
 
 def inputs(n, dtype):
@@ -50,6 +50,68 @@ def test_activation_derivative_and_backward(dev, name, src, dtype):
     clnn.activation_backward(name, guarded_input(dev, dy), **{src: x}, out=out.view, param=p)
     assert_close(out.check(), dy * ref, dtype, k=4 if src == "a" else 1,
                  scale=np.maximum(np.abs(dy), 1))
+
+
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("beta,threshold", [(1.0, 20.0), (2.0, 3.0), (0.5, 1.0), (3.0, -1.0)])
+def test_softplus_beta_and_threshold(dev, beta, threshold, dtype):
+    """PyTorch's softplus(z, beta, threshold): forward, derivative and backward from z,
+    on values on both sides of the threshold, against the float64 reference and, for
+    the backward, finite differences away from the jump at beta z = threshold."""
+    n = 1009
+    z = np.concatenate([inputs(n - 3, dtype), np.array([threshold / beta] * 3)])
+    z = z.astype(dtype)
+    p = (beta, threshold)
+    out = Guarded(dev, (n,), dtype)
+    clnn.softplus(guarded_input(dev, z), out=out.view, beta=beta, threshold=threshold)
+    assert_close(out.check(), f_ref("softplus", z, p), dtype, k=2)
+    out = Guarded(dev, (n,), dtype)
+    clnn.activation_derivative("softplus", z=guarded_input(dev, z), out=out.view, param=p)
+    assert_close(out.check(), df_ref("softplus", z, p), dtype, k=2)
+    dy = RNG.standard_normal(n).astype(dtype)
+    got = clnn.activation_backward("softplus", clnn.asarray(dy), z=clnn.asarray(z),
+                                   param=p).get()
+    assert_close(got, dy * df_ref("softplus", z, p), dtype, k=2,
+                 scale=np.maximum(np.abs(dy), 1))
+    if dtype == np.float64:
+        h = 1e-6
+        far = np.abs(beta * z - threshold) > 1e-3
+        fd = (f_ref("softplus", z + h, p) - f_ref("softplus", z - h, p)) / (2 * h)
+        np.testing.assert_allclose(got[far], (dy * fd)[far], rtol=1e-7, atol=1e-8)
+    # from the output a, the two branches overlap below the default threshold
+    if threshold < 20:
+        with pytest.raises(clnn.ArgumentError, match="needs z"):
+            clnn.activation_backward("softplus", clnn.asarray(dy), a=clnn.asarray(z), param=p)
+
+
+def test_softplus_fused_everywhere(dev):
+    """The (beta, threshold) pair reaches every fused epilogue: both GEMM variants,
+    the convolution (implicit GEMM and the grouped direct kernel), batch_norm."""
+    from clnn import tuning
+    p = (2.0, 1.5)
+    a = RNG.standard_normal((13, 11)).astype(np.float32)
+    b = RNG.standard_normal((11, 9)).astype(np.float32)
+    ref = f_ref("softplus", a.astype(np.float64) @ b, p)
+    for row in (tuning.GEMM_TABLE["type"]["CPU"], tuning.GEMM_TABLE["type"]["GPU"],
+                dict(tuning.GEMM_TABLE["vendor"][("nvidia", "GPU")][-1], KSPLIT=3)):
+        with tuning.override("gemm", row):
+            got = clnn.gemm(clnn.asarray(a), clnn.asarray(b), activation="softplus",
+                            activation_param=p).get()
+        assert_close(got, ref, np.float32, k=11, scale=np.abs(a) @ np.abs(b) + 1)
+    x = RNG.standard_normal((2, 4, 6, 5)).astype(np.float32)
+    w = RNG.standard_normal((4, 2, 3, 3)).astype(np.float32)
+    for groups in (1, 2):
+        wg = w if groups == 2 else RNG.standard_normal((4, 4, 3, 3)).astype(np.float32)
+        lin = clnn.conv2d(clnn.asarray(x), clnn.asarray(wg), groups=groups).get()
+        got = clnn.conv2d(clnn.asarray(x), clnn.asarray(wg), groups=groups,
+                          activation="softplus", activation_param=p).get()
+        assert_close(got, f_ref("softplus", lin, p), np.float32, k=36,
+                     scale=np.abs(lin) + 1)
+    rm, rv = clnn.zeros(4), clnn.asarray(np.full(4, 1.0, np.float32))
+    lin = clnn.batch_norm(clnn.asarray(x), rm, rv).get()
+    got = clnn.batch_norm(clnn.asarray(x), rm, rv, activation="softplus",
+                          activation_param=p).get()
+    assert_close(got, f_ref("softplus", lin, p), np.float32, k=2)
 
 
 def test_named_activation_functions_match_activation(dev):
@@ -158,6 +220,9 @@ class TestBadInput:
             clnn.axpy(float("inf"), x, x)
         with pytest.raises(clnn.ArgumentError):
             clnn.activation_derivative("relu", z=x, a=x)
+        for bad in (0.0, -1.0, float("inf"), (1.0,), (1.0, float("nan")), (1.0, 2.0, 3.0)):
+            with pytest.raises(clnn.ArgumentError):
+                clnn.activation("softplus", x, param=bad)
 
     def test_non_contiguous(self, dev):
         x = clnn.zeros((4, 6))
