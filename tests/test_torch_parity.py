@@ -153,17 +153,13 @@ def _addmm(s, dt):
         out = dev_array(c)
         clnn.gemm(dev_array(m1), dev_array(m2), out=out, alpha=a["alpha"], beta=a["beta"])
         return out.get(), None
-    # a broadcast input: beta * input spread over the rows with bias_add, then the
-    # product added to it (gemm's beta = 1)
-    if c.ndim <= 1 or (c.ndim == 2 and c.shape[0] == 1):
-        row = c.reshape(-1).detach().numpy()
-        if row.size not in (1, shape[1]):
-            raise Unsupported("addmm input that does not broadcast")
-        row = np.broadcast_to(row, (shape[1],)) * a["beta"]
-        out = clnn.bias_add(clnn.zeros(shape, dt), clnn.asarray(row.astype(dt)))
-        clnn.gemm(dev_array(m1), dev_array(m2), out=out, alpha=a["alpha"], beta=1.0)
-        return out.get(), None
-    raise Unsupported("addmm with an input broadcast along rows")
+    # a broadcast input is gemm's bias (scaled by beta): (N,), (1, N), (M, 1), ()
+    bias = clnn.scale(a["beta"], dev_array(c))
+    try:
+        y = clnn.gemm(dev_array(m1), dev_array(m2), alpha=a["alpha"], bias=bias)
+    except clnn.ShapeError as exc:
+        raise Unsupported(f"addmm input of shape {tuple(c.shape)}: {exc}")
+    return y.get(), None
 
 
 def _linear(s, dt):

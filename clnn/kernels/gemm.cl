@@ -45,6 +45,8 @@ inline void clnn_epilogue(__global real_t *c, const int idx, const int m, const 
     v += CLNN_LOAD(bias, n);     // one bias per column: dense layers, batch-first
 % elif bias == "row":
     v += CLNN_LOAD(bias, m);     // one bias per row: output channels of a convolution
+% elif bias == "one":
+    v += CLNN_LOAD(bias, 0);     // one value for all of C (addmm's input of shape ())
 % endif
 % if act != "none":
     v = clnn_f(v, act_p, act_q);
@@ -752,8 +754,8 @@ ${store_local("(buf ^ 1)", g)}
                     r += beta * ${loadv(VWN, "c", "m * ldc + n").replace("const ", "")};
 %           if bias == "col":
                 r += (${vt(VWN)})(${", ".join(f"CLNN_LOAD(bias, n + {u})" for u in range(VWN))});
-%           elif bias == "row":
-                r += CLNN_LOAD(bias, m);
+%           elif bias in ("row", "one"):
+                r += CLNN_LOAD(bias, ${"m" if bias == "row" else "0"});
 %           endif
 %           if act != "none":
 %             for u in range(VWN):

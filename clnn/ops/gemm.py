@@ -73,12 +73,15 @@ def _variants():
                         "tuning": tuning.template_tuning(p)})
     for act in ACTIVATIONS:
         out.append(dict(out[0], act=act, bias="col"))
+    for bias in ("row", "one"):      # gemm's bias of shape (M, 1) and ()
+        out.append(dict(out[0], bias=bias))
     # the tiled kernel's vector loads and stores, and its split-K partial sums
     for p in [r for r in rows if r["variant"] == "local"]:
         vec = plans.vector_width(p, ())
-        for ta, tb in ((False, False), (True, True)):
+        for ta, tb, bias in ((False, False, "col"), (True, True, "col"),
+                             (False, False, "one")):
             out.append({"variant": "local", "trans_a": ta, "trans_b": tb, "act": "tanh",
-                        "bias": "col", "conv": "none", "vec": vec, "vec_c": True,
+                        "bias": bias, "conv": "none", "vec": vec, "vec_c": True,
                         "tuning": tuning.template_tuning(p)})
         out.append({"variant": "local", "trans_a": False, "trans_b": True, "act": "none",
                     "bias": "none", "conv": "none", "vec": vec, "partial": True,
@@ -87,6 +90,20 @@ def _variants():
                     "bias": "none", "conv": "wgrad", "partial": True,
                     "tuning": tuning.template_tuning(p)})
     return out
+
+
+def _bias_mode(bias, M, N):
+    """How gemm's ``bias`` broadcasts over the M x N product (addmm's input rules): one
+    value per column, (N,) or (1, N); per row, (M, 1); one for all, (), (1,) or (1, 1)."""
+    shape = tuple(getattr(bias, "shape", ()))
+    if shape in ((N,), (1, N)):
+        return "col"
+    if shape == (M, 1):
+        return "row"
+    if shape in ((), (1,), (1, 1)):
+        return "one"
+    raise ShapeError(f"bias of shape {shape} does not broadcast over the {M}x{N} product: "
+                     f"give ({N},), (1, {N}), ({M}, 1) or one value")
 
 
 class _Layout:
@@ -134,7 +151,9 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, b
     """out = activation(alpha * op(a) @ op(b) + beta * out + bias).
 
     op(x) is x or its transpose (``trans_a``, ``trans_b``, applied to the last two axes).
-    ``bias`` (N,) is added to every row, as a dense layer with batch-first data needs.
+    ``bias`` (N,) is added to every row, as a dense layer with batch-first data needs;
+    it broadcasts as addmm's input does: (1, N) the same, (M, 1) one value per row,
+    () or (1,) one value everywhere.
     ``beta != 0`` needs ``out``; with ``beta == 0`` the old contents of ``out`` are never
     read. Overwrites ``out`` (allocated when None) and returns it.
     """
@@ -156,8 +175,10 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, b
     batched = A.batched or B.batched
     nbatch = A.batch if A.batched else B.batch
     shape = (nbatch, M, N) if batched else (M, N)
+    bias_mode = "none"
     if bias is not None:
-        check(bias, "bias", dev, dtype=dt, shape=(N,))
+        check(bias, "bias", dev, dtype=dt)
+        bias_mode = _bias_mode(bias, M, N)
     if out is None:
         if beta != 0:
             raise ArgumentError("beta != 0 reads out: pass the out array")
@@ -176,7 +197,7 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, b
 
     evt = run_gemm(dev, dt, M=M, N=N, K=K, nbatch=nbatch, a=A.operand(a), b=B.operand(b),
                    c=C.operand(out), alpha=alpha, beta=beta, act=act, act_p=act_p,
-                   bias=bias, bias_mode="col", trans_a=trans_a, trans_b=trans_b)
+                   bias=bias, bias_mode=bias_mode, trans_a=trans_a, trans_b=trans_b)
     return done(out, evt)
 
 

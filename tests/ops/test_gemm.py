@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 import clnn
 from clnn import tuning
-from conftest import CANARY, eps, float_dtypes
+from conftest import CANARY, eps, float_dtypes, guarded_input
 from reference import f_ref
 
 RNG = np.random.default_rng(2024)
@@ -68,13 +68,16 @@ def check_gemm(M, N, K, ta, tb, alpha, beta, dtype, batch=None, bias=False, act=
     a = RNG.standard_normal(lead + ((K, M) if ta else (M, K))).astype(dtype)
     b = RNG.standard_normal(lead + ((N, K) if tb else (K, N))).astype(dtype)
     c = RNG.standard_normal(lead + (M, N)).astype(dtype)
-    bv = RNG.standard_normal(N).astype(dtype) if bias else None
+    # bias: True for the (N,) row of a dense layer, or a shape that broadcasts (addmm's)
+    bshape = bias if isinstance(bias, tuple) else (N,)
+    bv = RNG.standard_normal(bshape).astype(dtype) if bias is not False else None
     _, A = device_view(*host_view(a.shape, dtype, fill=a))
     _, B = device_view(*host_view(b.shape, dtype, 2, 1, fill=b))
     c_host, c_sl = host_view(c.shape, dtype, 1, 2, fill=c if beta else np.nan)
     c_big, C = device_view(c_host, c_sl)
     r = clnn.gemm(A, B, out=C, alpha=alpha, beta=beta, trans_a=ta, trans_b=tb,
-                  bias=clnn.asarray(bv) if bias else None, activation=act)
+                  bias=guarded_input(clnn.device(), bv) if bv is not None else None,
+                  activation=act)
     assert r is C
     got_big = c_big.get()
     untouched = np.ones(got_big.shape, bool)
@@ -119,6 +122,18 @@ def test_fused_bias_and_activation(variant, act):
     with tuning.override("gemm", VARIANTS[variant]):
         check_gemm(33, 19, 45, False, True, 1.0, 0.0, np.float32, bias=True, act=act)
         check_gemm(7, 70, 9, True, False, -1.5, 1.0, np.float32, bias=True, act=act)
+
+
+@pytest.mark.parametrize("variant", ["cpu-default", "gpu-generic", "gpu-nvidia-splitk"])
+def test_bias_broadcasts_as_addmm(variant):
+    """bias of shape (1, N), (M, 1), (), (1,), (1, 1): one value per column, per row, or
+    one for all, in both GEMM variants, the vector stores and split-K's second pass."""
+    with tuning.override("gemm", VARIANTS[variant]):
+        for M, N, K in ((33, 19, 45), (64, 64, 64), (1, 7, 3)):
+            for shape in ((1, N), (M, 1), (), (1,), (1, 1)):
+                check_gemm(M, N, K, False, True, 1.0, 0.0, np.float32, bias=shape,
+                           act="tanh")
+                check_gemm(M, N, K, True, False, -1.5, 1.0, np.float32, bias=shape)
 
 
 @pytest.mark.parametrize("variant", ["cpu-default", "gpu-odd"])
@@ -219,6 +234,8 @@ class TestBadInput:
             (clnn.ShapeError, lambda: clnn.gemm(a, b, out=clnn.zeros((5, 4)))),
             (clnn.ShapeError, lambda: clnn.gemm(clnn.zeros(3), b)),
             (clnn.ShapeError, lambda: clnn.gemm(a, b, out=out, bias=clnn.zeros(4))),
+            (clnn.ShapeError, lambda: clnn.gemm(a, b, out=out, bias=clnn.zeros((4, 5)))),
+            (clnn.ShapeError, lambda: clnn.gemm(a, b, out=out, bias=clnn.zeros((1, 4)))),
             (clnn.ShapeError, lambda: clnn.gemm(clnn.zeros((2, 4, 3)), clnn.zeros((3, 3, 5)))),
             (clnn.ShapeError, lambda: clnn.gemm(clnn.zeros((4, 6))[:, ::2], b, out=out)),
             (clnn.ArgumentError, lambda: clnn.gemm(a, b, beta=1.0)),
