@@ -259,12 +259,15 @@ def _tiled_dgrad_col2im(dev, dt, rows, dy, w, out, C, H, W, M, P, Q, R, S, st, p
     return evt
 
 
-def _tiled_dgrad(dev, dt, rows, dy, w, out, C, H, W, M, P, Q, R, S, st, pd):
+def _tiled_dgrad(dev, dt, rows, dy, w, out, C, H, W, M, P, Q, R, S, st, pd,
+                 dilation=(1, 1)):
     """dx by stride phase: the positions h = h0 + sh hh (and likewise w) receive only
     from the taps r = a + sh i with a = (h0 + ph) mod sh, from p = hh + pbase - i. Each
     phase is one dense GEMM over its own taps: none of the zeros that the stride puts
-    between dy's entries is multiplied (3/4 of the work at stride 2)."""
-    (sh, sw), (ph, pw) = st, pd
+    between dy's entries is multiplied (3/4 of the work at stride 2). A dilated
+    convolution (unit stride only: one phase) reads dy (dh, dw) apart per tap."""
+    (sh, sw), (ph, pw), (dh, dw) = st, pd, dilation
+    assert (dh, dw) == (1, 1) or (sh, sw) == (1, 1)
     N = dy.shape[0]
     launches = []
     for h0 in range(sh):
@@ -282,7 +285,7 @@ def _tiled_dgrad(dev, dt, rows, dy, w, out, C, H, W, M, P, Q, R, S, st, pd):
             # dx (C x N Hh Wh) = A (C x M Rh Sw) @ B (M Rh Sw x N Hh Wh):
             #   A(c, (m, i, j)) = w[m, c, alpha_h + sh i, alpha_w + sw j]
             #   B((m, i, j), (n, hh, ww)) = dy[n, m, hh + pbase - i, ww + qbase - j]
-            coef = ((P * Q, -Q, -1, 0), (0, -1, 0, 0), (0, 0, -1, 0),
+            coef = ((P * Q, -dh * Q, -dw, 0), (0, -dh, 0, 0), (0, 0, -dw, 0),
                     (C * R * S, sh * S, sw, alpha_h * S + alpha_w))
             cols = _colmap((Hh, Wh), (M * P * Q, Q, 1, pbase * Q + qbase), (1, pbase),
                            (1, qbase), (P, Q), (C * H * W, sh * W, sw, h0 * W + w0))
@@ -407,7 +410,7 @@ def _conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_pa
     rows = _rows(dev, dt, "fwd", M, N * P * Q, C * R * S)
     p = rows[0]
     dilated = tuple(dilation) != (1, 1)
-    if dilated and p["variant"] != "gather":      # the tiled loaders have no dilation yet
+    if dilated and p["variant"] not in ("gather", "local"):   # the packed CPU GEMM
         return _direct_forward(x, w, b, stride, padding, tuple(dilation), 1, activation,
                                activation_param, out)
     if p["variant"] == "gather":
@@ -424,11 +427,13 @@ def _conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_pa
         return done(out, evt)
     if p["variant"] == "local":
         # y (M x NPQ) = w (M x CRS) @ unroll(x) (CRS x NPQ): k = (c, r, s) reads
-        # x[n, c, p sh - ph + r, q sw - pw + s] for column (n, p, q)
+        # x[n, c, p sh - ph + r dh, q sw - pw + s dw] for column (n, p, q)
+        dh, dw = dilation
         evt = _tiled(dev, dt, rows, "fwd", M=M, N=N * P * Q, K=C * R * S,
                      a=Operand(w, offset(w), C * R * S), b=Operand(x, offset(x)),
                      c=Operand(out, offset(out), P * Q), k3=(C, R, S),
-                     coef=((H * W, W, 1, 0), (0, 1, 0, 0), (0, 0, 1, 0), (R * S, S, 1, 0)),
+                     coef=((H * W, dh * W, dw, 0), (0, dh, 0, 0), (0, 0, dw, 0),
+                           (R * S, S, 1, 0)),
                      cols=_colmap((P, Q), (C * H * W, st[0] * W, st[1], -pd[0] * W - pd[1]),
                                   (st[0], -pd[0]), (st[1], -pd[1]), (H, W),
                                   (M * P * Q, Q, 1, 0)),
@@ -458,8 +463,10 @@ def _conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None,
     eh, ew = dh * (R - 1) + 1, dw * (S - 1) + 1
     flip = p["variant"] == "gather" and st == (1, 1) and pd[0] < eh and pd[1] < ew and \
         p.get("DGRAD", _dgrad_method(C, H, W, M, P, Q, R, S)) == "flip"
-    if (dh, dw) != (1, 1) and not flip:
-        # dilation: the flipped pass below, else (col2im, the GPU loaders) direct
+    tiled_dilated = p["variant"] == "local" and st == (1, 1)
+    if (dh, dw) != (1, 1) and not flip and not tiled_dilated:
+        # dilation: the flipped pass below, the GPU loaders' one phase at unit stride,
+        # else (col2im, strided phases) the direct kernels
         return _direct_backward_data(dy, w, (N, C, H, W), stride, padding, (dh, dw), 1,
                                      out)
     if flip:
@@ -480,6 +487,10 @@ def _conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None,
         evt = _dgrad_col2im(dev, dt, p, dy, w, out, C, H, W, M, P, Q, R, S, st, pd)
         return done(out, evt)
     if p["variant"] == "local":
+        if (dh, dw) != (1, 1):
+            evt = _tiled_dgrad(dev, dt, rows, dy, w, out, C, H, W, M, P, Q, R, S, st, pd,
+                               (dh, dw))
+            return done(out, evt)
         method = _tiled_dgrad_col2im if C < COL2IM_CHANNELS else _tiled_dgrad
         evt = method(dev, dt, rows, dy, w, out, C, H, W, M, P, Q, R, S, st, pd)
         return done(out, evt)
@@ -505,7 +516,7 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
     out = check_out(out, (M, C, R, S), dt, dev, inputs=(dy, x), allow_alias=False)
     rows = _rows(dev, dt, "wgrad", M, C * R * S, N * P * Q)
     p = rows[0]
-    if tuple(dilation) != (1, 1) and p["variant"] != "gather":
+    if tuple(dilation) != (1, 1) and p["variant"] not in ("gather", "local"):
         return _direct_backward_weight(dy, x, (M, C, R, S), stride, padding,
                                        tuple(dilation), 1, out, alpha, beta)
     if p["variant"] == "gather":
@@ -532,14 +543,16 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
         return done(out, evt)
     if p["variant"] == "local":
         # dw (M x CRS) = dy (M x NPQ) @ unroll(x)^T (NPQ x CRS): k = (n, p, q), column
-        # (c, r, s) reads x[n, c, p sh - ph + r, q sw - pw + s] and A(m, k) dy[n, m, p, q]
+        # (c, r, s) reads x[n, c, p sh - ph + r dh, q sw - pw + s dw] and A(m, k)
+        # dy[n, m, p, q]
+        dh, dw = dilation
         evt = _tiled(dev, dt, rows, "wgrad", M=M, N=C * R * S, K=N * P * Q,
                      a=Operand(dy, offset(dy), P * Q), b=Operand(x, offset(x)),
                      c=Operand(out, offset(out), C * R * S), k3=(N, P, Q),
                      coef=((C * H * W, st[0] * W, st[1], -pd[0] * W - pd[1]),
                            (0, st[0], 0, -pd[0]), (0, 0, st[1], -pd[1]),
                            (M * P * Q, Q, 1, 0)),
-                     cols=_colmap((R, S), (H * W, W, 1, 0), (1, 0), (1, 0), (H, W)),
+                     cols=_colmap((R, S), (H * W, dh * W, dw, 0), (dh, 0), (dw, 0), (H, W)),
                      alpha=alpha, beta=beta)
         return done(out, evt)
     evt = run_gemm(dev, dt, M=M, N=C * R * S, K=N * P * Q, nbatch=1, a=Operand(dy, offset(dy)),
@@ -599,10 +612,9 @@ def conv2d(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, activatio
     ``stride``, ``padding`` and ``dilation`` are ints or (h, w) pairs; ``padding`` also
     "valid" or "same" (stride 1; even total padding). ``groups`` splits the channels
     into groups convolved separately (groups = C: depthwise). An unbatched x (C, H, W)
-    gives y (M, P, Q), a batch of 0 an empty y. Dilation is the k steps of the CPU's
-    implicit-GEMM loaders; grouped convolutions (and dilated ones on the GPU rows, whose
-    tiled loaders have no dilation yet) run direct kernels (convd.cl). Overwrites
-    ``out``.
+    gives y (M, P, Q), a batch of 0 an empty y. Dilation is the k steps of the
+    implicit-GEMM loaders (CPU and GPU); grouped convolutions run direct kernels
+    (convd.cl). Overwrites ``out``.
     """
     padding, dl, groups, direct = _options("conv2d", getattr(w, "shape", ()), stride,
                                            padding, dilation, groups)

@@ -332,8 +332,10 @@ def test_unbatched_pooling(dev):
                          ids=["d2", "strided-d3x2", "d4x3", "pad-past-extent"])
 def test_dilation_in_the_implicit_gemm(variant, shape):
     """Dilation is the k steps of the CPU loaders (forward, weight gradient, the flipped
-    data gradient at unit stride); the GPU rows and col2im hand dilated calls to the
-    direct kernels. Every path against the float64 reference."""
+    data gradient at unit stride) and the GPU loaders' k tables (forward, weight
+    gradient, the data gradient's one phase at unit stride); col2im and strided GPU data
+    gradients hand dilated calls to the direct kernels. Every path against the float64
+    reference."""
     from reference import conv2d_general_ref
     N, C, H, W, M, R, S, st, pd, dl = shape
     x = RNG.standard_normal((N, C, H, W)).astype(np.float32)
