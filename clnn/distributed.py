@@ -19,8 +19,11 @@ rounding. The exchange moves what a ring all-reduce does, 2 (N-1)/N of the gradi
 rank (a reduce-scatter by Alltoall, each chunk summed by one rank in rank order, then
 an Allgather).
 
-Not yet: overlapping the exchange with the backward pass (buckets), and
-synchronised BatchNorm statistics (each rank normalises with its own shard's, as
+The gradients go in buckets (``bucket_bytes``), last layers first; a bucket's copy to the
+host is queued right behind the kernels that compute it, so the host sums one bucket
+across ranks while the device runs the backward pass of the layers below.
+
+Not yet: synchronised BatchNorm statistics (each rank normalises with its own shard's, as
 PyTorch's DDP without SyncBatchNorm); dropout masks are drawn per rank.
 """
 
@@ -120,14 +123,34 @@ def shard(indices, rank, size):
     return np.array_split(np.asarray(indices), size)[rank]
 
 
+# Gradients are exchanged in buckets of about this many bytes, the last layers' first
+# (PyTorch's DDP: 25 MiB): a bucket's exchange starts as soon as its layers' gradients
+# exist, while the device runs the backward pass of the layers below.
+BUCKET_BYTES = 4 << 20
+
+
 class DataParallel:
     """Train ``net`` on every rank of ``world`` as one network: checks that every rank
     built the same network, copies rank 0's parameters to all, and sums gradients in a
-    fixed rank order in the network's gradient hook."""
+    fixed rank order in the network's gradient hook.
 
-    def __init__(self, net, world=None):
+    ``bucket_bytes``: the gradients go in buckets of consecutive layers of at least
+    this size, exchanged last layer first, each as soon as the device has computed it
+    (its copy to the host is queued right after the layer's backward kernels), so the
+    host exchanges one bucket while the device computes the next; None or 0: one
+    bucket after the whole backward pass (no overlap). Bucketing never changes the
+    result: each element is summed in rank order either way."""
+
+    def __init__(self, net, world=None, bucket_bytes=BUCKET_BYTES):
         self.net = net
         self.world = World() if world is None else world
+        if bucket_bytes is not None and (not isinstance(bucket_bytes, (int, np.integer))
+                                         or bucket_bytes < 0):
+            raise ArgumentError(f"bucket_bytes must be an int >= 0 or None, got "
+                                f"{bucket_bytes!r}")
+        self.bucket_bytes = int(bucket_bytes or 0)
+        self._buckets = None        # [(start, stop, lowest layer)], in exchange order
+        self._events = {}           # bucket -> the event of its copy to the host
         self._check_same_network()
         self._broadcast_parameters()
 
@@ -155,24 +178,47 @@ class DataParallel:
         self.world.comm.Bcast(host, root=0)
         flat.set(host)
 
+    def buckets(self):
+        """[(start, stop, lowest layer)]: the gradient buckets in exchange order (the
+        last layers first), as element ranges of the network's flat gradients. The
+        same on every rank (the network is), so the collectives match."""
+        if self._buckets is None:
+            net, isz = self.net, self.net.dtype.itemsize
+            out, hi, lo, low = [], None, None, None
+            for i in reversed(range(len(net.layers))):
+                start, stop = net.gradient_range(i)
+                if start == stop:
+                    continue
+                hi = stop if hi is None else hi
+                lo, low = start, i
+                if self.bucket_bytes and (hi - lo) * isz >= self.bucket_bytes:
+                    out.append((lo, hi, low))
+                    hi = None
+            if hi is not None:
+                out.append((lo, hi, low))
+            self._buckets = out
+            self._closing = {low: b for b, (_, _, low) in enumerate(out)}
+            n = 0 if net.flat_parameters is None else net.flat_parameters.size
+            self._sent = np.zeros(n, net.dtype)        # this rank's gradients
+            self._summed = np.zeros(n, net.dtype)      # the sums over ranks
+        return self._buckets
+
     # ---------------------------------------------------------------- the step
-    def _sum_gradients(self, flat_grads, count):
-        """The gradients (and example counts) of every rank, summed in rank order:
-        bitwise the same on every rank.
+    def _reduce(self, v, extra, out):
+        """``v`` (plus the number ``extra`` riding at its end) summed over every rank in
+        rank order into ``out``: bitwise the same on every rank; returns the sum of
+        ``extra``.
 
         Reduce-scatter, then all-gather, as a ring all-reduce moves data (2 (N-1)/N of
-        the gradient per rank), but in a fixed order: the vector is cut into N chunks,
+        the vector per rank), but in a fixed order: the vector is cut into N chunks,
         Alltoall hands rank j every rank's chunk j, rank j adds them 0 + 1 + ... in
         turn, and Allgather gives every rank every summed chunk. Each element is thus
         added in rank order by exactly one rank, and copied to the others."""
-        n = 0 if flat_grads is None else flat_grads.size
-        dt = self.net.dtype
-        size = self.world.size
+        n, dt, size = v.size, self.net.dtype, self.world.size
         chunk = -(-(n + 1) // size)
-        mine = np.zeros(chunk * size, dt)        # the count rides at index n
-        if n:
-            mine[:n] = flat_grads.get()
-        mine[n] = count
+        mine = np.zeros(chunk * size, dt)
+        mine[:n] = v
+        mine[n] = extra
         parts = np.empty((size, chunk), dt)
         self.world.comm.Alltoall(mine.reshape(size, chunk), parts)
         summed = parts[0].copy()
@@ -180,7 +226,65 @@ class DataParallel:
             summed += parts[r]
         total = np.empty(chunk * size, dt)
         self.world.comm.Allgather(summed, total)
-        return total[:n], float(total[n])
+        out[:] = total[:n]
+        return float(total[n])
+
+    def _sum_gradients(self, flat_grads, count):
+        """The whole gradient and the example count summed over ranks, one bucket
+        (what the benchmark times as the exchange alone)."""
+        n = 0 if flat_grads is None else flat_grads.size
+        out = np.empty(n, self.net.dtype)
+        total = self._reduce(flat_grads.get() if n else out, count, out)
+        return out, total
+
+    def _layer_done(self, i):
+        """The network's layer hook: when layer i closes a bucket, queue the copy of
+        the bucket's gradients to the host right behind the kernels that computed
+        them."""
+        if self.world.size == 1:
+            return
+        self.buckets()
+        b = self._closing.get(i)
+        if b is not None:
+            lo, hi, _ = self._buckets[b]
+            self._events[b] = self._copy(lo, hi, to_host=True)
+
+    def _copy(self, lo, hi, to_host):
+        import pyopencl as cl
+        g = self.net.flat_gradients
+        isz = g.dtype.itemsize
+        q = self.net.device.queue
+        if to_host:
+            return cl.enqueue_copy(q, self._sent[lo:hi], g.base_data,
+                                   src_offset=g.offset + lo * isz, is_blocking=False)
+        return cl.enqueue_copy(q, g.base_data, self._summed[lo:hi],
+                               dst_offset=g.offset + lo * isz, is_blocking=False)
+
+    def _exchange(self, count, zero=False):
+        """Every bucket in order: wait for its copy to the host (queued by the layer
+        hook, or now), sum it over the ranks, queue the sums back to the device. The
+        example count rides with the first bucket. Returns the total count. ``zero``:
+        this rank has no examples and sends zeros."""
+        total = count
+        for b, (lo, hi, _) in enumerate(self.buckets()):
+            if zero:
+                self._sent[lo:hi] = 0
+            else:
+                evt = self._events.pop(b, None)
+                (evt if evt is not None else self._copy(lo, hi, to_host=True)).wait()
+            extra = self._reduce(self._sent[lo:hi], count if b == 0 else 0.0,
+                                 self._summed[lo:hi])
+            if b == 0:
+                total = extra
+            # the queue is in order: the optimizer's kernel runs after these copies,
+            # and the next step's copy to the host (which any reuse of these host
+            # arrays waits for) after them too
+            self._copy(lo, hi, to_host=False)
+        self._events.clear()
+        if not self._buckets:           # a network without parameters: the count alone
+            total = self._reduce(np.empty(0, self.net.dtype), count,
+                                 np.empty(0, self.net.dtype))
+        return total
 
     def hook(self, step):
         """The gradient hook: replaces this rank's gradients by the sum over ranks and
@@ -190,10 +294,7 @@ class DataParallel:
         # this rank's share of the mean's denominator: its batch, or for a
         # CrossEntropyLoss its labels' total weight (the step's grad_scale is 1 over it)
         local = 1.0 / step.grad_scale if step.grad_scale else 0.0
-        total, count = self._sum_gradients(step.flat_grads, local)
-        if step.flat_grads is not None:
-            step.flat_grads.set(total)
-        step.grad_scale = 1.0 / count
+        step.grad_scale = 1.0 / self._exchange(local)
 
     def train_step(self, x, y, loss="quadratic"):
         """One global step: this rank's shard (x, y: device arrays of its examples,
@@ -201,7 +302,7 @@ class DataParallel:
         net = self.net
         if x is None:
             return self._step_without_examples()
-        return net.train_step(x, y, loss=loss, hook=self.hook)
+        return net.train_step(x, y, loss=loss, hook=self.hook, layer_hook=self._layer_done)
 
     def _step_without_examples(self):
         """A rank whose shard of the last global batch is empty still takes part: it
@@ -211,10 +312,8 @@ class DataParallel:
         if net.flat_parameters is not None:
             net._workspace(1)                      # the gradient buffer
             opt.prepare([net.flat_parameters])
-            net.flat_gradients.set(np.zeros(net.flat_gradients.shape, net.dtype))
-        total, count = self._sum_gradients(net.flat_gradients, 0.0)
+        count = self._exchange(0.0, zero=True)
         if net.flat_parameters is not None:
-            net.flat_gradients.set(total)
             opt.step([net.flat_parameters], [net.flat_gradients], 1.0 / count)
         net.steps += 1
         return None

@@ -48,6 +48,19 @@ def equivalence(folder):
                progress=False)
     for p, q in zip(net.parameters(), single.parameters()):
         assert np.allclose(p.get(), q.get(), rtol=1e-12, atol=1e-14)
+    # buckets: a bucket per layer (each exchanged as soon as the device has it), the
+    # default, or one after the backward pass give bitwise the same weights
+    results = []
+    for bucket_bytes in (1, distributed.BUCKET_BYTES, None):
+        deep = nn.Sequential([nn.Dense(9, "tanh"), nn.Dense(6, "relu"), nn.Dense(3, "sigmoid")],
+                             in_features=5, device=world.device, dtype=np.float32, seed=1)
+        ddp = distributed.DataParallel(deep, world, bucket_bytes=bucket_bytes)
+        ddp.fit(x, y, epochs=2, batch_size=7, optimizer=optim.SGD(lr=0.3, momentum=0.9),
+                seed=2)
+        assert ddp.identical()
+        results.append((len(ddp.buckets()), deep.flat_parameters.get()))
+    assert [n for n, _ in results] == [3, 1, 1], results
+    assert all(np.array_equal(results[0][1], r) for _, r in results[1:])
     # checkpoints: rank 0 writes, every rank can read it after save returns
     path = dp.save(os.path.join(folder, "dp.npz"))
     again = nn.load(path, device=world.device)

@@ -336,6 +336,14 @@ class Sequential:
                            for layer in self.layers]
         return ws
 
+    def gradient_range(self, i):
+        """(start, stop): the elements of ``flat_gradients`` (and ``flat_parameters``)
+        holding layer i's parameters, padding included; (0, 0) for a layer without
+        parameters. Layers lie in order, so ranges of consecutive layers join."""
+        spans = [(off, off + -(-n // _ALIGN) * _ALIGN)
+                 for layer, _, _, off, n in self._layout if layer is self.layers[i]]
+        return (spans[0][0], spans[-1][1]) if spans else (0, 0)
+
     def parameters(self):
         """Every parameter array, layer by layer (weight, then bias)."""
         return [p for layer in self.layers for p in layer.parameters()]
@@ -354,7 +362,8 @@ class Sequential:
             opt.momentum = float(momentum)
         return opt
 
-    def train_step(self, x, y, lr=None, momentum=None, loss="quadratic", hook=None):
+    def train_step(self, x, y, lr=None, momentum=None, loss="quadratic", hook=None,
+                   layer_hook=None):
         """One gradient step on the batch (x, y), both device arrays already checked.
 
         The network's optimizer (``self.optimizer``; SGD when it has none) applies the
@@ -362,6 +371,11 @@ class Sequential:
         given, is called with a GradientStep after every gradient is computed and
         before anything is updated: it may change the gradients (sum them across
         processes, unscale them), their ``grad_scale``, or set ``skip``.
+        ``layer_hook(i)``, when given, is called as soon as the kernels computing layer
+        i's parameter gradients are enqueued (last layer first), while the layers below
+        are still to run: what it enqueues (a copy of ``gradient_range(i)`` of
+        ``flat_gradients`` to the host) runs right after them, so a data-parallel
+        exchange can start before the backward pass ends.
 
         Returns the batch loss of the forward pass (a 0-d device array). Allocates
         nothing once the workspace for this batch size exists.
@@ -409,6 +423,8 @@ class Sequential:
                 self.layers[i].backward(ws.delta[i], inputs[i],
                                         ws.delta[i - 1] if need_dx else None,
                                         self._grads[i], ws.ones)
+            if layer_hook is not None and self._grads[i]:
+                layer_hook(i)
             if need_dx:
                 self.layers[i - 1].backward_activation(ws.delta[i - 1], inputs[i])
         # Every gradient exists; only now does anything the step keeps change. The
