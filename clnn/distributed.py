@@ -23,8 +23,10 @@ The gradients go in buckets (``bucket_bytes``), last layers first; a bucket's co
 host is queued right behind the kernels that compute it, so the host sums one bucket
 across ranks while the device runs the backward pass of the layers below.
 
-Not yet: synchronised BatchNorm statistics (each rank normalises with its own shard's, as
-PyTorch's DDP without SyncBatchNorm); dropout masks are drawn per rank.
+Dropout masks are those of one process with the global batch (each rank draws its
+shard's part), so N ranks match one process with Dropout too. Not yet: synchronised
+BatchNorm statistics (each rank normalises with its own shard's, as PyTorch's DDP
+without SyncBatchNorm).
 """
 
 import contextlib
@@ -296,13 +298,15 @@ class DataParallel:
         local = 1.0 / step.grad_scale if step.grad_scale else 0.0
         step.grad_scale = 1.0 / self._exchange(local)
 
-    def train_step(self, x, y, loss="quadratic"):
+    def train_step(self, x, y, loss="quadratic", offset=0):
         """One global step: this rank's shard (x, y: device arrays of its examples,
-        or None when the global batch left this rank none)."""
+        or None when the global batch left this rank none), ``offset`` examples into
+        the global batch (Dropout draws that part of the global batch's masks)."""
         net = self.net
         if x is None:
             return self._step_without_examples()
-        return net.train_step(x, y, loss=loss, hook=self.hook, layer_hook=self._layer_done)
+        return net.train_step(x, y, loss=loss, hook=self.hook, layer_hook=self._layer_done,
+                              example_offset=offset)
 
     def _step_without_examples(self):
         """A rank whose shard of the last global batch is empty still takes part: it
@@ -355,13 +359,15 @@ class DataParallel:
                 order = rng.permutation(n) if shuffle else np.arange(n)
                 local = 0.0
                 for start in range(0, n, batch_size):
-                    mine = shard(order[start:start + batch_size], world.rank, world.size)
+                    parts = np.array_split(order[start:start + batch_size], world.size)
+                    mine = parts[world.rank]
                     if len(mine) == 0:
                         self.train_step(None, None, loss)
                         continue
                     xs = clnn.asarray(np.ascontiguousarray(x_all[mine]), device=net.device)
                     ys = clnn.asarray(np.ascontiguousarray(y_all[mine]), device=net.device)
-                    value = self.train_step(xs, ys, loss)
+                    value = self.train_step(xs, ys, loss,
+                                            sum(len(p) for p in parts[:world.rank]))
                     local += float(value.get()) * len(mine)
                 hist["loss"].append(world.comm.allreduce(local) / n)
                 hist["epoch_time"].append(time.perf_counter() - t0)

@@ -61,6 +61,20 @@ def equivalence(folder):
         results.append((len(ddp.buckets()), deep.flat_parameters.get()))
     assert [n for n, _ in results] == [3, 1, 1], results
     assert all(np.array_equal(results[0][1], r) for _, r in results[1:])
+    # Dropout: each rank draws its shard's part of the global batch's masks, so the
+    # ranks together drop what one process with the whole batch drops
+    def dropnet():
+        return nn.Sequential([nn.Dense(16, "relu"), nn.Dropout(0.4), nn.Dense(3, "sigmoid")],
+                             in_features=5, device=world.device, dtype=np.float64, seed=3)
+    net = dropnet()
+    dp = distributed.DataParallel(net, world)
+    dp.fit(x, y, epochs=2, batch_size=8, optimizer=optim.SGD(lr=0.3, momentum=0.9), seed=5)
+    single = dropnet()
+    single.fit(x, y, epochs=2, batch_size=8, optimizer=optim.SGD(lr=0.3, momentum=0.9),
+               seed=5, progress=False)
+    for p, q in zip(net.parameters(), single.parameters()):
+        err = np.abs(p.get() - q.get()).max() / np.abs(q.get()).max()
+        assert err < 1e-12, f"with Dropout: relative difference {err}"
     # checkpoints: rank 0 writes, every rank can read it after save returns
     path = dp.save(os.path.join(folder, "dp.npz"))
     again = nn.load(path, device=world.device)

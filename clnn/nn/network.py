@@ -27,7 +27,7 @@ from ..ops.xent import cross_entropy_parts
 from .. import optim
 from ..errors import ArgumentError, CheckpointError, ShapeError
 from ..ops._args import INT_MAX
-from ..ops.dropout import dropout_key
+from ..ops.dropout import dropout_key, dropout_key_at
 from .layers import Layer, from_config
 from .losses import CrossEntropyLoss
 
@@ -363,7 +363,7 @@ class Sequential:
         return opt
 
     def train_step(self, x, y, lr=None, momentum=None, loss="quadratic", hook=None,
-                   layer_hook=None):
+                   layer_hook=None, example_offset=0):
         """One gradient step on the batch (x, y), both device arrays already checked.
 
         The network's optimizer (``self.optimizer``; SGD when it has none) applies the
@@ -375,7 +375,10 @@ class Sequential:
         i's parameter gradients are enqueued (last layer first), while the layers below
         are still to run: what it enqueues (a copy of ``gradient_range(i)`` of
         ``flat_gradients`` to the host) runs right after them, so a data-parallel
-        exchange can start before the backward pass ends.
+        exchange can start before the backward pass ends. ``example_offset``: where
+        this batch starts in a larger global batch split between processes; Dropout
+        then draws that part of the global batch's masks (so N data-parallel ranks
+        drop what one process with the whole batch would).
 
         Returns the batch loss of the forward pass (a 0-d device array). Allocates
         nothing once the workspace for this batch size exists.
@@ -397,6 +400,9 @@ class Sequential:
                 inputs[i + 1:i + 2] = [layer.forward(inputs[i])] if i + 1 < L else []
                 continue
             key = dropout_key(self.seed, i, self.steps) if layer.stochastic else 0
+            if key and example_offset:
+                per_example = int(np.prod(inputs[i].shape[1:], dtype=np.int64))
+                key = dropout_key_at(key, example_offset * per_example)
             layer.forward(inputs[i], ws.a[i], logits=xent and i == L - 1, training=True,
                           key=key)
         grad_scale = 1.0 / batch

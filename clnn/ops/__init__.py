@@ -16,14 +16,14 @@ from .gemm import gemm, gemv
 from .conv import conv2d, conv2d_backward_data, conv2d_backward_weight
 from .optim import adam_step, sgd_step
 from .batchnorm import batch_norm, batch_norm_backward, update_running_stats
-from .dropout import dropout, dropout_key, dropout_mask
+from .dropout import dropout, dropout_key, dropout_key_at, dropout_mask
 from .pool import avg_pool2d, avg_pool2d_backward, max_pool2d, max_pool2d_backward
 
 __all__ = [
     "ACTIVATIONS", "activation", "activation_backward", "activation_derivative", "axpy",
     "copy", "elu", "fill", "hadamard", "identity", "leaky_relu", "relu", "scale",
     "sgd_step", "adam_step", "batch_norm", "batch_norm_backward", "update_running_stats",
-    "dropout", "dropout_key", "dropout_mask",
+    "dropout", "dropout_key", "dropout_key_at", "dropout_mask",
     "sigmoid", "softplus", "tanh", "bias_add", "bias_grad", "count_nonfinite", "dot", "max", "mean", "nrm2",
     "sum", "log_softmax", "softmax", "softmax_cross_entropy", "cross_entropy", "cast", "quadratic_loss", "gemm", "gemv",
     "conv2d", "conv2d_backward_data", "conv2d_backward_weight", "max_pool2d",

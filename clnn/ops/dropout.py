@@ -36,6 +36,14 @@ def dropout_key(seed, layer, step):
     return _mix64((z + int(step)) & _M64)
 
 
+def dropout_key_at(key, start):
+    """The key whose mask is ``key``'s mask from element ``start`` on: element i of the
+    hash input is key + i * golden, so shifting the key by start * golden shifts the
+    mask. A data-parallel rank whose shard starts ``start`` elements into the global
+    batch draws with it the very elements one process with the whole batch would."""
+    return (_check_key(key) + int(start) * _GOLDEN) & _M64
+
+
 def _threshold(p):
     return min(int(round(p * 2.0 ** 32)), 2 ** 32 - 1)
 

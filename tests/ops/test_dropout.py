@@ -75,3 +75,20 @@ def test_bad_arguments(dev):
             clnn.dropout(x, 0.5, key)
     with pytest.raises(clnn.ShapeError):
         clnn.dropout(x, 0.5, 1, out=clnn.zeros((4, 3)))
+
+
+def test_key_at_shifts_the_mask(dev):
+    """dropout_key_at(key, s) gives key's mask from element s on, on the device as on
+    the host: how a data-parallel rank draws its shard's part of a global batch."""
+    key, p = clnn.dropout_key(7, 2, 11), 0.3
+    whole = clnn.dropout_mask((1000,), p, key)
+    for start in (0, 1, 333, 999):
+        shifted = clnn.dropout_key_at(key, start)
+        np.testing.assert_array_equal(clnn.dropout_mask((1000 - start,), p, shifted),
+                                      whole[start:])
+        x = np.ones(1000 - start, np.float32)
+        got = clnn.dropout(clnn.asarray(x), p, shifted).get()
+        np.testing.assert_array_equal(got, whole[start:].astype(np.float32))
+    # the shift wraps around 2**64 like the kernel's ulong arithmetic
+    top = clnn.dropout_key_at(2 ** 64 - 1, 1)
+    assert 0 <= top < 2 ** 64
