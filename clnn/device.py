@@ -119,7 +119,9 @@ class Device:
         if dtype == np.float64:
             return self.facts.fp64
         if dtype == np.float16:
-            return self.facts.fp16
+            # storage only (vload_half/vstore_half are core OpenCL 1.2), computed in
+            # float32: every device, with or without cl_khr_fp16
+            return True
         return False
 
     def check_dtype(self, dtype, what="array"):
@@ -129,10 +131,11 @@ class Device:
         dtype = np.dtype(dtype)
         if dtype not in SUPPORTED_DTYPES:
             raise DTypeError(f"{what} has dtype {dtype}; clnn computes in float32, "
-                             "float64 (cl_khr_fp64) or float16 (cl_khr_fp16)")
+                             "float64 (cl_khr_fp64) or float16 (stored as half, computed "
+                             "in float32)")
         if not self.supports(dtype):
-            ext = "cl_khr_fp64" if dtype == np.float64 else "cl_khr_fp16"
-            raise DTypeError(f"{what} has dtype {dtype}, but {self.facts.name} lacks {ext}")
+            raise DTypeError(f"{what} has dtype {dtype}, but {self.facts.name} lacks "
+                             "cl_khr_fp64")
         return dtype
 
     def finish(self):

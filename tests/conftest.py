@@ -81,8 +81,19 @@ def eps(dtype):
     return float(np.finfo(dtype).eps)
 
 
+def error_bound(dtype, k=1, ulps=8):
+    """The error of a length-``k`` reduction stored in ``dtype``, relative to the size
+    of its terms: ulps * (k + 1) roundings in the arithmetic type. float16 is stored as
+    half and computed in float32, so its bound is two half roundings (of the result, and
+    of an intermediate some ops store) plus float32's accumulation: tight enough that a
+    kernel that computed in half (or stored a rounded partial sum too often) fails."""
+    if np.dtype(dtype) == np.float16:
+        return 2 * eps(np.float16) + ulps * (k + 1) * eps(np.float32)
+    return ulps * (k + 1) * eps(dtype)
+
+
 def assert_close(got, ref, dtype, k=1, scale=None, ulps=8):
-    """|got - ref| <= ulps * (k + 1) * eps(dtype) * scale, elementwise.
+    """|got - ref| <= error_bound(dtype, k, ulps) * scale, elementwise.
 
     ``k`` is the reduction length (an error bound that grows with it); ``scale`` the
     size of the terms (defaults to |ref| with a floor of 1 for values near zero).
@@ -92,7 +103,7 @@ def assert_close(got, ref, dtype, k=1, scale=None, ulps=8):
     assert got.shape == ref.shape, (got.shape, ref.shape)
     if scale is None:
         scale = np.maximum(np.abs(ref), 1.0)
-    bound = ulps * (k + 1) * eps(dtype) * scale
+    bound = error_bound(dtype, k, ulps) * scale
     bad = ~(np.abs(got - ref) <= bound)
     if np.any(bad):
         i = np.argwhere(bad)[0]

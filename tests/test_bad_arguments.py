@@ -85,7 +85,8 @@ OPS = {
     "quadratic_loss": ({"a": ("in", (2, 5)), "y": ("in", (2, 5)), "da": ("out", (2, 5))},
                        lambda a: clnn.quadratic_loss(a["a"], a["y"], da=a["da"])),
     "gemm": ({"a": ("in", (4, 3)), "b": ("in", (3, 5)), "out": ("out", (4, 5)),
-              "bias": ("in", (5,)), "alpha": ("scalar", 1.5), "beta": ("scalar", 0.5)},
+              # (1, N): addmm's broadcast, so an extra leading axis of 1 is still bad
+              "bias": ("in", (1, 5)), "alpha": ("scalar", 1.5), "beta": ("scalar", 0.5)},
              lambda a: clnn.gemm(a["a"], a["b"], out=a["out"], bias=a["bias"],
                                  alpha=a["alpha"], beta=a["beta"])),
     "gemv": ({"a": ("in", (4, 3)), "x": ("in", (3,)), "y": ("out", (4,)),

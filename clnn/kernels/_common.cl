@@ -4,9 +4,9 @@
 // dtype ${dtype}: real_t is the storage type, acc_t the type arithmetic is done in.
 % if dtype == "float64":
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
-% elif dtype == "float16":
-#pragma OPENCL EXTENSION cl_khr_fp16 : enable
 % endif
+## float16 needs no extension: a pointer to half and vload_half/vstore_half are core
+## OpenCL 1.2, and no kernel computes in half (cl_khr_fp16 would be needed for that)
 typedef ${real} real_t;
 typedef ${acc} acc_t;
 % if dtype == "float16":

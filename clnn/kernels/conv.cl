@@ -338,18 +338,19 @@ __kernel void clnn_conv_pad(const int rows, const int H, const int W, const int 
         return;
     const int h = row % Hp - ph;
     __global real_t *dst = xp + row * Wp;
+    // (through CLNN_LOAD/STORE: half is storage only, its values never assigned)
     if (h < 0 || h >= H) {
         for (int w = 0; w < Wp; ++w)
-            dst[w] = (real_t)0;
+            CLNN_STORE((acc_t)0, dst, w);
         return;
     }
     __global const real_t *src = x + x_off + (row / Hp * H + h) * W - pw;
     for (int w = 0; w < pw; ++w)
-        dst[w] = (real_t)0;
+        CLNN_STORE((acc_t)0, dst, w);
     for (int w = pw; w < pw + W; ++w)
-        dst[w] = src[w];
+        CLNN_STORE(CLNN_LOAD(src, w), dst, w);
     for (int w = pw + W; w < Wp; ++w)
-        dst[w] = (real_t)0;
+        CLNN_STORE((acc_t)0, dst, w);
 }
 
 // The k table of gemm.cl's tiled convolution loaders (the GPU path): k = (k1, k2, k3)

@@ -200,9 +200,9 @@ class TestBadInput:
                           clnn.asarray(np.zeros(5, np.int32)))
         with pytest.raises(clnn.DTypeError):
             clnn.relu(clnn.asarray(np.zeros(5, np.int32)))
-        if not dev.facts.fp16:
-            with pytest.raises(clnn.DTypeError):
-                clnn.asarray(np.zeros(3, np.float16))
+        with pytest.raises(clnn.DTypeError):
+            clnn.relu(clnn.asarray(np.zeros(3, np.float32)),
+                      out=clnn.asarray(np.zeros(3, np.float16)))
 
     def test_not_an_array(self, dev):
         with pytest.raises(clnn.ArgumentError):

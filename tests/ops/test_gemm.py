@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 import clnn
 from clnn import tuning
-from conftest import CANARY, eps, float_dtypes, guarded_input
+from conftest import CANARY, eps, error_bound, float_dtypes, guarded_input
 from reference import f_ref
 
 RNG = np.random.default_rng(2024)
@@ -87,7 +87,7 @@ def check_gemm(M, N, K, ta, tb, alpha, beta, dtype, batch=None, bias=False, act=
     ref, scale = reference(a, b, c, alpha, beta, ta, tb, bv)
     if act is not None:
         ref = f_ref(act, ref, 0.01 if act == "leaky_relu" else 1.0)
-    bound = 4 * (K + 2) * eps(dtype) * (scale + 1e-30) + (8 * eps(dtype) * np.abs(ref)
+    bound = error_bound(dtype, K + 1, 4) * (scale + 1e-30) + (8 * eps(dtype) * np.abs(ref)
                                                             if act else 0)
     err = np.abs(got - ref)
     assert np.all(err <= bound), (f"max error {err.max()} vs bound "
@@ -283,7 +283,7 @@ def test_gemv(dtype, trans, mk, kernels):
     op = a.T if trans else a
     ref = -1.5 * (op.astype(np.float64) @ x) + 0.5 * y
     scale = 1.5 * (np.abs(op.astype(np.float64)) @ np.abs(x)) + 0.5 * np.abs(y)
-    assert np.all(np.abs(Y.get() - ref) <= 4 * (K + 2) * eps(dtype) * scale)
+    assert np.all(np.abs(Y.get() - ref) <= error_bound(dtype, K + 1, 4) * scale)
     with pytest.raises(clnn.ShapeError):
         clnn.gemv(A, clnn.zeros(K + 1, dtype), Y, trans_a=trans)
 

@@ -3,18 +3,20 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import clnn
-from conftest import Guarded, assert_close, guarded_input
+from conftest import Guarded, assert_close, float_dtypes, guarded_input
 from reference import pool2d_ref
 
 RNG = np.random.default_rng(41)
 
 
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
 @pytest.mark.parametrize("mode", ["max", "avg"])
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(N=st.integers(1, 3), C=st.integers(1, 4), H=st.integers(1, 12), W=st.integers(1, 12),
        kh=st.integers(1, 4), kw=st.integers(1, 4), sh=st.integers(1, 3), sw=st.integers(1, 3),
        ceil_mode=st.booleans(), data=st.data())
-def test_pooling_forward_and_backward(mode, N, C, H, W, kh, kw, sh, sw, ceil_mode, data):
+def test_pooling_forward_and_backward(dtype, mode, N, C, H, W, kh, kw, sh, sw, ceil_mode,
+                                      data):
     dh, dw = (data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))) \
         if mode == "max" else (1, 1)
     eh, ew = dh * (kh - 1) + 1, dw * (kw - 1) + 1         # the dilated window
@@ -33,12 +35,12 @@ def test_pooling_forward_and_backward(mode, N, C, H, W, kh, kw, sh, sw, ceil_mod
             fwd(clnn.zeros((N, C, H, W)), (kh, kw), (sh, sw), (ph, pw), **options)
         return
     # few distinct values, so max pooling meets ties
-    x = RNG.integers(-3, 4, (N, C, H, W)).astype(np.float32)
+    x = RNG.integers(-3, 4, (N, C, H, W)).astype(dtype)
     ref_options = {k: v for k, v in options.items() if k != "dilation"}
     ref, backward, where = pool2d_ref(x, (kh, kw), (sh, sw), (ph, pw), mode, (dh, dw),
                                       **ref_options)
     X = guarded_input(clnn.device(), x)
-    y = Guarded(clnn.device(), ref.shape, np.float32)
+    y = Guarded(clnn.device(), ref.shape, dtype)
     if mode == "max":
         idx = Guarded(clnn.device(), ref.shape, np.int32)
         got = fwd(X, (kh, kw), (sh, sw), (ph, pw), return_indices=True, out=y.view,
@@ -50,13 +52,13 @@ def test_pooling_forward_and_backward(mode, N, C, H, W, kh, kw, sh, sw, ceil_mod
     got = y.check()
     assert np.array_equal(np.isinf(got), np.isinf(ref))      # windows with no input
     assert_close(np.where(np.isinf(ref), 0, got), np.where(np.isinf(ref), 0, ref),
-                 np.float32, k=kh * kw)
-    dy = RNG.standard_normal(ref.shape).astype(np.float32)
-    dx = Guarded(clnn.device(), x.shape, np.float32)
+                 dtype, k=kh * kw)
+    dy = RNG.standard_normal(ref.shape).astype(dtype)
+    dx = Guarded(clnn.device(), x.shape, dtype)
     bwd(guarded_input(clnn.device(), dy), X, (kh, kw), (sh, sw), (ph, pw), out=dx.view,
         **options)
     k = -(-kh // sh) * -(-kw // sw)
-    assert_close(dx.check(), backward(dy), np.float32, k=k,
+    assert_close(dx.check(), backward(dy), dtype, k=k,
                  scale=np.maximum(backward(np.abs(dy)), 1))
 
 
