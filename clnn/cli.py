@@ -51,7 +51,8 @@ def _train(args):
     if args.lr is not None:
         kw["lr"] = args.lr
     job(seed=args.seed, out=args.out, device=args.device, optimizer=args.optimizer,
-        progress=False if args.no_progress else None, resume=args.resume, **kw)
+        progress=False if args.no_progress else None, resume=args.resume,
+        precision=args.precision, **kw)
     return 0
 
 
@@ -116,6 +117,9 @@ def main(argv=None):
     p.add_argument("--resume", metavar="NPZ", help="continue from a checkpoint this job "
                    "saved (it saves one after every epoch): the same batches and updates "
                    "as a run that never stopped")
+    p.add_argument("--precision", default="float32", choices=["float32", "float16"],
+                   help="float16: mixed precision (float16 activations and weight copies, "
+                        "float32 master weights, dynamic loss scaling)")
     p = sub.add_parser("tune", help="search GEMM/convolution tile parameters for this "
                                     "device and store them in the user's tuning database")
     p.add_argument("what", nargs="?", default="all", choices=["gemm", "conv", "all"])

@@ -298,40 +298,49 @@ class DataParallel:
         local = 1.0 / step.grad_scale if step.grad_scale else 0.0
         step.grad_scale = 1.0 / self._exchange(local)
 
-    def train_step(self, x, y, loss="quadratic", offset=0):
+    def train_step(self, x, y, loss="quadratic", offset=0, precision=None,
+                   global_batch=None):
         """One global step: this rank's shard (x, y: device arrays of its examples,
         or None when the global batch left this rank none), ``offset`` examples into
-        the global batch (Dropout draws that part of the global batch's masks)."""
+        the global batch (Dropout draws that part of the global batch's masks).
+        ``precision``, ``global_batch``: as Sequential.train_step (every rank checks the
+        same summed gradients for overflow, so all skip or update together)."""
         net = self.net
         if x is None:
-            return self._step_without_examples()
+            return self._step_without_examples(precision)
         return net.train_step(x, y, loss=loss, hook=self.hook, layer_hook=self._layer_done,
-                              example_offset=offset)
+                              example_offset=offset, precision=precision,
+                              global_batch=global_batch)
 
-    def _step_without_examples(self):
+    def _step_without_examples(self, precision=None):
         """A rank whose shard of the last global batch is empty still takes part: it
-        adds nothing to the sums and applies the same update."""
+        adds nothing to the sums and applies the same update (and, in float16, makes
+        the same overflow check on the same sums)."""
+        from .nn import amp
+        from .nn.network import GradientStep
         net = self.net
+        half = amp.check_precision(precision, net)
+        if half and net.scaler is None:
+            net.scaler = amp.GradScaler()
         opt = net._optimizer()
         if net.flat_parameters is not None:
             net._workspace(1)                      # the gradient buffer
             opt.prepare([net.flat_parameters])
         count = self._exchange(0.0, zero=True)
-        if net.flat_parameters is not None:
-            opt.step([net.flat_parameters], [net.flat_gradients], 1.0 / count)
-        net.steps += 1
+        net._finish_step(GradientStep((), (), 1.0 / count, net.flat_parameters,
+                                      net.flat_gradients), half)
         return None
 
     # ---------------------------------------------------------------- training
     def fit(self, x, y, loss="quadratic", epochs=1, batch_size=32, lr=0.1, momentum=0.0,
             optimizer=None, scheduler=None, shuffle=True, seed=0, validation=None,
-            initial_epoch=0, callback=None):
+            initial_epoch=0, callback=None, precision=None):
         """``Sequential.fit`` across ranks: ``batch_size`` is the global batch; every
         global batch (the same shuffle on every rank, from ``seed``) is split into one
         shard per rank, so each example is used once per epoch, by one rank. Returns
         the history with losses averaged over every example of every rank. An
-        exception on any rank ends the whole job. ``initial_epoch`` and ``callback`` as
-        in ``Sequential.fit`` (the callback runs on every rank)."""
+        exception on any rank ends the whole job. ``initial_epoch``, ``callback`` and
+        ``precision`` as in ``Sequential.fit`` (the callback runs on every rank)."""
         net, world = self.net, self.world
         if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ArgumentError(f"batch_size must be a positive int, got {batch_size!r}")
@@ -351,6 +360,11 @@ class DataParallel:
             if validation is not None:
                 hist.update(val_loss=[], val_accuracy=[])
             import time
+            from .nn import amp
+            half = amp.check_precision(precision, net)
+            if half and net.scaler is None:
+                net.scaler = amp.GradScaler()
+            skipped_before = net.scaler.skipped if half else 0
             if shuffle:
                 for _ in range(min(initial_epoch, epochs)):
                     rng.permutation(n)           # the shuffles of the epochs done
@@ -362,15 +376,22 @@ class DataParallel:
                     parts = np.array_split(order[start:start + batch_size], world.size)
                     mine = parts[world.rank]
                     if len(mine) == 0:
-                        self.train_step(None, None, loss)
+                        self.train_step(None, None, loss, precision=precision)
                         continue
                     xs = clnn.asarray(np.ascontiguousarray(x_all[mine]), device=net.device)
                     ys = clnn.asarray(np.ascontiguousarray(y_all[mine]), device=net.device)
                     value = self.train_step(xs, ys, loss,
-                                            sum(len(p) for p in parts[:world.rank]))
+                                            sum(len(p) for p in parts[:world.rank]),
+                                            precision=precision,
+                                            global_batch=min(batch_size, n - start))
                     local += float(value.get()) * len(mine)
                 hist["loss"].append(world.comm.allreduce(local) / n)
                 hist["epoch_time"].append(time.perf_counter() - t0)
+                if half:          # the same on every rank: they skip together
+                    hist.setdefault("skipped_steps", []).append(net.scaler.skipped
+                                                                - skipped_before)
+                    skipped_before = net.scaler.skipped
+                    hist.setdefault("loss_scale", []).append(net.scaler.scale)
                 if scheduler is not None:
                     scheduler.step()
                 if validation is not None:

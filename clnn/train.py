@@ -58,6 +58,11 @@ def check_out_folder(out):
 
 
 def _report_and_save(dev, net, hist, x_test, y_test, total, out, name, title):
+    if "skipped_steps" in hist:
+        print(f"\nfloat16: {sum(hist['skipped_steps'])} steps skipped for overflow, loss "
+              f"scale {hist['loss_scale'][-1]:g} at the end; activations "
+              f"{net.workspace_bytes() / 2**20:.2f} MiB (float32: "
+              f"{net.workspace_bytes('float32') / 2**20:.2f} MiB)", end="")
     acc = hist["val_accuracy"][-1] if hist["loss"] else net.evaluate(
         x_test, y_test, "cross_entropy")[1]
     times = hist["epoch_time"]
@@ -131,13 +136,14 @@ def _checkpoint(net, world, out, name):
 
 
 def _train(net, dev, data, epochs, batch_size, opt, seed, progress, world=None,
-           initial_epoch=0, callback=None):
+           initial_epoch=0, callback=None, precision=None):
     x_train, y_train, x_test, y_test = data
     say = print if world is None or world.rank == 0 else (lambda *a, **k: None)
     say(f"model:  {net}")
     say(f"train:  {_describe(opt)}; batch {batch_size}"
         + (f" ({world.size} ranks, {batch_size // world.size} or so each)" if world else "")
-        + f", {epochs} epochs")
+        + f", {epochs} epochs" + (f", {precision} (mixed precision)"
+                                  if precision == "float16" else ""))
     dev.pool.reset_peak()
     t0 = time.perf_counter()
     if world is not None:
@@ -145,12 +151,13 @@ def _train(net, dev, data, epochs, batch_size, opt, seed, progress, world=None,
         hist = DataParallel(net, world).fit(x_train, y_train, "cross_entropy", epochs=epochs,
                                             batch_size=batch_size, optimizer=opt, seed=seed,
                                             validation=(x_test, y_test),
-                                            initial_epoch=initial_epoch, callback=callback)
+                                            initial_epoch=initial_epoch, callback=callback,
+                                            precision=precision)
     else:
         hist = net.fit(x_train, y_train, loss="cross_entropy", epochs=epochs,
                        batch_size=batch_size, optimizer=opt, seed=seed,
                        validation=(x_test, y_test), progress=progress,
-                       initial_epoch=initial_epoch, callback=callback)
+                       initial_epoch=initial_epoch, callback=callback, precision=precision)
     return hist, time.perf_counter() - t0
 
 
@@ -169,7 +176,7 @@ def _mnist_split(dev, seed, images=False, quiet=False):
 
 
 def _job(net, dev, data, world, opt, epochs, batch_size, seed, progress, resume, out, name,
-         title):
+         title, precision=None):
     """Train (from ``resume`` when given), save after every epoch, and report: the part
     both jobs share. Returns (network, history, test accuracy)."""
     done = 0
@@ -177,7 +184,7 @@ def _job(net, dev, data, world, opt, epochs, batch_size, seed, progress, resume,
         net, done = _resume(resume, net, dev, len(data[0]), batch_size)
         opt, seed = net.optimizer or opt, net.seed
     hist, total = _train(net, dev, data, epochs, batch_size, opt, seed, progress, world,
-                         done, _checkpoint(net, world, out, name))
+                         done, _checkpoint(net, world, out, name), precision)
     acc = hist["val_accuracy"][-1] if hist["loss"] else None
     if world is None or world.rank == 0:
         acc = _report_and_save(dev, net, hist, data[2], data[3], total, out, name, title)
@@ -185,11 +192,12 @@ def _job(net, dev, data, world, opt, epochs, batch_size, seed, progress, resume,
 
 
 def mnist(epochs=20, batch_size=64, lr=None, momentum=0.9, seed=0, out="results",
-          device=None, progress=None, optimizer="sgd", resume=None):
+          device=None, progress=None, optimizer="sgd", resume=None, precision=None):
     """Train 784-256-64-10 (relu, relu, softmax + cross-entropy) on 4000 MNIST digits
     and test on the other 1000, saving the model after every epoch; ``resume``: a
-    checkpoint of this job to continue from (bitwise as if never stopped). Returns
-    (network, history, test accuracy)."""
+    checkpoint of this job to continue from (bitwise as if never stopped);
+    ``precision="float16"``: mixed precision (clnn/nn/amp.py). Returns (network,
+    history, test accuracy)."""
     check_out_folder(out)
     world = _world()
     dev = world.device if world else clnn.device(device)
@@ -199,11 +207,11 @@ def mnist(epochs=20, batch_size=64, lr=None, momentum=0.9, seed=0, out="results"
     opt = make_optimizer(optimizer, 0.1 if lr is None and optimizer == "sgd" else lr,
                          momentum)
     return _job(net, dev, data, world, opt, epochs, batch_size, seed, progress, resume, out,
-                "mnist-mlp", f"MNIST 784-256-64-10 on {dev.name}")
+                "mnist-mlp", f"MNIST 784-256-64-10 on {dev.name}", precision)
 
 
 def lenet5(epochs=15, batch_size=32, lr=None, momentum=0.9, seed=0, out="results",
-           device=None, progress=None, optimizer="sgd", resume=None):
+           device=None, progress=None, optimizer="sgd", resume=None, precision=None):
     """LeNet-5 (conv 5x5 6, max-pool 2, conv 5x5 16, max-pool 2, dense 120, 84, 10 with
     softmax + cross-entropy; ReLU) on 4000 MNIST digits padded to 32x32, tested on the
     other 1000. Returns (network, history, test accuracy)."""
@@ -218,4 +226,4 @@ def lenet5(epochs=15, batch_size=32, lr=None, momentum=0.9, seed=0, out="results
     opt = make_optimizer(optimizer, 0.02 if lr is None and optimizer == "sgd" else lr,
                          momentum)
     return _job(net, dev, data, world, opt, epochs, batch_size, seed, progress, resume, out,
-                "mnist-lenet5", f"LeNet-5 on MNIST on {dev.name}")
+                "mnist-lenet5", f"LeNet-5 on MNIST on {dev.name}", precision)

@@ -75,6 +75,25 @@ def equivalence(folder):
     for p, q in zip(net.parameters(), single.parameters()):
         err = np.abs(p.get() - q.get()).max() / np.abs(q.get()).max()
         assert err < 1e-12, f"with Dropout: relative difference {err}"
+    # mixed precision: every rank checks the same summed gradients for overflow (all
+    # skip together: the scale starts too high), and the loss scale's factor S / B is
+    # the global batch's on every rank, so uneven shards weigh their examples right
+    def halfnet():
+        return nn.Sequential([nn.Dense(9, "tanh"), nn.Dense(3, "sigmoid")], in_features=5,
+                             device=world.device, seed=8)
+    net, single = halfnet(), halfnet()
+    net.scaler, single.scaler = nn.GradScaler(2.0 ** 22), nn.GradScaler(2.0 ** 22)
+    dp = distributed.DataParallel(net, world)
+    opts = dict(epochs=4, batch_size=8, seed=6, precision="float16")
+    dp.fit(x, y, optimizer=optim.SGD(lr=0.3, momentum=0.9), **opts)
+    single.fit(x, y, optimizer=optim.SGD(lr=0.3, momentum=0.9), progress=False, **opts)
+    assert dp.identical(), "float16: ranks hold different weights"
+    assert net.scaler.skipped == single.scaler.skipped > 0, (net.scaler.config(),
+                                                             single.scaler.config())
+    p, q = net.flat_parameters.get(), single.flat_parameters.get()
+    err = np.abs(p - q).max() / np.abs(q).max()
+    assert err < 1e-2, f"float16: relative difference {err}"
+    assert np.abs(q - halfnet().flat_parameters.get()).max() > 10 * np.abs(p - q).max()
     # checkpoints: rank 0 writes, every rank can read it after save returns
     path = dp.save(os.path.join(folder, "dp.npz"))
     again = nn.load(path, device=world.device)

@@ -10,6 +10,7 @@ Deltas are kept unscaled (the loss gradient without 1/batch), so are the gradien
 step computes every delta and gradient first and updates the parameters last.
 """
 
+import contextlib
 import json
 import os
 import stat
@@ -28,6 +29,7 @@ from .. import optim
 from ..errors import ArgumentError, CheckpointError, ShapeError
 from ..ops._args import INT_MAX
 from ..ops.dropout import dropout_key, dropout_key_at
+from . import amp
 from .layers import Layer, from_config
 from .losses import CrossEntropyLoss
 
@@ -37,9 +39,10 @@ LOSSES = ("quadratic", "cross_entropy")
 class _Workspace:
     """Everything one training step needs for one batch size, allocated once."""
 
-    def __init__(self, net, batch):
-        dev, dt = net.device, net.dtype
-        self.batch = batch
+    def __init__(self, net, batch, dtype=None):
+        dev, dt = net.device, np.dtype(dtype or net.dtype)
+        self.batch, self.dtype = batch, dt
+        self.cast = {}                  # a float16 step's copies of x and y
         self.a, self.delta = [], []
         for i, layer in enumerate(net.layers):
             shape = (batch,) + layer.out_shape
@@ -129,6 +132,8 @@ class Sequential:
         self._train = {}            # batch -> _Workspace
         self._grads = None          # per layer: a gradient buffer per parameter
         self.optimizer = None       # a clnn.optim optimizer, set by fit or train_step
+        self.scaler = None          # the GradScaler of float16 steps (amp.py)
+        self._half = None           # their float16 parameters and gradients
 
     def _flatten_parameters(self):
         """Move every parameter into one buffer, ``flat_parameters`` (each layer's
@@ -214,15 +219,17 @@ class Sequential:
                              f"ignore_index ({loss.ignore_index})")
         return clnn.asarray(host.astype(np.int32), device=self.device)
 
-    def _loss_weight(self, loss):
-        """The loss's class weights on the device (kept per loss object), or None."""
+    def _loss_weight(self, loss, dtype=None):
+        """The loss's class weights on the device (kept per loss object and dtype), or
+        None."""
         if loss.weight is None:
             return None
+        dtype = np.dtype(dtype or self.dtype)
         cache = self.__dict__.setdefault("_loss_weights", {})
-        w = cache.get(id(loss))
+        w = cache.get((id(loss), dtype.name))
         if w is None or w[0] is not loss:
-            w = cache[id(loss)] = (loss, clnn.asarray(loss.weight.astype(self.dtype),
-                                                      device=self.device))
+            w = cache[id(loss), dtype.name] = (loss, clnn.asarray(loss.weight.astype(dtype),
+                                                                  device=self.device))
         return w[1]
 
     def _targets(self, y, batch, loss=None):
@@ -321,10 +328,11 @@ class Sequential:
         if loss == "quadratic" and last == "softmax":
             raise ArgumentError("a softmax output layer trains with loss='cross_entropy'")
 
-    def _workspace(self, batch):
-        ws = self._train.get(batch)
+    def _workspace(self, batch, dtype=None):
+        key = (batch, np.dtype(dtype or self.dtype).name)
+        ws = self._train.get(key)
         if ws is None:
-            ws = self._train[batch] = _Workspace(self, batch)
+            ws = self._train[key] = _Workspace(self, batch, dtype)
         if self._grads is None:
             # views into one flat buffer laid out as flat_parameters (padding 0)
             if self.flat_parameters is not None:
@@ -335,6 +343,29 @@ class Sequential:
             self._grads = [[views[id(layer), name] for name in layer.parameter_names]
                            for layer in self.layers]
         return ws
+
+    def workspace_bytes(self, dtype=None):
+        """Bytes of activations and deltas a training step keeps for the largest batch
+        trained so far in ``dtype`` (default: the last one trained), views counted
+        once: what float16 steps halve."""
+        if not self._train:
+            return 0
+        dtype = np.dtype(dtype or list(self._train)[-1][1]).name
+        sizes = [(b, ws) for (b, d), ws in self._train.items() if d == dtype]
+        if not sizes:
+            # the same shapes in another dtype: from the largest batch's, rescaled
+            b, ws = max(((b, ws) for (b, _), ws in self._train.items()), key=lambda t: t[0])
+            return self._ws_bytes(ws) // ws.dtype.itemsize * np.dtype(dtype).itemsize
+        return self._ws_bytes(max(sizes, key=lambda t: t[0])[1])
+
+    @staticmethod
+    def _ws_bytes(ws):
+        seen, total = set(), 0
+        for arr in ws.a + ws.delta:
+            if arr is not None and id(arr.base_data) not in seen:
+                seen.add(id(arr.base_data))
+                total += arr.nbytes
+        return total
 
     def gradient_range(self, i):
         """(start, stop): the elements of ``flat_gradients`` (and ``flat_parameters``)
@@ -363,7 +394,7 @@ class Sequential:
         return opt
 
     def train_step(self, x, y, lr=None, momentum=None, loss="quadratic", hook=None,
-                   layer_hook=None, example_offset=0):
+                   layer_hook=None, example_offset=0, precision=None, global_batch=None):
         """One gradient step on the batch (x, y), both device arrays already checked.
 
         The network's optimizer (``self.optimizer``; SGD when it has none) applies the
@@ -378,18 +409,102 @@ class Sequential:
         exchange can start before the backward pass ends. ``example_offset``: where
         this batch starts in a larger global batch split between processes; Dropout
         then draws that part of the global batch's masks (so N data-parallel ranks
-        drop what one process with the whole batch would).
+        drop what one process with the whole batch would). ``precision="float16"``:
+        a mixed-precision step (clnn/nn/amp.py) with ``self.scaler``'s loss scale S:
+        the loss gradient is multiplied by S / ``global_batch`` (the examples of the
+        whole global batch, default this batch's: the same factor on every rank), so
+        the float16 gradients are S times the batch mean's, as PyTorch's.
 
         Returns the batch loss of the forward pass (a 0-d device array). Allocates
         nothing once the workspace for this batch size exists.
         """
+        half = amp.check_precision(precision, self)
         batch = x.shape[0]
         opt = self._optimizer(lr, momentum)
-        ws = self._workspace(batch)
+        ws = self._workspace(batch, np.float16 if half else None)
         flat = [self.flat_parameters] if self.flat_parameters is not None else []
         # the optimizer's state with the workspace, before any op: a step then has
         # the same live buffers from the first one on (and a failure writes nothing)
         opt.prepare(flat)
+        grads, scale, views = self._grads, 1.0, None
+        if half:
+            if self._half is None:
+                self._half = amp.HalfCopy(self)
+            if self.scaler is None:
+                self.scaler = amp.GradScaler()
+            # S times the mean's gradient: sums over a batch would overflow half S
+            # times sooner
+            scale = self.scaler.scale / (global_batch or batch)
+            grads, views = self._half.grad_lists, self._half.views
+            if flat:
+                clnn.cast(self.flat_parameters, np.float16, out=self._half.params)
+            x = self._cast_batch(ws, "x", x)
+            if y.dtype.kind == "f":
+                y = self._cast_batch(ws, "y", y)
+        with self._bound(views):
+            value, grad_scale = self._forward_backward(ws, x, y, loss, grads, scale,
+                                                       layer_hook, example_offset, half)
+        if half:
+            if flat and layer_hook is None:      # (with one, each layer's is cast)
+                clnn.cast(self._half.grads, self.dtype, out=self.flat_gradients)
+            value = clnn.cast(value, self.dtype)
+        # Every gradient exists; only now does anything the step keeps change. The
+        # optimizer's state is allocated before its first write and its updates
+        # allocate nothing, so a step that runs out of memory (or fails in any op
+        # above) leaves weights and optimizer state as they were: all or nothing.
+        info = GradientStep(self.parameters(), [g for gs in self._grads for g in gs],
+                            grad_scale / scale, self.flat_parameters, self.flat_gradients)
+        if hook is not None:
+            hook(info)
+        self._finish_step(info, half)
+        return value
+
+    def _finish_step(self, info, half):
+        """After the hook: the loss scale's check (float16 steps), the update, the
+        layers' after-step work (BatchNorm's running statistics)."""
+        if not np.isfinite(info.grad_scale):
+            info.skip = True              # every label ignored: nothing to learn from
+        if half and not info.skip:
+            finite = info.flat_grads is None or amp.all_finite(info.flat_grads)
+            self.scaler.update(finite)
+            info.skip = not finite        # an overflow: skip, with a smaller scale
+        if not info.skip and self.flat_parameters is not None:
+            # one kernel for every parameter (and the padding between them, whose
+            # zero gradients leave it 0)
+            self._optimizer().step([self.flat_parameters], [self.flat_gradients],
+                                   info.grad_scale)
+        for layer in self.layers:          # BatchNorm's running statistics
+            layer.after_step()
+        self.steps += 1
+
+    def _cast_batch(self, ws, name, a):
+        """``a`` (the step's x or float targets) as float16 in the workspace."""
+        buf = ws.cast.get(name)
+        if buf is None or buf.shape != a.shape:
+            buf = ws.cast[name] = clnn.empty(a.shape, np.float16, self.device)
+        return clnn.cast(a, np.float16, out=buf)
+
+    @contextlib.contextmanager
+    def _bound(self, views):
+        """The layers' parameter attributes pointed at ``views`` (the float16 copy) for
+        the block, and back to the float32 masters after it."""
+        if views is None:
+            yield
+            return
+        saved = [(layer, name, getattr(layer, name)) for layer, name, *_ in self._layout]
+        try:
+            for layer, name, _ in saved:
+                setattr(layer, name, views[id(layer), name])
+            yield
+        finally:
+            for layer, name, v in saved:
+                setattr(layer, name, v)
+
+    def _forward_backward(self, ws, x, y, loss, grads, scale, layer_hook, example_offset,
+                          half):
+        """The forward pass, the loss (its gradient times ``scale``) and the backward
+        pass into ``grads``; returns (loss, 1 / the loss's denominator)."""
+        batch = x.shape[0]
         options = loss if isinstance(loss, CrossEntropyLoss) else None
         xent = loss == "cross_entropy" or options is not None
         L = len(self.layers)
@@ -410,47 +525,37 @@ class Sequential:
             # the sum and its gradient, over the labels' total weight D (from the
             # kernel): the mean PyTorch takes, with the network's unscaled deltas
             value, _, denom = cross_entropy_parts(
-                ws.a[-1], y, self._loss_weight(options), options.ignore_index, "sum",
-                options.label_smoothing, dz=ws.delta[-1])
+                ws.a[-1], y, self._loss_weight(options, ws.dtype), options.ignore_index,
+                "sum", options.label_smoothing, dz=ws.delta[-1])
             grad_scale = 1.0 / denom if denom else float("inf")
+            if scale != 1.0:
+                clnn.scale(scale, ws.delta[-1], out=ws.delta[-1])
             if denom:
                 clnn.scale(1.0 / denom, value, out=value)
             else:
                 clnn.fill(value, float("nan"))     # a mean over nothing, as PyTorch
         elif xent:
-            value, _ = clnn.softmax_cross_entropy(ws.a[-1], y, dz=ws.delta[-1], grad_scale=1.0)
+            value, _ = clnn.softmax_cross_entropy(ws.a[-1], y, dz=ws.delta[-1],
+                                                  grad_scale=scale)
         else:
-            value, _ = clnn.quadratic_loss(ws.a[-1], y, da=ws.delta[-1], grad_scale=1.0)
+            value, _ = clnn.quadratic_loss(ws.a[-1], y, da=ws.delta[-1], grad_scale=scale)
             self.layers[-1].backward_activation(ws.delta[-1], ws.a[-1])
         for i in range(L - 1, -1, -1):
             # below the first layer with parameters no delta is needed
             need_dx = i - 1 >= self._first_trainable
-            if need_dx or self._grads[i]:
+            if need_dx or grads[i]:
                 self.layers[i].backward(ws.delta[i], inputs[i],
                                         ws.delta[i - 1] if need_dx else None,
-                                        self._grads[i], ws.ones)
-            if layer_hook is not None and self._grads[i]:
-                layer_hook(i)
+                                        grads[i], ws.ones)
             if need_dx:
                 self.layers[i - 1].backward_activation(ws.delta[i - 1], inputs[i])
-        # Every gradient exists; only now does anything the step keeps change. The
-        # optimizer's state is allocated before its first write and its updates
-        # allocate nothing, so a step that runs out of memory (or fails in any op
-        # above) leaves weights and optimizer state as they were: all or nothing.
-        info = GradientStep(self.parameters(), [g for gs in self._grads for g in gs],
-                            grad_scale, self.flat_parameters, self.flat_gradients)
-        if hook is not None:
-            hook(info)
-        if not np.isfinite(info.grad_scale):
-            info.skip = True              # every label ignored: nothing to learn from
-        if not info.skip and flat:
-            # one kernel for every parameter (and the padding between them, whose
-            # zero gradients leave it 0)
-            opt.step(flat, [self.flat_gradients], info.grad_scale)
-        for layer in self.layers:          # BatchNorm's running statistics
-            layer.after_step()
-        self.steps += 1
-        return value
+            if layer_hook is not None and grads[i]:
+                if half:          # this layer's gradients, float32, for the hook to copy
+                    lo, hi = self.gradient_range(i)
+                    clnn.cast(self._half.grads[lo:hi], self.dtype,
+                              out=self.flat_gradients[lo:hi])
+                layer_hook(i)
+        return value, grad_scale
 
     def _train_args(self, x, y, loss, lr, momentum):
         self._check_loss(loss)
@@ -464,7 +569,7 @@ class Sequential:
 
     def fit(self, x, y, loss="quadratic", epochs=1, batch_size=32, lr=0.1, momentum=0.0,
             shuffle=True, seed=None, validation=None, progress=None, optimizer=None,
-            scheduler=None, hook=None, initial_epoch=0, callback=None):
+            scheduler=None, hook=None, initial_epoch=0, callback=None, precision=None):
         """Mini-batch training. Returns a history: {"loss": [...], "epoch_time": [...],
         "val_loss": [...], "val_accuracy": [...]} (validation keys when given).
 
@@ -477,7 +582,14 @@ class Sequential:
         one, SGD with ``lr`` and ``momentum``. ``scheduler``: a clnn.optim schedule,
         stepped after every epoch. ``hook``: see train_step. ``progress``: a tqdm bar
         with the running loss (default: when stderr is a terminal).
+
+        ``precision="float16"``: mixed precision (clnn/nn/amp.py): float16 activations,
+        deltas and weight copies, float32 master weights and optimizer state, dynamic
+        loss scaling by ``self.scaler`` (a GradScaler, created with PyTorch's defaults
+        unless set); the history adds "skipped_steps" (per epoch: steps skipped for an
+        overflow) and "loss_scale" (at each epoch's end).
         """
+        half = amp.check_precision(precision, self)
         if optimizer is not None and not isinstance(optimizer, optim.Optimizer):
             raise ArgumentError(f"optimizer must be a clnn.optim optimizer, got "
                                 f"{type(optimizer).__name__}")
@@ -524,6 +636,9 @@ class Sequential:
         if shuffle:
             for _ in range(min(initial_epoch, epochs)):
                 rng.permutation(n)               # the shuffles of the epochs done
+        if half and self.scaler is None:
+            self.scaler = amp.GradScaler()
+        skipped_before = self.scaler.skipped if half else 0
         try:
             for epoch in range(initial_epoch, epochs):
                 t0 = time.perf_counter()
@@ -539,7 +654,7 @@ class Sequential:
                 for start in range(0, n, batch_size):
                     stop = min(n, start + batch_size)
                     value = self.train_step(xd[start:stop], yd[start:stop], loss=loss,
-                                            hook=hook)
+                                            hook=hook, precision=precision)
                     clnn.axpy(float(stop - start), value, total)
                     seen += stop - start
                     if bar is not None:
@@ -550,6 +665,11 @@ class Sequential:
                                             loss=f"{float(total.get()) / seen:.4f}")
                 hist["loss"].append(float(total.get()) / max(seen, 1))
                 hist["epoch_time"].append(time.perf_counter() - t0)
+                if half:
+                    skipped = self.scaler.skipped - skipped_before
+                    skipped_before = self.scaler.skipped
+                    hist.setdefault("skipped_steps", []).append(skipped)
+                    hist.setdefault("loss_scale", []).append(self.scaler.scale)
                 if scheduler is not None:
                     scheduler.step()
                 if validation is not None:
@@ -637,6 +757,8 @@ class Sequential:
         opt = self.optimizer
         if opt is not None and opt.state is not None:
             arch["optimizer"] = dict(opt.config(), steps=opt.steps)
+        if self.scaler is not None:          # float16 steps: the loss scale's state
+            arch["grad_scaler"] = self.scaler.config()
         arrays = {"architecture": np.frombuffer(json.dumps(arch).encode(), np.uint8)}
         for i, l in enumerate(self.layers):
             for name, p in zip(l.parameter_names, l.parameters()):
@@ -753,6 +875,12 @@ def _read_checkpoint(path):
                 for k, s in enumerate(param_shapes):
                     for j in range(len(opt.buffers())):
                         expected[f"optimizer.{k}.{j}"] = (s, dtype)
+            if "grad_scaler" in arch:
+                cfg = arch["grad_scaler"]
+                try:
+                    arch["grad_scaler"] = amp.GradScaler.from_config(cfg)
+                except (TypeError, KeyError, ValueError):
+                    raise ArgumentError(f"a bad grad_scaler entry: {cfg!r}") from None
         except (ArgumentError, ShapeError) as exc:
             raise bad(f"invalid architecture: {exc}") from None
         unexpected = names - set(expected) - {"architecture"}
@@ -804,6 +932,7 @@ def load(path, device=None):
                     host[off:off + n] = values[f"optimizer.{k}.{j}"].ravel()
             opt.load_state([net.flat_parameters], [flat], opt.steps)
         net.optimizer = opt
+    net.scaler = arch.get("grad_scaler")
     return net
 
 

@@ -99,7 +99,7 @@ def test_dropout_masks_repeat_with_the_seed_and_change_with_the_step(dev):
     for steps in (0, 1):
         net.steps = steps
         net.train_step(xd, yd, 0.1, 0.0, hook=lambda s: setattr(s, "skip", True))
-        outs.append(net._train[8].a[2].get() == 0)
+        outs.append(net._train[8, "float32"].a[2].get() == 0)
     assert drop._key is not None and not np.array_equal(outs[0], outs[1])
 
 

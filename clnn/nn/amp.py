@@ -1,0 +1,114 @@
+"""Mixed-precision training: float16 activations, deltas and weight copies with float32
+master weights, and dynamic loss scaling (PyTorch's autocast + GradScaler).
+
+``net.fit(..., precision="float16")`` (``train_step`` takes it too) runs each step as:
+
+1. the float32 master parameters are cast to a float16 copy (one kernel for all of
+   them: they live in one flat buffer) and the batch to float16;
+2. forward and backward run in float16 storage (every kernel computes in float32 and
+   rounds once on store), the loss gradient multiplied by the scale S so small
+   gradients do not flush to zero in half;
+3. the float16 gradients are cast to the float32 flat gradient buffer, where the hook
+   (a data-parallel sum) sees them, and checked: with an inf or NaN the step is skipped
+   and S halved; otherwise the optimizer updates the float32 masters with the gradients
+   times 1/(batch S), and after ``growth_interval`` good steps in a row S doubles.
+
+Why a ``precision=`` argument to ``fit`` and not a float16 network: the network, its
+checkpoints and ``predict`` stay float32 (as a PyTorch model under autocast stays
+float32), the same network trains either way, and a checkpoint from a float16 run
+resumes in float32 or float16.
+"""
+
+import numpy as np
+
+import clnn
+from ..errors import ArgumentError
+
+PRECISIONS = ("float32", "float16")
+
+
+class GradScaler:
+    """Dynamic loss scaling with PyTorch's GradScaler defaults: start at ``init_scale``,
+    multiply by ``backoff_factor`` when a step's gradients overflow (and skip the step),
+    by ``growth_factor`` after ``growth_interval`` good steps in a row. ``skipped``
+    counts the steps skipped so far."""
+
+    def __init__(self, init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5,
+                 growth_interval=2000):
+        for name, v, ok in (("init_scale", init_scale, init_scale > 0),
+                            ("growth_factor", growth_factor, growth_factor > 1),
+                            ("backoff_factor", backoff_factor, 0 < backoff_factor < 1)):
+            if not (isinstance(v, (int, float, np.floating, np.integer)) and np.isfinite(v)
+                    and ok):
+                raise ArgumentError(f"GradScaler {name} out of range: {v!r}")
+        if not isinstance(growth_interval, (int, np.integer)) or growth_interval < 1:
+            raise ArgumentError(f"growth_interval must be a positive int, got "
+                                f"{growth_interval!r}")
+        self.scale = float(init_scale)
+        self.growth_factor = float(growth_factor)
+        self.backoff_factor = float(backoff_factor)
+        self.growth_interval = int(growth_interval)
+        self.good_steps = 0
+        self.skipped = 0
+
+    def update(self, finite):
+        """After a step: ``finite`` whether its gradients were all finite."""
+        if finite:
+            self.good_steps += 1
+            if self.good_steps >= self.growth_interval:
+                self.scale *= self.growth_factor
+                self.good_steps = 0
+        else:
+            self.scale *= self.backoff_factor
+            self.good_steps = 0
+            self.skipped += 1
+
+    def config(self):
+        return {"scale": self.scale, "growth_factor": self.growth_factor,
+                "backoff_factor": self.backoff_factor,
+                "growth_interval": self.growth_interval, "good_steps": self.good_steps,
+                "skipped": self.skipped}
+
+    @classmethod
+    def from_config(cls, cfg):
+        s = cls(cfg["scale"], cfg["growth_factor"], cfg["backoff_factor"],
+                cfg["growth_interval"])
+        s.good_steps, s.skipped = int(cfg["good_steps"]), int(cfg["skipped"])
+        return s
+
+
+def all_finite(flat):
+    """Whether every element of a float32 device array is finite: its sum is (an inf
+    or NaN anywhere makes it inf or NaN; float16 gradients, at most 65504 each, cannot
+    overflow a float32 sum). One value read back: the host decides to skip."""
+    return bool(np.isfinite(float(clnn.sum(flat).get())))
+
+
+def check_precision(precision, net):
+    """True for a float16 step, False for one in the network's own dtype."""
+    if precision is None or precision == net.dtype.name:
+        return False
+    if precision not in PRECISIONS:
+        raise ArgumentError(f"precision must be one of {', '.join(PRECISIONS)}, got "
+                            f"{precision!r}")
+    if net.dtype != np.float32:
+        raise ArgumentError(f"precision='float16' trains a float32 network (its master "
+                            f"weights); this one is {net.dtype.name}")
+    return True
+
+
+class HalfCopy:
+    """The float16 side of a float32 network: a flat float16 copy of its parameters and
+    a flat float16 gradient buffer, laid out as the float32 ones, with the views the
+    layers use while a float16 step runs."""
+
+    def __init__(self, net):
+        n = net.flat_parameters.size if net.flat_parameters is not None else 0
+        self.params = clnn.zeros((n,), np.float16, net.device) if n else None
+        self.grads = clnn.zeros((n,), np.float16, net.device) if n else None
+        self.views = {(id(layer), name): self.params[off:off + k].reshape(shape)
+                      for layer, name, shape, off, k in net._layout}
+        gviews = {(id(layer), name): self.grads[off:off + k].reshape(shape)
+                  for layer, name, shape, off, k in net._layout}
+        self.grad_lists = [[gviews[id(layer), name] for name in layer.parameter_names]
+                           for layer in net.layers]
