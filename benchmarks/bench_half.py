@@ -107,7 +107,7 @@ def main(argv=None):
                 print(f"{r['case']:26s} float16 {1e3 * r['float16']:9.2f} ms   float32 "
                       f"{1e3 * r['float32']:9.2f} ms   float16 speed {r['float32_over_float16']:.2f}x "
                       "float32's")
-    print(f"results: {_common.write_json('bench_half', rows, args.json)}")
+    print(f"results: {_common.write_json('bench_half', {'rows': rows}, args.json)}")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,9 @@ from .errors import KernelBuildError, TemplateError
 
 KERNEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
 BUILD_OPTIONS = ("-cl-std=CL1.2",)
+# On a CPU device every kernel is built with -DCLNN_CPU (see _common.cl: the element
+# loops and float16 conversions that suit a CPU's compiler)
+CPU_OPTIONS = ("-DCLNN_CPU=1",)
 
 log = logging.getLogger("clnn")
 
@@ -273,7 +276,8 @@ def get_kernel(device, stem, entry, params, options=()):
             log.debug("cache hit %s:%s %s", stem, entry, params)
         return kern
     params = full_params(stem, params)
-    options = tuple(BUILD_OPTIONS) + tuple(options)
+    options = tuple(BUILD_OPTIONS) + (CPU_OPTIONS if device.facts.is_cpu else ()) + \
+        tuple(options)
     key = (stem, entry, _freeze(params), options)
     kern = device.kernels.get(key)
     if kern is not None:

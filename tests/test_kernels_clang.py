@@ -31,10 +31,11 @@ def extensions(*dtypes):
     return ("+" if "float64" in dtypes else "-") + "cl_khr_fp64,-cl_khr_fp16"
 
 
-def clang_check(source, dtype, *others):
+def clang_check(source, dtype, *others, defines=()):
     cmd = [CLANG, "-x", "cl", "-fsyntax-only", "-target", "spir64", "-cl-std=CL1.2",
            "-cl-no-stdinc", "-Xclang", "-finclude-default-header", "-Xclang",
-           f"-cl-ext={extensions(dtype, *others)}", "-Wall", "-Werror", "-"]
+           f"-cl-ext={extensions(dtype, *others)}", "-Wall", "-Werror"] + \
+        [f"-D{d}" for d in defines] + ["-"]
     return subprocess.run(cmd, input=source, capture_output=True, text=True, timeout=60)
 
 
@@ -45,6 +46,24 @@ def test_kernel_compiles_as_opencl_c_1_2(stem, params):
     res = clang_check(source, params["dtype"], params.get("src"))
     assert res.returncode == 0, f"clang rejected {stem} {params}:\n{res.stderr}\n" + \
         programs.numbered(source)
+
+
+def cpu_variants():
+    """Each template's variants built for CPUs (-DCLNN_CPU: their element loops and
+    float16 conversions), every dtype; cast with every source."""
+    for stem, (_, make) in sorted(programs.registered().items()):
+        for i, params in enumerate(list(make())[:1] if stem != "cast" else make()):
+            for dtype in DTYPES:
+                yield pytest.param(stem, dict(params, dtype=dtype), id=f"{stem}-{i}-{dtype}")
+
+
+@gate("clang", CLANG is not None)
+@pytest.mark.parametrize("stem,params", list(cpu_variants()))
+def test_cpu_build_compiles_as_opencl_c_1_2(stem, params):
+    source = programs.render(stem, params)
+    res = clang_check(source, params["dtype"], params.get("src"), defines=["CLNN_CPU=1"])
+    assert res.returncode == 0, f"clang rejected {stem} {params} with -DCLNN_CPU:\n" \
+        f"{res.stderr}\n" + programs.numbered(source)
 
 
 @gate("clang", CLANG is not None)

@@ -10,10 +10,29 @@
 typedef ${real} real_t;
 typedef ${acc} acc_t;
 % if dtype == "float16":
-// half is storage only: load to float, compute in float, store rounded to nearest.
+// half is storage only: load to float, compute in float, store rounded to nearest even.
+<%include file="_half.cl"/>
+#ifdef CLNN_CPU
+#define CLNN_LOAD(p, i) clnn_h2f(((__global const ushort *)(p))[i])
+#define CLNN_STORE(v, p, i) (((__global ushort *)(p))[i] = clnn_f2h(v))
+#else
 #define CLNN_LOAD(p, i) vload_half((i), (p))
 #define CLNN_STORE(v, p, i) vstore_half_rte((v), (i), (p))
+#endif
 % else:
 #define CLNN_LOAD(p, i) ((acc_t)(p)[i])
 #define CLNN_STORE(v, p, i) ((p)[i] = (real_t)(v))
 % endif
+
+// CLNN_FOR_EACH(i, n): every i in [0, n) once, over any global size. A GPU strides by
+// the grid (neighbouring work-items touch neighbouring elements: coalesced); a CPU runs
+// a work-group as a loop over its work-items, so there each takes one contiguous chunk
+// (a 16M-element scale on PoCL: 8 ms, against 99 ms striding by the grid).
+#ifdef CLNN_CPU
+#define CLNN_CHUNK(n) (((n) - 1) / (int)get_global_size(0) + 1)
+#define CLNN_FOR_EACH(i, n) \
+    for (int i = (int)get_global_id(0) * CLNN_CHUNK(n), i##_end = min((n), i + CLNN_CHUNK(n)); \
+         i < i##_end; ++i)
+#else
+#define CLNN_FOR_EACH(i, n) for (int i = (int)get_global_id(0); i < (n); i += (int)get_global_size(0))
+#endif

@@ -6,7 +6,6 @@
 ## statistics are kept in acc_t, the arithmetic type (float32 for float16 storage).
 <%include file="_common.cl"/>
 <%include file="_activation.cl" args="act=act"/>
-#define CLNN_FOR_EACH(i, n) for (int i = (int)get_global_id(0); i < (n); i += (int)get_global_size(0))
 // element m = n * HW + p of channel c lies at n * C * HW + c * HW + p
 #define CLNN_AT(m) (((m) / HW) * (C * HW) + c * HW + (m) % HW)
 

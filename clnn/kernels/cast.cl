@@ -10,10 +10,16 @@
 <%
     src_t = {"float32": "float", "float64": "double", "float16": "half"}[src]
 %>
-#define CLNN_FOR_EACH(i, n) for (int i = (int)get_global_id(0); i < (n); i += (int)get_global_size(0))
 % if src == "float16":
 // half is storage only: loaded to float (exact), with no cl_khr_fp16 needed
+%   if dtype != "float16":
+<%include file="_half.cl"/>
+%   endif
+#ifdef CLNN_CPU
+#define CLNN_SRC(p, i) clnn_h2f(((__global const ushort *)(p))[i])
+#else
 #define CLNN_SRC(p, i) vload_half((i), (p))
+#endif
 % else:
 #define CLNN_SRC(p, i) ((p)[i])
 % endif
@@ -22,8 +28,10 @@ __kernel void clnn_cast(const int n, __global const ${src_t} *x, const int x_off
                         __global real_t *out, const int out_off)
 {
     CLNN_FOR_EACH(i, n) {
-% if dtype == "float16":
-        // rounded once, to nearest, from the source's own precision
+% if dtype == "float16" and src == "float64":
+        // rounded once, to nearest, from double (through float it would round twice)
+        vstore_half_rte(CLNN_SRC(x, x_off + i), out_off + i, out);
+% elif dtype == "float16":
         CLNN_STORE(CLNN_SRC(x, x_off + i), out, out_off + i);
 % else:
         out[out_off + i] = (real_t)CLNN_SRC(x, x_off + i);

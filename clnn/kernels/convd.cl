@@ -11,7 +11,6 @@
 <%include file="_common.cl"/>
 <%include file="_activation.cl" args="act=act"/>
 <% QB = 32 %>
-#define CLNN_FOR_EACH(i, n) for (int i = (int)get_global_id(0); i < (n); i += (int)get_global_size(0))
 //
 // x (N, C, H, W), w (M, C / G, R, S), y (N, M, P, Q): output channel m belongs to group
 // g = m / (M / G) and reads input channels g (C / G) ... (g + 1) (C / G) - 1. Tap (r, s)

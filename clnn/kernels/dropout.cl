@@ -4,7 +4,6 @@
 ## Parameters:  dtype  float32 | float64 | float16
 ## Used by clnn/ops/dropout.py, which holds the same hash in numpy (dropout_mask).
 <%include file="_common.cl"/>
-#define CLNN_FOR_EACH(i, n) for (int i = (int)get_global_id(0); i < (n); i += (int)get_global_size(0))
 
 // SplitMix64's finaliser (Steele, Lea and Flood 2014): a bijection of 64-bit words
 // whose outputs pass BigCrush for consecutive inputs.

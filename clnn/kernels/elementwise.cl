@@ -13,7 +13,6 @@
 // Each kernel is a grid-stride loop: any global size is correct, and the routine picks
 // one that fills the device without launching a work-item per element.
 //
-#define CLNN_FOR_EACH(i, n) for (int i = (int)get_global_id(0); i < (n); i += (int)get_global_size(0))
 % if op == "act":
 //
 // Activation ${act}; p is its parameter (leaky_relu slope, elu alpha), unused otherwise.

@@ -3,7 +3,6 @@
 ## Used by clnn/ops/optim.py. The arithmetic follows torch.optim's single-tensor code
 ## step by step, so results match it to rounding.
 <%include file="_common.cl"/>
-#define CLNN_FOR_EACH(i, n) for (int i = (int)get_global_id(0); i < (n); i += (int)get_global_size(0))
 
 // torch.optim.SGD (dampening 0) on the gradient g = scale * grad + wd * w:
 //   buf = momentum * buf + g;  d = nesterov ? g + momentum * buf : buf;  w -= lr * d

@@ -5,7 +5,6 @@
 ##              target  "index" (int32 class indices) | "prob" (probabilities, x's shape)
 ## Used by clnn/ops/xent.py.
 <%include file="_common.cl"/>
-#define CLNN_FOR_EACH(i, n) for (int i = (int)get_global_id(0); i < (n); i += (int)get_global_size(0))
 //
 // A row is one position (n, s) of the input viewed as (N, C, S), S = d1 * d2 ...: its C
 // logits lie at (n C + c) S + s, S apart. Each row has an effective target t over the
