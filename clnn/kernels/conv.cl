@@ -7,6 +7,8 @@
 ##   line         a work-item's rows are consecutive along an output line and share
 ##                one pointer (else each row keeps its own offset)
 ##   vstore       C is a panel-wide scratch matrix stored as whole vectors (dcol)
+##   x_acc        the gathered input is an acc_t copy (float16: converted once by
+##                clnn_conv_pad, not once per filter tap)
 ##   act          epilogue activation (a name from clnn.ACTIVATIONS) or "none"
 ##   bias         "none" or "col" (bias[col] added to every row: output channels)
 ##   tuning       MWI, NWI, VW (clnn/ops/conv.py picks them per shape; CONV_TABLE in
@@ -84,6 +86,15 @@ __kernel void clnn_conv_pack(const int K, const int cols, const int Nb,
 }
 
 typedef ${vec} vec_t;
+% if x_acc:
+typedef acc_t x_t;
+#define CLNN_XLOAD(p, i) ((p)[i])
+#define CLNN_XSTORE(v, p, i) ((p)[i] = (v))
+% else:
+typedef real_t x_t;
+#define CLNN_XLOAD(p, i) CLNN_LOAD(p, i)
+#define CLNN_XSTORE(v, p, i) CLNN_STORE(v, p, i)
+% endif
 
 ## One k step of the micro-kernel: NVW vector loads of B, MWI gathered values of A.
 <%def name="step()">\
@@ -97,16 +108,16 @@ typedef ${vec} vec_t;
                     // both are selects, no branch per element
 %     if line:
                     const bool ok = hv && (uint)(wrow + ${i} + wk) < (uint)W;
-                    const acc_t v = CLNN_LOAD(xrow, ok ? off + ${i} : x0);
+                    const acc_t v = CLNN_XLOAD(xrow, ok ? off + ${i} : x0);
 %     else:
                     const bool ok = hv${i} && (uint)(wrow${i} + wk) < (uint)W;
-                    const acc_t v = CLNN_LOAD(x, ok ? base${i} + off : 0);
+                    const acc_t v = CLNN_XLOAD(x, ok ? base${i} + off : 0);
 %     endif
                     const vec_t a_pm = (vec_t)(ok ? v : (acc_t)0);
 %   elif line:
-                    const vec_t a_pm = (vec_t)(CLNN_LOAD(xrow, off + ${i}));
+                    const vec_t a_pm = (vec_t)(CLNN_XLOAD(xrow, off + ${i}));
 %   else:
-                    const vec_t a_pm = (vec_t)(CLNN_LOAD(x, base${i} + off));
+                    const vec_t a_pm = (vec_t)(CLNN_XLOAD(x, base${i} + off));
 %   endif
 %   for v in range(NVW):
                     c${i}_${v} += a_pm * b${v};
@@ -121,7 +132,7 @@ __kernel void clnn_conv_gather(const int rows, const int R2, const int R3,
                                const int RA, const int RBH, const int RCW,
                                const int K1, const int K2, const int K3,
                                const int KA, const int KBH, const int KCW,
-                               __global const real_t *x, const int x_off,
+                               __global const x_t *x, const int x_off,
                                const int H, const int W, const int ph, const int pw,
                                const int zlo, const int zhi,
                                const int cols, __global const acc_t *b_pk,
@@ -151,7 +162,7 @@ __kernel void clnn_conv_gather(const int rows, const int R2, const int R3,
     const int a = ab / R2, b = ab % R2, c0 = min(cb * MWI, R3 - MWI);
     const int first = cb * MWI - c0;      // rows below this were stored by block cb - 1
     const int hrow = b * RBH - ph, wrow = c0 - pw;
-    __global const real_t *xrow = x + a * RA + hrow * W + wrow;
+    __global const x_t *xrow = x + a * RA + hrow * W + wrow;
     const int orow = a * OA + b * OB + c0 * OC;
 % if padded:
     const int x0 = -(a * RA + hrow * W + wrow);   // xrow[x0] is x[0], always in bounds
@@ -330,27 +341,27 @@ __kernel void clnn_conv_col2im(const int n0, const int rows, const int C, const 
 // PoCL's per-work-group overhead: 0.8 ms against 0.1 ms for LeNet's C3 at batch 64).
 __kernel void clnn_conv_pad(const int rows, const int H, const int W, const int ph,
                             const int pw, __global const real_t *x, const int x_off,
-                            __global real_t *xp)
+                            __global x_t *xp)
 {
     const int Wp = W + 2 * pw, Hp = H + 2 * ph;
     const int row = (int)get_global_id(0);    // nc * Hp + h + ph
     if (row >= rows)
         return;
     const int h = row % Hp - ph;
-    __global real_t *dst = xp + row * Wp;
+    __global x_t *dst = xp + row * Wp;
     // (through CLNN_LOAD/STORE: half is storage only, its values never assigned)
     if (h < 0 || h >= H) {
         for (int w = 0; w < Wp; ++w)
-            CLNN_STORE((acc_t)0, dst, w);
+            CLNN_XSTORE((acc_t)0, dst, w);
         return;
     }
     __global const real_t *src = x + x_off + (row / Hp * H + h) * W - pw;
     for (int w = 0; w < pw; ++w)
-        CLNN_STORE((acc_t)0, dst, w);
+        CLNN_XSTORE((acc_t)0, dst, w);
     for (int w = pw; w < pw + W; ++w)
-        CLNN_STORE(CLNN_LOAD(src, w), dst, w);
+        CLNN_XSTORE(CLNN_LOAD(src, w), dst, w);
     for (int w = pw + W; w < Wp; ++w)
-        CLNN_STORE((acc_t)0, dst, w);
+        CLNN_XSTORE((acc_t)0, dst, w);
 }
 
 // The k table of gemm.cl's tiled convolution loaders (the GPU path): k = (k1, k2, k3)
