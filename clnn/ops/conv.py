@@ -320,19 +320,20 @@ def _shape(v, name):
     return tuple(int(i) for i in t)
 
 
-def _positions(H, W, R, S, stride, padding, dilation):
+def _positions(H, W, R, S, stride, padding, dilation, extra=(0, 0)):
     """(P, Q, stride) of a convolution: the (dilated) kernel must fit the padded input;
     an axis with one output position gets the smallest stride that still gives one
     (1 would change the geometry the kernels assume; a huge one would not fit their int
-    arguments)."""
+    arguments). ``extra``: padding at the bottom and right beyond ``padding``."""
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    Hp, Wp = H + 2 * ph + extra[0], W + 2 * pw + extra[1]
     eh, ew = dh * (R - 1) + 1, dw * (S - 1) + 1            # the dilated extent
-    if eh > H + 2 * ph or ew > W + 2 * pw:
+    if eh > Hp or ew > Wp:
         raise ShapeError(f"the {eh}x{ew} kernel{' (dilated)' if (dh, dw) != (1, 1) else ''} "
-                         f"is bigger than the padded {H + 2 * ph}x{W + 2 * pw} input")
-    P, Q = (H + 2 * ph - eh) // sh + 1, (W + 2 * pw - ew) // sw + 1
-    return P, Q, ((sh if P > 1 else min(sh, H + 2 * ph - eh + 1)),
-                  (sw if Q > 1 else min(sw, W + 2 * pw - ew + 1)))
+                         f"is bigger than the padded {Hp}x{Wp} input")
+    P, Q = (Hp - eh) // sh + 1, (Wp - ew) // sw + 1
+    return P, Q, ((sh if P > 1 else min(sh, Hp - eh + 1)),
+                  (sw if Q > 1 else min(sw, Wp - ew + 1)))
 
 
 def conv_geometry(x_shape, w_shape, stride, padding, x_off=0, dilation=(1, 1)):
@@ -588,8 +589,9 @@ def _options(name, w_shape, stride, padding, dilation, groups):
         raise ArgumentError(f"{name}: groups must be a positive int, got {groups!r}")
     groups = int(groups)
     dl = pair(dilation, "dilation", 1)
-    direct = groups != 1 or dl != (1, 1)
-    return _padding(name, w_shape, stride, padding, dl), dl, groups, direct
+    padding = _padding(name, w_shape, stride, padding, dl)
+    direct = groups != 1 or dl != (1, 1) or isinstance(padding, _Uneven)
+    return padding, dl, groups, direct
 
 
 def _padding(name, w_shape, stride, padding, dl):
@@ -604,10 +606,19 @@ def _padding(name, w_shape, stride, padding, dl):
         R, S = _shape(w_shape, "w_shape")[2:] if len(w_shape) == 4 else (1, 1)
         eh, ew = dl[0] * (R - 1), dl[1] * (S - 1)         # the padding 'same' needs
         if eh % 2 or ew % 2:
-            raise ArgumentError(f"{name}: padding='same' here pads one side more than the "
-                                f"other (kernel {R}x{S}, dilation {dl}): not supported yet")
+            # one more row (column) at the bottom (right), as PyTorch pads
+            return _Uneven((eh // 2, ew // 2), (eh % 2, ew % 2))
         return (eh // 2, ew // 2)
     return padding
+
+
+class _Uneven:
+    """padding="same" with an odd total: ``top_left`` on both sides plus ``extra`` at
+    the bottom and right. The direct kernels take it (they check every tap's bounds and
+    are given the output size); the implicit GEMMs' padded copies are symmetric."""
+
+    def __init__(self, top_left, extra):
+        self.top_left, self.extra = top_left, extra
 
 
 def _four(a, name):
@@ -625,7 +636,8 @@ def conv2d(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, activatio
     y (N, M, P, Q), PyTorch's conv2d.
 
     ``stride``, ``padding`` and ``dilation`` are ints or (h, w) pairs; ``padding`` also
-    "valid" or "same" (stride 1; even total padding). ``groups`` splits the channels
+    "valid" or "same" (stride 1; an odd total pads the bottom and right one more, as
+    PyTorch does, and runs the direct kernels). ``groups`` splits the channels
     into groups convolved separately (groups = C: depthwise). An unbatched x (C, H, W)
     gives y (M, P, Q), a batch of 0 an empty y. Dilation is the k steps of the
     implicit-GEMM loaders (CPU and GPU); grouped convolutions run direct kernels
@@ -635,7 +647,8 @@ def conv2d(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, activatio
                                            padding, dilation, groups)
     unbatched = getattr(x, "ndim", 0) == 3
     x4, o4 = _four(x, "x"), _four(out, "out") if unbatched else out
-    if groups != 1 or (getattr(x4, "ndim", 0) == 4 and x4.shape[0] == 0):
+    if groups != 1 or isinstance(padding, _Uneven) or \
+            (getattr(x4, "ndim", 0) == 4 and x4.shape[0] == 0):
         y = _direct_forward(x4, w, b, stride, padding, dl, groups, activation,
                             activation_param, o4)
     else:                 # the implicit GEMM (dilated: CPU loaders, else direct)
@@ -657,7 +670,7 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
         dy, out4 = _four(dy, "dy"), _four(out, "out")
     else:
         out4 = out
-    if groups != 1 or (len(shape) == 4 and shape[0] == 0):
+    if groups != 1 or isinstance(padding, _Uneven) or (len(shape) == 4 and shape[0] == 0):
         dx = _direct_backward_data(dy, w, shape, stride, padding, dl, groups, out4)
     else:
         dx = _conv2d_backward_data(dy, w, shape, stride=stride, padding=padding, out=out4,
@@ -680,7 +693,8 @@ def conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, dilation=1, g
                                            dilation, groups)
     if getattr(x, "ndim", 0) == 3:
         x, dy = _four(x, "x"), _four(dy, "dy")
-    if groups != 1 or (getattr(x, "ndim", 0) == 4 and x.shape[0] == 0):
+    if groups != 1 or isinstance(padding, _Uneven) or \
+            (getattr(x, "ndim", 0) == 4 and x.shape[0] == 0):
         return _direct_backward_weight(dy, x, w_shape, stride, padding, dl, groups, out,
                                        alpha, beta)
     return _conv2d_backward_weight(dy, x, w_shape, stride=stride, padding=padding, out=out,
@@ -704,13 +718,17 @@ def direct_geometry(x_shape, w_shape, stride, padding, dilation, groups):
     if Cg != C // groups:
         raise ShapeError(f"w has {Cg} channels per group; x's {C} channels in {groups} "
                          f"groups are {C // groups}")
+    extra = (0, 0)
+    if isinstance(padding, _Uneven):
+        padding, extra = padding.top_left, padding.extra
     (sh, sw), (ph, pw) = pair(stride, "stride", 1), pair(padding, "padding", 0)
     dh, dw = dilation
     if min(C, H, W, M, R, S) < 1 or N < 0:
         raise ShapeError(f"empty convolution: x {tuple(x_shape)}, w {tuple(w_shape)}")
-    P, Q, (sh, sw) = _positions(H, W, R, S, (sh, sw), (ph, pw), (dh, dw))
+    P, Q, (sh, sw) = _positions(H, W, R, S, (sh, sw), (ph, pw), (dh, dw), extra)
     for what, n in (("the input", N * C * H * W), ("the output", N * M * P * Q),
-                    ("the filters", M * Cg * R * S), ("a padded row", (H + 2 * ph) * W),
+                    ("the filters", M * Cg * R * S),
+                    ("a padded row", (H + 2 * ph + extra[0]) * W),
                     ("the weight gradient's sum", N * P * Q)):
         if n > INT_MAX:
             raise ShapeError(f"{what} of this convolution spans {n} elements; clnn "

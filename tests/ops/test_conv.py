@@ -269,8 +269,8 @@ def test_pytorch_call_forms(dev):
                      (dict(padding="full"), "padding"), (dict(groups=0), "groups")):
         with pytest.raises(clnn.ArgumentError, match=what):
             clnn.conv2d(X, Wd, **kw)
-    with pytest.raises(clnn.ArgumentError, match="one side more"):
-        clnn.conv2d(X, clnn.zeros((4, 3, 2, 2)), padding="same")
+    with pytest.raises(clnn.ArgumentError, match="stride 1"):
+        clnn.conv2d(X, clnn.zeros((4, 3, 2, 2)), padding="same", stride=2)
     with pytest.raises(clnn.ShapeError, match="divide"):
         clnn.conv2d(X, clnn.zeros((4, 1, 3, 3)), groups=3)    # 4 outputs in 3 groups
 
@@ -308,6 +308,46 @@ def test_grouped_and_dilated_convolution(dev, N, C, H, W, M, R, S, st, pd, dl, G
         k = N * ref.shape[2] * ref.shape[3]
         np.testing.assert_allclose(dw.check(), 0.5 * dw_ref + 2.0, rtol=tol * k,
                                    atol=tol * k * 4)
+
+
+@pytest.mark.parametrize("R,S,dl,G", [(4, 4, (1, 1), 1), (2, 3, (1, 1), 1), (2, 2, (3, 1), 2),
+                                      (4, 1, (1, 1), 3)],
+                         ids=["4x4", "2x3", "2x2-dilated-grouped", "4x1-grouped"])
+def test_padding_same_with_an_odd_total(dev, R, S, dl, G):
+    """padding='same' whose total is odd pads the bottom and right one more, as
+    PyTorch: the forward and both gradients against the float64 reference of the
+    explicitly padded input, with canaries and offsets, every dtype, unbatched too."""
+    from reference import conv2d_general_ref
+    N, C, H, W, M = 2, 6, 7, 9, 6
+    th, tw = dl[0] * (R - 1), dl[1] * (S - 1)
+    for dtype in float_dtypes(dev):
+        x = RNG.standard_normal((N, C, H, W)).astype(dtype)
+        w = RNG.standard_normal((M, C // G, R, S)).astype(dtype)
+        b = RNG.standard_normal(M).astype(dtype)
+        xp = np.pad(x, ((0, 0), (0, 0), (th // 2, th - th // 2), (tw // 2, tw - tw // 2)))
+        ref, backward = conv2d_general_ref(xp, w, b, (1, 1), (0, 0), dl, G)
+        assert ref.shape == (N, M, H, W)
+        opts = dict(padding="same", dilation=dl, groups=G)
+        tol = error_bound(dtype, (C // G) * R * S, 64)
+        y = Guarded(dev, ref.shape, dtype)
+        clnn.conv2d(guarded_input(dev, x), guarded_input(dev, w), guarded_input(dev, b),
+                    out=y.view, **opts)
+        np.testing.assert_allclose(y.check(), ref, rtol=tol, atol=tol * 4)
+        dy = RNG.standard_normal(ref.shape).astype(dtype)
+        dxp, dw_ref = backward(dy)
+        dx = Guarded(dev, x.shape, dtype)
+        clnn.conv2d_backward_data(guarded_input(dev, dy), guarded_input(dev, w), x.shape,
+                                  out=dx.view, **opts)
+        np.testing.assert_allclose(dx.check(), dxp[:, :, th // 2:th // 2 + H,
+                                                   tw // 2:tw // 2 + W],
+                                   rtol=tol, atol=tol * 4 * M)
+        dw = Guarded(dev, w.shape, dtype)
+        clnn.conv2d_backward_weight(guarded_input(dev, dy), guarded_input(dev, x), w.shape,
+                                    out=dw.view, **opts)
+        k = N * H * W
+        np.testing.assert_allclose(dw.check(), dw_ref, rtol=tol * k, atol=tol * k * 4)
+        one = clnn.conv2d(clnn.asarray(x[0]), clnn.asarray(w), clnn.asarray(b), **opts)
+        np.testing.assert_allclose(one.get(), ref[0], rtol=tol, atol=tol * 4)
 
 
 def test_unbatched_pooling(dev):
