@@ -320,8 +320,6 @@ class DataParallel:
         from .nn.network import GradientStep
         net = self.net
         half = amp.check_precision(precision, net)
-        if half and net.scaler is None:
-            net.scaler = amp.GradScaler()
         opt = net._optimizer()
         if net.flat_parameters is not None:
             net._workspace(1)                      # the gradient buffer
@@ -362,8 +360,6 @@ class DataParallel:
             import time
             from .nn import amp
             half = amp.check_precision(precision, net)
-            if half and net.scaler is None:
-                net.scaler = amp.GradScaler()
             skipped_before = net.scaler.skipped if half else 0
             if shuffle:
                 for _ in range(min(initial_epoch, epochs)):
@@ -388,10 +384,7 @@ class DataParallel:
                 hist["loss"].append(world.comm.allreduce(local) / n)
                 hist["epoch_time"].append(time.perf_counter() - t0)
                 if half:          # the same on every rank: they skip together
-                    hist.setdefault("skipped_steps", []).append(net.scaler.skipped
-                                                                - skipped_before)
-                    skipped_before = net.scaler.skipped
-                    hist.setdefault("loss_scale", []).append(net.scaler.scale)
+                    skipped_before = amp.record_epoch(hist, net.scaler, skipped_before)
                 if scheduler is not None:
                     scheduler.step()
                 if validation is not None:

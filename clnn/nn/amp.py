@@ -85,7 +85,8 @@ def all_finite(flat):
 
 
 def check_precision(precision, net):
-    """True for a float16 step, False for one in the network's own dtype."""
+    """True for a float16 step, False for one in the network's own dtype; a float16
+    step's network gets a GradScaler with PyTorch's defaults unless it has one."""
     if precision is None or precision == net.dtype.name:
         return False
     if precision not in PRECISIONS:
@@ -94,7 +95,17 @@ def check_precision(precision, net):
     if net.dtype != np.float32:
         raise ArgumentError(f"precision='float16' trains a float32 network (its master "
                             f"weights); this one is {net.dtype.name}")
+    if net.scaler is None:
+        net.scaler = GradScaler()
     return True
+
+
+def record_epoch(hist, scaler, skipped_before):
+    """An epoch's "skipped_steps" and the "loss_scale" at its end into a fit's history;
+    returns the skipped count to measure the next epoch from."""
+    hist.setdefault("skipped_steps", []).append(scaler.skipped - skipped_before)
+    hist.setdefault("loss_scale", []).append(scaler.scale)
+    return scaler.skipped
 
 
 class HalfCopy:

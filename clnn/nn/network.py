@@ -345,27 +345,15 @@ class Sequential:
         return ws
 
     def workspace_bytes(self, dtype=None):
-        """Bytes of activations and deltas a training step keeps for the largest batch
-        trained so far in ``dtype`` (default: the last one trained), views counted
-        once: what float16 steps halve."""
+        """Bytes of the activations and deltas a training step keeps at the largest
+        batch trained so far (views counted once), stored in ``dtype`` (default: the
+        dtype of the last step): what float16 steps halve."""
         if not self._train:
             return 0
-        dtype = np.dtype(dtype or list(self._train)[-1][1]).name
-        sizes = [(b, ws) for (b, d), ws in self._train.items() if d == dtype]
-        if not sizes:
-            # the same shapes in another dtype: from the largest batch's, rescaled
-            b, ws = max(((b, ws) for (b, _), ws in self._train.items()), key=lambda t: t[0])
-            return self._ws_bytes(ws) // ws.dtype.itemsize * np.dtype(dtype).itemsize
-        return self._ws_bytes(max(sizes, key=lambda t: t[0])[1])
-
-    @staticmethod
-    def _ws_bytes(ws):
-        seen, total = set(), 0
-        for arr in ws.a + ws.delta:
-            if arr is not None and id(arr.base_data) not in seen:
-                seen.add(id(arr.base_data))
-                total += arr.nbytes
-        return total
+        dtype = np.dtype(dtype or list(self._train)[-1][1])
+        ws = self._train[max(self._train, key=lambda key: key[0])]
+        buffers = {id(a.base_data): a.size for a in ws.a + ws.delta if a is not None}
+        return sum(buffers.values()) * dtype.itemsize
 
     def gradient_range(self, i):
         """(start, stop): the elements of ``flat_gradients`` (and ``flat_parameters``)
@@ -430,8 +418,6 @@ class Sequential:
         if half:
             if self._half is None:
                 self._half = amp.HalfCopy(self)
-            if self.scaler is None:
-                self.scaler = amp.GradScaler()
             # S times the mean's gradient: sums over a batch would overflow half S
             # times sooner
             scale = self.scaler.scale / (global_batch or batch)
@@ -636,8 +622,6 @@ class Sequential:
         if shuffle:
             for _ in range(min(initial_epoch, epochs)):
                 rng.permutation(n)               # the shuffles of the epochs done
-        if half and self.scaler is None:
-            self.scaler = amp.GradScaler()
         skipped_before = self.scaler.skipped if half else 0
         try:
             for epoch in range(initial_epoch, epochs):
@@ -666,10 +650,7 @@ class Sequential:
                 hist["loss"].append(float(total.get()) / max(seen, 1))
                 hist["epoch_time"].append(time.perf_counter() - t0)
                 if half:
-                    skipped = self.scaler.skipped - skipped_before
-                    skipped_before = self.scaler.skipped
-                    hist.setdefault("skipped_steps", []).append(skipped)
-                    hist.setdefault("loss_scale", []).append(self.scaler.scale)
+                    skipped_before = amp.record_epoch(hist, self.scaler, skipped_before)
                 if scheduler is not None:
                     scheduler.step()
                 if validation is not None:
