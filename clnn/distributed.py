@@ -345,21 +345,22 @@ class DataParallel:
         with world.guard():
             x_host = np.asarray(x.get() if hasattr(x, "get") else x)
             y_host = np.asarray(y.get() if hasattr(y, "get") else y)
-            xd, yd, lr, momentum = net._train_args(x_host, y_host, loss, lr, momentum)
+            from .nn import amp
+            half = amp.check_precision(precision, net)
+            dt = np.float16 if half else net.dtype      # the data's dtype, as fit's
+            xd, yd, lr, momentum = net._train_args(x_host, y_host, loss, lr, momentum, dt)
             if optimizer is not None:
                 net.optimizer = optimizer
             else:
                 net._optimizer(lr, momentum)
             n = xd.shape[0]
-            x_all = x_host.astype(net.dtype, copy=False)
+            x_all = x_host.astype(dt, copy=False)
             y_all = yd.get()
             rng = np.random.default_rng(seed)
             hist = {"loss": [], "epoch_time": []}
             if validation is not None:
                 hist.update(val_loss=[], val_accuracy=[])
             import time
-            from .nn import amp
-            half = amp.check_precision(precision, net)
             skipped_before = net.scaler.skipped if half else 0
             if shuffle:
                 for _ in range(min(initial_epoch, epochs)):
@@ -388,7 +389,8 @@ class DataParallel:
                 if scheduler is not None:
                     scheduler.step()
                 if validation is not None:
-                    vl, va = net.evaluate(validation[0], validation[1], loss)
+                    vl, va = net.evaluate(validation[0], validation[1], loss,
+                                          precision=precision)
                     hist["val_loss"].append(vl)
                     hist["val_accuracy"].append(va)
                 if callback is not None:

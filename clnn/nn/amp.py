@@ -84,9 +84,8 @@ def all_finite(flat):
     return bool(np.isfinite(float(clnn.sum(flat).get())))
 
 
-def check_precision(precision, net):
-    """True for a float16 step, False for one in the network's own dtype; a float16
-    step's network gets a GradScaler with PyTorch's defaults unless it has one."""
+def is_float16(precision, net):
+    """True for float16 work on ``net`` (mixed precision), False for its own dtype."""
     if precision is None or precision == net.dtype.name:
         return False
     if precision not in PRECISIONS:
@@ -95,9 +94,16 @@ def check_precision(precision, net):
     if net.dtype != np.float32:
         raise ArgumentError(f"precision='float16' trains a float32 network (its master "
                             f"weights); this one is {net.dtype.name}")
-    if net.scaler is None:
-        net.scaler = GradScaler()
     return True
+
+
+def check_precision(precision, net):
+    """True for a float16 step, False for one in the network's own dtype; a float16
+    step's network gets a GradScaler with PyTorch's defaults unless it has one."""
+    half = is_float16(precision, net)
+    if half and net.scaler is None:
+        net.scaler = GradScaler()
+    return half
 
 
 def record_epoch(hist, scaler, skipped_before):

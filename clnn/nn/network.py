@@ -128,7 +128,7 @@ class Sequential:
         self._flatten_parameters()
         trainable = [i for i, l in enumerate(self.layers) if l.parameters()]
         self._first_trainable = trainable[0] if trainable else len(self.layers)
-        self._infer = {}            # batch -> two ping-pong buffers
+        self._infer = {}            # (batch, dtype) -> two ping-pong buffers
         self._train = {}            # batch -> _Workspace
         self._grads = None          # per layer: a gradient buffer per parameter
         self.optimizer = None       # a clnn.optim optimizer, set by fit or train_step
@@ -169,14 +169,17 @@ class Sequential:
                 f"{self.device.name})")
 
     # ------------------------------------------------------------ inputs
-    def _input(self, x, name="x"):
-        """x as a device array of shape (batch, in_features), checked for NaN/inf."""
+    def _input(self, x, name="x", dtype=None):
+        """x as a device array of shape (batch, in_features), checked for NaN/inf, stored
+        in ``dtype`` (default the network's; float16 for mixed precision, checked
+        finite there)."""
+        dtype = np.dtype(dtype or self.dtype)
         if isinstance(x, cla.Array):
             if clnn.device_of(x) is not self.device:
                 raise clnn.DeviceError(f"{name} is on {clnn.device_of(x).name}, the network "
                                        f"on {self.device.name}")
-            if x.dtype != self.dtype:
-                raise clnn.DTypeError(f"{name} has dtype {x.dtype}, the network {self.dtype}")
+            if x.dtype != dtype:
+                raise clnn.DTypeError(f"{name} has dtype {x.dtype}, expected {dtype}")
             arr = x
         else:
             host = np.asarray(x)
@@ -188,12 +191,12 @@ class Sequential:
             raise ShapeError(f"{name} must have shape (batch, "
                              f"{', '.join(map(str, self.in_shape))}), has {shape}")
         if arr is None:
-            # checked in the network's dtype: 1e39 is finite in float64, inf in float32
+            # checked in the stored dtype: 1e39 is finite in float64, inf in float32
             with np.errstate(over="ignore"):
-                host = host.astype(self.dtype, copy=False)
+                host = host.astype(dtype, copy=False)
             if not np.all(np.isfinite(host)):
                 raise ArgumentError(f"{name} contains NaN or infinite values (in "
-                                    f"{self.dtype.name})")
+                                    f"{dtype.name})")
             return clnn.asarray(host, device=self.device)
         if not arr.flags.c_contiguous:
             raise ShapeError(f"{name} must be C-contiguous")
@@ -232,14 +235,16 @@ class Sequential:
                                                                   device=self.device))
         return w[1]
 
-    def _targets(self, y, batch, loss=None):
-        """y as a device (batch, out_features) array: targets, or int class labels
-        (for a CrossEntropyLoss: the labels themselves, int32)."""
+    def _targets(self, y, batch, loss=None, dtype=None):
+        """y as a device (batch, out_features) array of ``dtype`` (default the
+        network's): targets, or int class labels (for a CrossEntropyLoss: the labels
+        themselves, int32)."""
         if isinstance(loss, CrossEntropyLoss):
             return self._labels(y, batch, loss)
+        dtype = np.dtype(dtype or self.dtype)
         if isinstance(y, cla.Array):
-            if y.shape != (batch, self.out_features) or y.dtype != self.dtype:
-                raise ShapeError(f"y must be a ({batch}, {self.out_features}) {self.dtype} "
+            if y.shape != (batch, self.out_features) or y.dtype != dtype:
+                raise ShapeError(f"y must be a ({batch}, {self.out_features}) {dtype} "
                                  f"array, is {y.shape} {y.dtype}")
             if clnn.device_of(y) is not self.device:
                 raise clnn.DeviceError(f"y is on {clnn.device_of(y).name}, the network "
@@ -255,16 +260,16 @@ class Sequential:
                 raise ShapeError(f"{host.shape[0]} labels for {batch} inputs")
             if host.size and (host.min() < 0 or host.max() >= self.out_features):
                 raise ShapeError(f"labels must lie in 0..{self.out_features - 1}")
-            host = clnn.datasets.one_hot(host, self.out_features, self.dtype)
+            host = clnn.datasets.one_hot(host, self.out_features, dtype)
         if host.shape != (batch, self.out_features):
             raise ShapeError(f"y must have shape ({batch}, {self.out_features}) or be "
                              f"({batch},) integer labels, has {host.shape}")
         if host.dtype.kind not in "fiub":
             raise clnn.DTypeError(f"y must hold numbers, has dtype {host.dtype}")
         with np.errstate(over="ignore"):
-            host = host.astype(self.dtype, copy=False)
+            host = host.astype(dtype, copy=False)
         if not np.all(np.isfinite(host)):
-            raise ArgumentError(f"y contains NaN or infinite values (in {self.dtype.name})")
+            raise ArgumentError(f"y contains NaN or infinite values (in {dtype.name})")
         return clnn.asarray(host, device=self.device)
 
     # ------------------------------------------------------------ inference
@@ -278,14 +283,16 @@ class Sequential:
 
     def _run(self, x, logits=False):
         """The forward pass in evaluation mode on a checked device batch (the last
-        layer stops before its softmax with ``logits``)."""
-        batch = x.shape[0]
-        if batch not in self._infer:
+        layer stops before its softmax with ``logits``), in x's dtype (float16 with the
+        layers bound to their float16 copy, for a mixed-precision evaluation)."""
+        batch, dtype = x.shape[0], x.dtype
+        key = (batch, dtype.name)
+        if key not in self._infer:
             width = max([int(np.prod(l.out_shape)) for l in self.layers[:-1] if not l.view]
                         + [1])
-            self._infer = {batch: [clnn.empty((batch * width,), self.dtype, self.device)
-                                   for _ in range(2)]}
-        bufs = self._infer[batch]
+            self._infer = {key: [clnn.empty((batch * width,), dtype, self.device)
+                                 for _ in range(2)]}
+        bufs = self._infer[key]
         h, nxt = x, 0             # nxt: the work buffer the next layer writes into
         for i, layer in enumerate(self.layers):
             shape = (batch,) + layer.out_shape
@@ -295,7 +302,7 @@ class Sequential:
                     h = clnn.copy(h)
                 continue
             if i == len(self.layers) - 1:
-                out = clnn.empty(shape, self.dtype, self.device)
+                out = clnn.empty(shape, dtype, self.device)
             else:
                 out = bufs[nxt][:int(np.prod(shape))].reshape(shape)
                 nxt = 1 - nxt
@@ -416,16 +423,15 @@ class Sequential:
         opt.prepare(flat)
         grads, scale, views = self._grads, 1.0, None
         if half:
-            if self._half is None:
-                self._half = amp.HalfCopy(self)
             # S times the mean's gradient: sums over a batch would overflow half S
             # times sooner
             scale = self.scaler.scale / (global_batch or batch)
-            grads, views = self._half.grad_lists, self._half.views
-            if flat:
-                clnn.cast(self.flat_parameters, np.float16, out=self._half.params)
-            x = self._cast_batch(ws, "x", x)
-            if y.dtype.kind == "f":
+            half_copy = self._half_copy()
+            grads, views = half_copy.grad_lists, half_copy.views
+            # (fit keeps its data in float16: nothing to cast)
+            if x.dtype != np.float16:
+                x = self._cast_batch(ws, "x", x)
+            if y.dtype.kind == "f" and y.dtype != np.float16:
                 y = self._cast_batch(ws, "y", y)
         with self._bound(views):
             value, grad_scale = self._forward_backward(ws, x, y, loss, grads, scale,
@@ -462,6 +468,15 @@ class Sequential:
         for layer in self.layers:          # BatchNorm's running statistics
             layer.after_step()
         self.steps += 1
+
+    def _half_copy(self):
+        """The float16 copy of the parameters (amp.HalfCopy), cast from the float32
+        masters now."""
+        if self._half is None:
+            self._half = amp.HalfCopy(self)
+        if self.flat_parameters is not None:
+            clnn.cast(self.flat_parameters, np.float16, out=self._half.params)
+        return self._half
 
     def _cast_batch(self, ws, name, a):
         """``a`` (the step's x or float targets) as float16 in the workspace."""
@@ -543,15 +558,17 @@ class Sequential:
                 layer_hook(i)
         return value, grad_scale
 
-    def _train_args(self, x, y, loss, lr, momentum):
+    def _train_args(self, x, y, loss, lr, momentum, dtype=None):
+        """The training data on the device in ``dtype`` (default the network's) and
+        the checked rates."""
         self._check_loss(loss)
         lr, momentum = float(lr), float(momentum)
         if not (np.isfinite(lr) and lr > 0):
             raise ArgumentError(f"lr must be a positive number, got {lr}")
         if not (np.isfinite(momentum) and 0 <= momentum < 1):
             raise ArgumentError(f"momentum must lie in [0, 1), got {momentum}")
-        xd = self._input(x)
-        return xd, self._targets(y, xd.shape[0], loss), lr, momentum
+        xd = self._input(x, dtype=dtype)
+        return xd, self._targets(y, xd.shape[0], loss, dtype), lr, momentum
 
     def fit(self, x, y, loss="quadratic", epochs=1, batch_size=32, lr=0.1, momentum=0.0,
             shuffle=True, seed=None, validation=None, progress=None, optimizer=None,
@@ -573,9 +590,12 @@ class Sequential:
         deltas and weight copies, float32 master weights and optimizer state, dynamic
         loss scaling by ``self.scaler`` (a GradScaler, created with PyTorch's defaults
         unless set); the history adds "skipped_steps" (per epoch: steps skipped for an
-        overflow) and "loss_scale" (at each epoch's end).
+        overflow) and "loss_scale" (at each epoch's end). The training and validation
+        data are kept on the device in float16 and validated in float16 too (as under
+        autocast), so the data and the evaluation's activations take half the memory.
         """
         half = amp.check_precision(precision, self)
+        dt = np.float16 if half else self.dtype      # the data's dtype on the device
         if optimizer is not None and not isinstance(optimizer, optim.Optimizer):
             raise ArgumentError(f"optimizer must be a clnn.optim optimizer, got "
                                 f"{type(optimizer).__name__}")
@@ -594,7 +614,7 @@ class Sequential:
             raise ArgumentError(f"batch_size must be a positive int, got {batch_size!r}")
         if not isinstance(epochs, (int, np.integer)) or epochs < 0:
             raise ArgumentError(f"epochs must be a non-negative int, got {epochs!r}")
-        xd, yd, lr, momentum = self._train_args(x_host, y_host, loss, lr, momentum)
+        xd, yd, lr, momentum = self._train_args(x_host, y_host, loss, lr, momentum, dt)
         if optimizer is not None:
             self.optimizer = optimizer
         elif isinstance(self.optimizer, optim.SGD):
@@ -604,10 +624,10 @@ class Sequential:
         n = xd.shape[0]
         self._check_batches(n, batch_size)
         y_dense = yd.get()                       # targets as (batch, classes) rows
-        x_host = x_host.astype(self.dtype, copy=False)   # what _input uploaded to xd
+        x_host = x_host.astype(dt, copy=False)   # what _input uploaded to xd
         if validation is not None:
-            xv = self._input(validation[0], "validation x")
-            yv = self._targets(validation[1], xv.shape[0], loss)
+            xv = self._input(validation[0], "validation x", dt)
+            yv = self._targets(validation[1], xv.shape[0], loss, dt)
         if progress is None:
             progress = sys.stderr.isatty()
         rng = np.random.default_rng(seed)
@@ -654,7 +674,7 @@ class Sequential:
                 if scheduler is not None:
                     scheduler.step()
                 if validation is not None:
-                    vl, va = self.evaluate(xv, yv, loss)
+                    vl, va = self.evaluate(xv, yv, loss, precision=precision)
                     hist["val_loss"].append(vl)
                     hist["val_accuracy"].append(va)
                     if bar is not None:
@@ -682,18 +702,32 @@ class Sequential:
             shape = layer.out_shape
         return n
 
-    def evaluate(self, x, y, loss="quadratic", batch_size=1000):
-        """(mean loss, accuracy) on (x, y); accuracy compares arg-max of output and y."""
+    def evaluate(self, x, y, loss="quadratic", batch_size=1000, precision=None):
+        """(mean loss, accuracy) on (x, y); accuracy compares arg-max of output and y.
+
+        ``precision="float16"``: evaluated as a mixed-precision step runs forward (the
+        float16 copy of the weights, float16 activations; x and y are stored in
+        float16), as PyTorch evaluates under autocast: half the activation memory."""
         self._check_loss(loss)
         if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) \
                 or batch_size < 1:
             raise ArgumentError(f"batch_size must be a positive int, got {batch_size!r}")
-        xd = self._input(x)
-        yd = self._targets(y, xd.shape[0], loss)
+        half = amp.is_float16(precision, self)
+        dt = np.float16 if half else self.dtype
+        xd = self._input(x, dtype=dt)
+        yd = self._targets(y, xd.shape[0], loss, dt)
+        with self._bound(self._half_copy().views if half else None):
+            return self._evaluate(xd, yd, loss, batch_size, half)
+
+    def _evaluate(self, xd, yd, loss, batch_size, half):
         options = loss if isinstance(loss, CrossEntropyLoss) else None
         xent = loss == "cross_entropy" or options is not None
         total, correct = clnn.zeros((), self.dtype, self.device), 0
         n = xd.shape[0]
+
+        def add(value, weight):        # a float16 loss is summed in float32
+            clnn.axpy(weight, clnn.cast(value, self.dtype) if half else value, total)
+
         if options is not None:
             # PyTorch's mean over the whole set: the sum over the labels' total weight;
             # accuracy over the labels that are not ignored
@@ -706,10 +740,10 @@ class Sequential:
                 correct += int((out.get().argmax(1)[keep] == labels[keep]).sum())
                 counted += int(keep.sum())
                 value, _, d = cross_entropy_parts(out, yd[start:stop],
-                                                  self._loss_weight(options),
+                                                  self._loss_weight(options, xd.dtype),
                                                   options.ignore_index, "sum",
                                                   options.label_smoothing, want_dz=False)
-                clnn.axpy(1.0, value, total)
+                add(value, 1.0)
                 denom += d
             return (float(total.get()) / denom if denom else float("nan"),
                     correct / counted if counted else float("nan"))
@@ -724,7 +758,7 @@ class Sequential:
                 value, _ = clnn.softmax_cross_entropy(out, target, dz=out)
             else:
                 value, _ = clnn.quadratic_loss(out, target, da=out)
-            clnn.axpy(float(stop - start), value, total)
+            add(value, float(stop - start))
         return float(total.get()) / n, correct / n
 
     # ------------------------------------------------------------ persistence

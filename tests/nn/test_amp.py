@@ -2,6 +2,8 @@
 float64 reference, dynamic loss scaling (skip and back off on overflow, grow after good
 steps), checkpoints that resume the scale, halved activation memory, bad arguments."""
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -122,6 +124,62 @@ def test_activation_memory_halves():
     net.train_step(clnn.asarray(x), clnn.asarray(y), loss="cross_entropy",
                    precision="float16")
     assert net.workspace_bytes("float16") * 2 == full
+
+
+def test_evaluate_in_float16_is_the_float64_forward_of_half_values():
+    """evaluate(precision="float16") runs the float16 weight copy on float16 inputs:
+    the float64 forward pass of the half-rounded weights and inputs, to float16's
+    rounding of each stored activation; accuracy as float32's but for near-ties."""
+    net = mlp(seed=4, first="tanh")
+    x, y = data(37)
+    loss16, acc16 = net.evaluate(x, y, "cross_entropy", batch_size=10,
+                                 precision="float16")
+    loss32, acc32 = net.evaluate(x, y, "cross_entropy", batch_size=10)
+    h = x.astype(np.float16).astype(np.float64)
+    for layer in net.layers:
+        w = layer.weight.get().astype(np.float16).astype(np.float64)
+        b = layer.bias.get().astype(np.float16).astype(np.float64)
+        z = h @ w.T + b
+        if layer.activation == "softmax":
+            break
+        h = np.tanh(z) if layer.activation == "tanh" else np.maximum(z, 0)
+        h = h.astype(np.float16).astype(np.float64)       # stored in half
+    z = z.astype(np.float16).astype(np.float64)           # the stored logits
+    logp = z - z.max(1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(1, keepdims=True))
+    ref = -(y * logp).sum() / len(x)
+    assert abs(loss16 - ref) <= 2e-3 * (1 + abs(ref)), (loss16, ref)
+    assert abs(loss16 - loss32) <= 2e-2 * (1 + abs(loss32)), (loss16, loss32)
+    assert acc16 == (z.argmax(1) == y.argmax(1)).mean()
+    assert net.scaler is None          # evaluating creates no loss scale
+    # the float32 masters were not touched
+    assert all(p.dtype == np.float32 for p in net.parameters())
+
+
+def test_fit_in_float16_halves_the_pool_peak(monkeypatch):
+    """fit(precision="float16") keeps its data on the device in float16 and validates
+    in float16 (as under autocast): the pool's peak over the fit, dominated by the
+    data and the evaluation's activations, halves. (The convolution's float copy of a
+    float16 input is bounded to CONVERT_BYTES, 1 MiB beside LeNet-5's 4 MiB input at
+    batch 1000: scaled here to this network's 0.3 MiB.)"""
+    import gc
+    monkeypatch.setattr(sys.modules["clnn.ops.conv"], "CONVERT_BYTES", 1 << 16)
+    dev = clnn.device()
+    x, y = data(4000, (2, 9, 9), 6)
+    grown = {}
+    for precision in ("float32", "float16"):
+        net = lenet_like(seed=1)
+        gc.collect()
+        dev.pool.free_held()
+        dev.pool.reset_peak()
+        before = dev.pool.stats()["real_bytes"]
+        net.fit(x[:3000], y[:3000], "cross_entropy", epochs=1, batch_size=100,
+                validation=(x[3000:], y[3000:]), precision=precision, progress=False)
+        grown[precision] = dev.pool.stats()["peak_bytes"] - before
+        del net
+    # the float32 scratch of the convolutions (a float copy of a float16 input, packed
+    # operands) is the same in both: a little over half
+    assert grown["float16"] <= 0.6 * grown["float32"], grown
 
 
 def test_checkpoint_resumes_the_scale_bitwise(tmp_path):
