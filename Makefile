@@ -33,8 +33,10 @@ demo: $(STAMP)
 	@echo
 	$(PY) -m clnn train mnist
 
+# one pytest worker per core (pytest-xdist): PoCL compiles a kernel on one thread, and
+# compiling the variants the tests force is about half of the suite's time
 test: $(STAMP)
-	$(PY) -m pytest -ra
+	$(PY) -m pytest -ra -n auto
 
 # benchmarks: PyTorch and tinygrad from PyPI; CLBlast needs Debian's libclblast-dev
 bench: $(STAMP)
