@@ -18,6 +18,7 @@ import json
 import os
 import stat
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -295,22 +296,38 @@ def _user_db_path():
     return os.path.join(platformdirs.user_cache_dir("clnn"), "tuning.json")
 
 
-_db_cache = {"path": None, "mtime": None, "entries": {}}
+_db_cache = {"path": None, "mtime": None, "entries": {}, "checked": 0.0}
 DB_MAX_BYTES = 16 << 20      # a database with every class of a hundred devices is ~1 MB
+# Every GEMM and convolution looks its class up: the file's modification time is
+# looked at once a second at most (a stat per launch was 7 us, 14 of them a LeNet-5
+# step); save_db_entries and a new CLNN_TUNING_DB path take effect at once.
+DB_RECHECK_S = 1.0
+
+
+@functools.lru_cache(maxsize=None)
+def _dtype_name(dtype):
+    return np.dtype(dtype).name         # numpy's dtype.name is 10 us of Python
 
 
 def db_key(facts, dtype, klass, kernel="gemm"):
-    return f"{kernel}|{facts.name}|{facts.driver_version}|{np.dtype(dtype).name}|{klass}"
+    return f"{kernel}|{facts.name}|{facts.driver_version}|{_dtype_name(dtype)}|{klass}"
 
 
 def load_db():
-    """{key: entry} from the database file (re-read when it changes); {} when unusable."""
+    """{key: entry} from the database file (re-read when it changes, looked at once a
+    second at most); {} when unusable."""
     path = db_path()
+    now = time.monotonic()
+    if _db_cache["path"] == path and _db_cache["mtime"] is not None and \
+            now - _db_cache["checked"] < DB_RECHECK_S:
+        return _db_cache["entries"]
     try:
         mtime = os.path.getmtime(path)
     except OSError:
+        _db_cache.update(path=path, mtime="missing", entries={}, checked=now)
         return {}
     if _db_cache["path"] == path and _db_cache["mtime"] == mtime:
+        _db_cache["checked"] = now
         return _db_cache["entries"]
     try:
         # only a regular file of bounded size: /dev/zero would fill memory, a FIFO
@@ -329,7 +346,7 @@ def load_db():
             RecursionError) as exc:
         warnings.warn(f"ignoring the tuning database {path}: {exc}", RuntimeWarning)
         entries = {}
-    _db_cache.update(path=path, mtime=mtime, entries=entries)
+    _db_cache.update(path=path, mtime=mtime, entries=entries, checked=now)
     return entries
 
 

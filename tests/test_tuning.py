@@ -125,6 +125,26 @@ def test_database_entry_wins_over_the_table_and_override_over_both(db):
         assert tuning.gemm_params(f, 4, "float32", "NN-square") == forced
 
 
+def test_database_changes_are_seen(db, monkeypatch):
+    """save_db_entries takes effect at once; a file another process rewrites is looked
+    at again after DB_RECHECK_S (a stat per launch cost 7 us), not before."""
+    import os
+    f = facts()
+    key = tuning.db_key(f, "float32", "NN-square")
+    one = {"variant": "local", "MWG": 16, "NWG": 32, "KWG": 8, "MDIMC": 4, "NDIMC": 8}
+    two = dict(one, KWG=16)
+    assert tuning.load_db() == {}                       # no file yet
+    tuning.save_db_entries({key: {"params": one}})
+    assert tuning.gemm_params(f, 4, "float32", "NN-square") == one
+    import json
+    db.write_text(json.dumps({"version": 1, "entries": {key: {"params": two}}}))
+    os.utime(db, (1, 1))                                # a different mtime for sure
+    monkeypatch.setattr(tuning, "DB_RECHECK_S", 3600.0)
+    assert tuning.gemm_params(f, 4, "float32", "NN-square") == one
+    monkeypatch.setattr(tuning, "DB_RECHECK_S", 0.0)
+    assert tuning.gemm_params(f, 4, "float32", "NN-square") == two
+
+
 def test_stale_and_corrupt_entries_are_ignored_with_a_warning(db):
     f = facts()
     write_db(db, {tuning.db_key(f, "float32", "NN-square"):
