@@ -208,6 +208,7 @@ class Kernel:
         self.names = [n for n, _ in args]
         self.types = [None if t is None else typemap[t] for _, t in args]
         self._names = frozenset(self.names)
+        self._buffers = [i for i, t in enumerate(self.types) if t is None]
         # With the scalar types declared, PyOpenCL packs the arguments with a
         # generated struct call: 0.7 us for six arguments against 26 us when it has to
         # work out each argument's type (measured on PoCL), which was a third of the
@@ -223,8 +224,10 @@ class Kernel:
             missing = self._names - args.keys()
             extra = args.keys() - self._names
             raise TypeError(f"{self.entry}: missing {sorted(missing)}, unknown {sorted(extra)}")
-        values = [getattr(args[n], "base_data", args[n]) if t is None else args[n]
-                  for n, t in zip(self.names, self.types)]
+        values = [args[n] for n in self.names]
+        for i in self._buffers:              # an Array's buffer (offsets are arguments)
+            v = values[i]
+            values[i] = getattr(v, "base_data", v)
         with self._lock:
             self.cl_kernel.set_args(*values)
             evt = cl.enqueue_nd_range_kernel(self.device.queue, self.cl_kernel,
