@@ -56,13 +56,11 @@ def _is_22(mode, k, s, p, d=(1, 1), H=0, W=0, P=0, Q=0):
         tuple(p) == (0, 0) and tuple(d) == (1, 1) and P == H // 2 and Q == W // 2
 
 
-def _grid(dev, cols, rows):
-    """(global, local) for a work-item per element of a rows x cols grid, in groups of
-    8 x 8: PoCL runs the 8 along a row as one vectorised loop, and 8 rows per group
-    cut its per-group cost (LeNet-5's pooling: 1.1 -> 0.7 ms per training step)."""
-    lx = min(8, dev.facts.max_work_group_size)
-    ly = max(1, min(8, dev.facts.max_work_group_size // lx))
-    return (-(-cols // lx) * lx, -(-rows // ly) * ly), (lx, ly)
+def _flat(dev, n):
+    """(global, local) for a work-item per item of n (the 2x2 kernels: an output, or a
+    window of the input), in groups of 64 (PoCL runs a group as one vectorised loop)."""
+    wg = min(64, dev.facts.max_work_group_size)
+    return (-(-n // wg) * wg,), (wg,)
 
 
 def _args(N, C, H, W, P, Q, k, s, p, d, div_mode=0, divisor=1):
@@ -127,7 +125,7 @@ def _forward(mode, x, kernel_size, stride, padding, out, dilation=1, ceil_mode=F
     if _is_22(mode, k, s, p, d, H, W, P, Q) and not want_indices:
         kern = programs.get_kernel(dev, "pool", "clnn_pool22_forward",
                                    {"dtype": programs.dtype_name(dt), "mode": mode})
-        evt = kern(*_grid(dev, Q, N * C * P), planes=N * C, H=H, W=W, P=P, Q=Q, x=x,
+        evt = kern(*_flat(dev, N * C * P * Q), planes=N * C, H=H, W=W, P=P, Q=Q, x=x,
                    x_off=offset(x), y=out, y_off=offset(out))
         return done(out, evt)
     kern = programs.get_kernel(dev, "pool", "clnn_pool_forward", {"dtype": programs.dtype_name(dt),
@@ -161,7 +159,7 @@ def _backward(mode, dy, x, kernel_size, stride, padding, out, dilation=1, ceil_m
     if _is_22(mode, k, s, p, d, H, W, P, Q):
         kern = programs.get_kernel(dev, "pool", "clnn_pool22_backward",
                                    {"dtype": programs.dtype_name(dt), "mode": mode})
-        evt = kern(*_grid(dev, W, N * C * H), planes=N * C, H=H, W=W, P=P, Q=Q, x=x,
+        evt = kern(*_flat(dev, N * C * -(-H // 2) * -(-W // 2)), planes=N * C, H=H, W=W, P=P, Q=Q, x=x,
                    x_off=offset(x), dy=dy, dy_off=offset(dy), dx=out, dx_off=offset(out))
         return done(out, evt)
     kern = programs.get_kernel(dev, "pool", "clnn_pool_backward", {"dtype": programs.dtype_name(dt),

@@ -102,22 +102,27 @@ def test_defaults_and_bad_input():
         clnn.max_pool2d(x, 2, return_indices=True, indices=clnn.zeros((1, 2, 2, 2)))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["float32", "float16"])
 @pytest.mark.parametrize("H,W", [(2, 2), (7, 9), (28, 28), (1 + 2 * 5, 2 * 8)])
-def test_2x2_max_pooling_ties_and_nans(H, W):
+def test_2x2_max_pooling_ties_and_nans(H, W, dtype):
     """2x2 windows with stride 2 have their own kernels: the first maximum in row-major
     order wins, a NaN beats any number, rows and columns past the last window get no
-    gradient. Checked against the reference and against the general kernels."""
+    gradient; offsets and canaries around every array. Checked against the reference
+    and against the general kernels."""
     import sys
     from unittest import mock
-    x = RNG.integers(-2, 3, (2, 3, H, W)).astype(np.float32)     # many ties
+    x = RNG.integers(-2, 3, (2, 3, H, W)).astype(dtype)           # many ties
     x[0, 0, 0, 1] = x[1, 2, -1, -1] = x[1, 1, 0, 0] = np.nan
     x[1, 1, 0, 1] = np.nan                                          # two in one window
     ref, backward, _ = pool2d_ref(x, (2, 2), (2, 2), (0, 0), "max")
-    dy = RNG.standard_normal(ref.shape).astype(np.float32)
-    X, DY = clnn.asarray(x), clnn.asarray(dy)
-    fast = clnn.max_pool2d(X, 2).get(), clnn.max_pool2d_backward(DY, X, 2).get()
-    np.testing.assert_array_equal(fast[0], ref.astype(np.float32))
-    np.testing.assert_array_equal(fast[1], backward(dy).astype(np.float32))
+    dy = RNG.standard_normal(ref.shape).astype(dtype)
+    X, DY = guarded_input(clnn.device(), x), guarded_input(clnn.device(), dy)
+    y, dx = Guarded(clnn.device(), ref.shape, dtype), Guarded(clnn.device(), x.shape, dtype)
+    clnn.max_pool2d(X, 2, out=y.view)
+    clnn.max_pool2d_backward(DY, X, 2, out=dx.view)
+    fast = y.check(), dx.check()
+    np.testing.assert_array_equal(fast[0], ref.astype(dtype))
+    np.testing.assert_array_equal(fast[1], backward(dy).astype(dtype))
     pool = sys.modules["clnn.ops.pool"]
     with mock.patch.object(pool, "_is_22", lambda *a: False):
         general = clnn.max_pool2d(X, 2).get(), clnn.max_pool2d_backward(DY, X, 2).get()
