@@ -8,7 +8,7 @@ import numpy as np
 
 from ._args import (check, check_out, common_device, dev_empty, done, finite, launch,
                     offset)
-from .elementwise import elementwise_kernel
+from .elementwise import elementwise_kernel, inplace
 from .reduce import reduce3
 from ..errors import ArgumentError, ShapeError
 
@@ -27,7 +27,8 @@ def bias_add(x, b, out=None):
     channels, inner = _channels(x, "x")
     check(b, "b", dev, dtype=dt, shape=(channels,))
     out = check_out(out, x.shape, dt, dev, inputs=(x, b))
-    kern = elementwise_kernel(dev, dt, "clnn_bias_add", op="linalg")
+    kern = elementwise_kernel(dev, dt, "clnn_bias_add", op="linalg",
+                              inplace=inplace(out, x=x))
     evt = launch(kern, dev, x.size, channels=channels, inner=inner, x=x, x_off=offset(x),
                   b=b, b_off=offset(b), out=out, out_off=offset(out))
     return done(out, evt)

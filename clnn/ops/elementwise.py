@@ -18,14 +18,32 @@ ACTIVATION_PARAMS = {"leaky_relu": 0.01, "elu": 1.0, "softplus": 1.0}
 SOFTPLUS_THRESHOLD = 20.0
 
 programs.register(
-    "elementwise", {"op": "act", "act": "sigmoid", "src": "z"},
+    "elementwise", {"op": "act", "act": "sigmoid", "src": "z", "inplace": ""},
     lambda: ([{"op": "act", "act": a, "src": s} for a in ACTIVATIONS for s in ("z", "a")]
-             + [{"op": "linalg"}]))
+             + [{"op": "act", "act": "relu", "src": "a", "inplace": "dy"},
+                {"op": "act", "act": "tanh", "src": "z", "inplace": "src"},
+                {"op": "act", "act": "elu", "src": "z", "inplace": "z"},
+                {"op": "linalg"}, {"op": "linalg", "inplace": "x"},
+                {"op": "linalg", "inplace": "y"}]))
 
 
 def elementwise_kernel(dev, dtype, entry, **params):
     return programs.get_kernel(dev, "elementwise", entry,
                                dict(params, dtype=programs.dtype_name(dtype)))
+
+
+def inplace(out, **inputs):
+    """The name of the input that ``out`` is (the same buffer at the same offset; a
+    partial overlap was refused by check_out), or "": the kernels' ``inplace``
+    parameter, so they store through that input's pointer."""
+    if out.base_data is None:                    # empty: nothing is launched
+        return ""
+    ptr, off = out.base_data.int_ptr, out.offset
+    for name, x in inputs.items():
+        if x is out or (x.base_data is not None and x.base_data.int_ptr == ptr and
+                        x.offset == off):
+            return name
+    return ""
 
 
 def activation_parameter(name, param, dt=None):
@@ -61,7 +79,8 @@ def activation(name, z, out=None, param=None):
     dt = check(z, "z", dev)
     p, q = activation_parameter(name, param, dt)
     out = check_out(out, z.shape, dt, dev, inputs=(z,))
-    kern = elementwise_kernel(dev, dt, "clnn_act_forward", op="act", act=name, src="z")
+    kern = elementwise_kernel(dev, dt, "clnn_act_forward", op="act", act=name, src="z",
+                              inplace=inplace(out, z=z))
     evt = launch(kern, dev, z.size, p=p, q=q, z=z, z_off=offset(z), out=out,
                  out_off=offset(out))
     return done(out, evt)
@@ -94,7 +113,8 @@ def activation_derivative(name, *, z=None, a=None, out=None, param=None):
     if src == "a" and name == "leaky_relu" and p == 0:
         name = "relu"
     out = check_out(out, x.shape, dt, dev, inputs=(x,))
-    kern = elementwise_kernel(dev, dt, "clnn_act_derivative", op="act", act=name, src=src)
+    kern = elementwise_kernel(dev, dt, "clnn_act_derivative", op="act", act=name, src=src,
+                              inplace=inplace(out, src=x))
     evt = launch(kern, dev, x.size, p=p, q=q, src=x, src_off=offset(x), out=out,
                  out_off=offset(out))
     return done(out, evt)
@@ -109,7 +129,8 @@ def activation_backward(name, dy, *, z=None, a=None, out=None, param=None):
     _check_source(name, src, q)
     check(x, src, dev, dtype=dt, shape=dy.shape)
     out = check_out(out, dy.shape, dt, dev, inputs=(dy, x))
-    kern = elementwise_kernel(dev, dt, "clnn_act_backward", op="act", act=name, src=src)
+    kern = elementwise_kernel(dev, dt, "clnn_act_backward", op="act", act=name, src=src,
+                              inplace=inplace(out, dy=dy, src=x))
     evt = launch(kern, dev, dy.size, p=p, q=q, dy=dy, dy_off=offset(dy), src=x,
                  src_off=offset(x), out=out, out_off=offset(out))
     return done(out, evt)
@@ -145,7 +166,8 @@ def hadamard(x, y, out=None):
     dt = check(x, "x", dev)
     check(y, "y", dev, dtype=dt, shape=x.shape)
     out = check_out(out, x.shape, dt, dev, inputs=(x, y))
-    kern = elementwise_kernel(dev, dt, "clnn_hadamard", op="linalg")
+    kern = elementwise_kernel(dev, dt, "clnn_hadamard", op="linalg",
+                              inplace=inplace(out, x=x, y=y))
     evt = launch(kern, dev, x.size, x=x, x_off=offset(x), y=y, y_off=offset(y), out=out,
                   out_off=offset(out))
     return done(out, evt)
@@ -158,7 +180,8 @@ def axpy(alpha, x, y, out=None):
     alpha = finite(alpha, "alpha", dt)
     check(y, "y", dev, dtype=dt, shape=x.shape)
     out = check_out(y if out is None else out, x.shape, dt, dev, inputs=(x, y))
-    kern = elementwise_kernel(dev, dt, "clnn_axpy", op="linalg")
+    kern = elementwise_kernel(dev, dt, "clnn_axpy", op="linalg",
+                              inplace=inplace(out, x=x, y=y))
     evt = launch(kern, dev, x.size, alpha=alpha, x=x, x_off=offset(x), y=y,
                   y_off=offset(y), out=out, out_off=offset(out))
     return done(out, evt)
@@ -170,7 +193,8 @@ def scale(alpha, x, out=None):
     dt = check(x, "x", dev)
     alpha = finite(alpha, "alpha", dt)
     out = check_out(out, x.shape, dt, dev, inputs=(x,))
-    kern = elementwise_kernel(dev, dt, "clnn_scale", op="linalg")
+    kern = elementwise_kernel(dev, dt, "clnn_scale", op="linalg",
+                              inplace=inplace(out, x=x))
     evt = launch(kern, dev, x.size, alpha=alpha, x=x, x_off=offset(x), out=out,
                   out_off=offset(out))
     return done(out, evt)

@@ -136,6 +136,49 @@ def test_activation_in_place(dev):
     assert_close(x.get(), f_ref("sigmoid", z, 0), np.float32)
 
 
+def _in_place_cases(n, dtype):
+    """(name, inputs, the input out is, call(arrays, out), float64 reference)."""
+    z, y = inputs(n, dtype), inputs(n, dtype)
+    z64, y64 = z.astype(np.float64), y.astype(np.float64)
+    b = inputs(7, dtype)
+    bias = np.tile(b.astype(np.float64), n // 7)
+    return [
+        ("tanh", {"z": z}, "z", lambda a, o: clnn.tanh(a["z"], out=o), np.tanh(z64)),
+        ("derivative", {"z": z}, "z",
+         lambda a, o: clnn.activation_derivative("tanh", z=a["z"], out=o),
+         df_ref("tanh", z64, 0)),
+        *[("backward", {"dy": y, "a": z}, which,
+           lambda a, o: clnn.activation_backward("relu", a["dy"], a=a["a"], out=o),
+           y64 * (z64 > 0)) for which in ("dy", "a")],
+        *[("hadamard", {"x": z, "y": y}, which,
+           lambda a, o: clnn.hadamard(a["x"], a["y"], out=o), z64 * y64)
+          for which in ("x", "y")],
+        *[("axpy", {"x": z, "y": y}, which,
+           lambda a, o: clnn.axpy(-1.5, a["x"], a["y"], out=o), -1.5 * z64 + y64)
+          for which in ("x", "y")],
+        ("scale", {"x": z}, "x", lambda a, o: clnn.scale(0.25, a["x"], out=o), 0.25 * z64),
+        ("bias_add", {"x": z}, "x",
+         lambda a, o: clnn.bias_add(a["x"].reshape(n // 7, 7), clnn.asarray(b),
+                                    out=o.reshape(n // 7, 7)), z64 + bias),
+    ]
+
+
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+def test_every_element_wise_kernel_in_place_on_each_input(dev, dtype):
+    """out may be any one input: the kernels then store through that input's pointer
+    (so the compiler vectorises); every op, each input it can overwrite, at an offset
+    with canaries, against float64 references."""
+    n = 7 * 1429                      # a multiple of the bias's 7 channels, and prime 1429
+    for name, host, which, call, ref in _in_place_cases(n, dtype):
+        arrays = {k: Guarded(dev, (n,), dtype, fill=v) for k, v in host.items()}
+        views = {k: g.view for k, g in arrays.items()}
+        call(views, views[which])
+        assert_close(arrays[which].check(), ref, dtype), (name, which)
+        for k, g in arrays.items():       # the other inputs are as they were
+            if k != which:
+                np.testing.assert_array_equal(g.check(), host[k])
+
+
 @pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
 @pytest.mark.parametrize("n", AWKWARD, ids=lambda n: f"n{n}")
 def test_linalg_ops(dev, n, dtype):
