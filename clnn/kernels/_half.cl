@@ -40,5 +40,21 @@ inline ushort clnn_f2h(const float v)
     const uint h = a >= 0x47800000u ? big : (a < 0x38800000u ? small : normal);
     return (ushort)(h | ((x >> 16) & 0x8000u));
 }
+// clnn_f2h2/4/8: the same rounding on a vector of floats at once, for a kernel that
+// stores a vector of halves (the CPU GEMM's epilogue).
+#define CLNN_F2H_VECTOR(N) \
+inline ushort##N clnn_f2h##N(const float##N v) \
+{ \
+    const uint##N x = as_uint##N(v); \
+    const uint##N a = x & 0x7fffffffu; \
+    const uint##N big = a > 0x7f800000u ? (uint##N)0x7e00u : (uint##N)0x7c00u; \
+    const uint##N small = as_uint##N(as_float##N(a) + 0.5f) - 0x3f000000u; \
+    const uint##N normal = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13; \
+    const uint##N h = a >= 0x47800000u ? big : (a < 0x38800000u ? small : normal); \
+    return convert_ushort##N(h | ((x >> 16) & 0x8000u)); \
+}
+CLNN_F2H_VECTOR(2)
+CLNN_F2H_VECTOR(4)
+CLNN_F2H_VECTOR(8)
 #endif
 #endif

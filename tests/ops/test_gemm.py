@@ -136,6 +136,22 @@ def test_bias_broadcasts_as_addmm(variant):
                 check_gemm(M, N, K, True, False, -1.5, 1.0, np.float32, bias=shape)
 
 
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("variant", ["cpu-default", "cpu-3x8-vw4",
+                                     {"variant": "reg", "MWI": 2, "NWI": 6, "VW": 2,
+                                      "WGM": 3}], ids=["vw8", "vw4", "vw2"])
+def test_vector_epilogue(variant, dtype):
+    """The CPU GEMM stores a vector of a row of C at once where it lies inside C (and
+    element by element at the right edge): with bias per column, per row or one value,
+    beta, activations, every dtype (float16's vector conversion on CPUs)."""
+    params = VARIANTS[variant] if isinstance(variant, str) else variant
+    with tuning.override("gemm", params):
+        for M, N, K in ((33, 19, 45), (16, 64, 7), (5, 41, 3)):
+            check_gemm(M, N, K, False, True, 1.0, 0.0, dtype, bias=(1, N), act="tanh")
+            check_gemm(M, N, K, True, False, -1.5, 1.0, dtype, bias=(M, 1))
+            check_gemm(M, N, K, False, False, 0.5, -1.0, dtype, bias=(), act="relu")
+
+
 @pytest.mark.parametrize("variant", ["cpu-default", "gpu-odd"])
 def test_batched(variant):
     with tuning.override("gemm", VARIANTS[variant]):
