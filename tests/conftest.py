@@ -5,6 +5,7 @@ The device comes from CLNN_TEST_DEVICE (default "pocl", the driver-free CPU devi
 
 import os
 import tempfile
+import zlib
 
 import numpy as np
 import pytest
@@ -26,6 +27,18 @@ PAD = 17                   # canary elements on each side of a guarded output
 @pytest.fixture(scope="session")
 def dev():
     return clnn.device(TEST_DEVICE)
+
+
+@pytest.fixture(autouse=True)
+def _rng_of_its_own(request):
+    """Each test draws its module's ``RNG`` from a generator seeded by its own name.
+    With one generator per module a test's data depended on which of its neighbours
+    had run before in the same process, and pytest-xdist deals tests out to its workers
+    differently on every run: a test that passed in one order failed in another."""
+    module = getattr(request, "module", None)
+    if isinstance(getattr(module, "RNG", None), np.random.Generator):
+        module.RNG = np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+    yield
 
 
 @pytest.fixture(params=["device", "work-groups"])
