@@ -230,8 +230,11 @@ def conv():
                     close(clnn.conv2d_backward_weight(dyy, xx, ww.shape, stride=st,
                                                       padding=1).get(), refs[2], 1e-4)
             checked += 1
-    for mode, fwd, bwd in (("max", clnn.max_pool2d, clnn.max_pool2d_backward),
-                           ("avg", clnn.avg_pool2d, clnn.avg_pool2d_backward)):
+    pooling = [(mode, fwd, bwd, per)
+               for mode, fwd, bwd in (("max", clnn.max_pool2d, clnn.max_pool2d_backward),
+                                      ("avg", clnn.avg_pool2d, clnn.avg_pool2d_backward))
+               for per in (False, True)]        # a work-item per row, or per element
+    for mode, fwd, bwd, per_element in pooling:
         # overlapping windows, and windows that do not overlap (their own path); with
         # ceil_mode windows past the input; dilation (max) and the divisors (avg)
         extra = ({"dilation": 2, "ceil_mode": True},) if mode == "max" else \
@@ -244,9 +247,10 @@ def conv():
             y_ref, backward, _ = pool2d_ref(
                 x, k, (st, st) if isinstance(st, int) else st,
                 (pad, pad) if isinstance(pad, int) else pad, mode, (dil, dil), **ref_opts)
-            close(fwd(X, k, st, pad, **opts).get(), y_ref)
             g = rng.standard_normal(y_ref.shape).astype(np.float32)
-            close(bwd(clnn.asarray(g), X, k, st, pad, **opts).get(), backward(g))
+            with tuning.override("rows", {"wg": per_element}):
+                close(fwd(X, k, st, pad, **opts).get(), y_ref)
+                close(bwd(clnn.asarray(g), X, k, st, pad, **opts).get(), backward(g))
     # the direct kernels of grouped and dilated convolutions (both work-group sizes of
     # the weight gradient's reduction)
     from reference import conv2d_general_ref

@@ -1,6 +1,8 @@
 ## pool.cl: 2-D max and average pooling, forward and backward.
 ## Parameters:  dtype  float32 | float64 | float16
 ##              mode   "max" | "avg"
+##              per    "row": a work-item per row of outputs (forward) or inputs
+##                     (backward), CPUs; "element": a work-item per element, GPUs
 ## Used by clnn/ops/pool.py.
 <%include file="_common.cl"/>
 //
@@ -8,10 +10,12 @@
 // padding (PH, PW) and dilation (DH, DW): tap (r, s) of window (p, q) reads
 // (p SH - PH + r DH, q SW - PW + s DW); planes = N * C. The host sizes P and Q (with
 // PyTorch's ceil_mode, the last window may reach past the padding; the kernels skip
-// what lies outside the input). One work-item per output row forward, one per input
-// row backward (each element gathers over the windows that contain it), so nothing is
-// written twice and no atomics are needed. Max pooling over 2x2 windows with stride 2
-// and no padding has its own kernels at the end: a work-item per element.
+// what lies outside the input). Each output, and each element of dx (gathering over the
+// windows that contain it), is written by one work-item, so no atomics are needed: on
+// CPUs a work-item takes a row of them (the index arithmetic is per row), on GPUs one
+// element (neighbouring work-items, neighbouring addresses; a row per work-item left
+// most of a GPU idle and its loads uncoalesced). Max pooling over 2x2 windows with
+// stride 2 and no padding has its own kernels at the end: a work-item per window.
 % if mode == "max":
 // Max pooling ignores padding; a window's maximum is its first maximal element in
 // row-major order, the same rule forward and backward, so ties route the gradient to
@@ -76,17 +80,7 @@ inline acc_t clnn_divisor(const int H, const int W, const int p, const int q,
 #define CLNN_DIVISOR(p, q) clnn_divisor(H, W, p, q, KH, KW, SH, SW, PH, PW, div_mode, divisor)
 % endif
 
-__kernel void clnn_pool_forward(
-        ${pool_args},
-                                __global const real_t *x, const int x_off,
-                                __global real_t *y, const int y_off,
-                                __global int *idx, const int idx_off, const int want_idx)
-{
-    // one work-item per output row (plane, p): the index arithmetic is per row
-    for (int i = (int)get_global_id(0); i < planes * P; i += (int)get_global_size(0)) {
-        const int plane = i / P, p = i % P;
-        __global const real_t *xp = x + x_off + plane * H * W;
-        for (int q = 0; q < Q; ++q) {
+<%def name="forward_one()">
 % if mode == "max":
             const int best = CLNN_ARGMAX(p, q);
             // a dilated window may have no tap inside the input: -inf, as PyTorch's
@@ -105,8 +99,33 @@ __kernel void clnn_pool_forward(
             }
             CLNN_STORE(sum / CLNN_DIVISOR(p, q), y, y_off + i * Q + q);
 % endif
+</%def>
+__kernel void clnn_pool_forward(
+        ${pool_args},
+                                __global const real_t *x, const int x_off,
+                                __global real_t *y, const int y_off,
+                                __global int *idx, const int idx_off, const int want_idx)
+{
+% if per == "element":
+    // one work-item per output element (plane, p, q), i = plane * P + p its row
+    for (int e = (int)get_global_id(0); e < planes * P * Q; e += (int)get_global_size(0)) {
+        const int i = e / Q, q = e % Q;
+        const int plane = i / P, p = i % P;
+        __global const real_t *xp = x + x_off + plane * H * W;
+        {
+${forward_one()}
         }
     }
+% else:
+    // one work-item per output row (plane, p): the index arithmetic is per row
+    for (int i = (int)get_global_id(0); i < planes * P; i += (int)get_global_size(0)) {
+        const int plane = i / P, p = i % P;
+        __global const real_t *xp = x + x_off + plane * H * W;
+        for (int q = 0; q < Q; ++q) {
+${forward_one()}
+        }
+    }
+% endif
 }
 
 // dx[plane, h, w] = sum of dy over the windows (p, q) that contain (h, w)
@@ -115,18 +134,55 @@ __kernel void clnn_pool_forward(
 % else:
 //                   each divided by its divisor.
 % endif
+<%def name="gather_one()">
+            acc_t g = (acc_t)0;
+            for (int r = 0; r < KH; ++r) {
+                const int tp = h + PH - r * DH;
+                if (tp < 0 || tp % SH != 0 || tp / SH >= P)
+                    continue;
+                const int p = tp / SH;
+                for (int s = 0; s < KW; ++s) {
+                    const int tq = w + PW - s * DW;
+                    if (tq < 0 || tq % SW != 0 || tq / SW >= Q)
+                        continue;
+                    const int q = tq / SW;
+                    const acc_t d = CLNN_LOAD(dy, dy_off + (plane * P + p) * Q + q);
+% if mode == "max":
+                    if (CLNN_ARGMAX(p, q) == h * W + w)
+                        g += d;
+% else:
+                    g += d / CLNN_DIVISOR(p, q);
+% endif
+                }
+            }
+</%def>
 __kernel void clnn_pool_backward(
         ${pool_args},
                                  __global const real_t *x, const int x_off,
                                  __global const real_t *dy, const int dy_off,
                                  __global real_t *dx, const int dx_off)
 {
+% if per == "element":
+    // one work-item per element (plane, h, w) of dx, i = plane * H + h its row: the
+    // general gather over the taps that reach it
+    for (int e = (int)get_global_id(0); e < planes * H * W; e += (int)get_global_size(0)) {
+        const int i = e / W, w = e % W;
+        const int plane = i / H, h = i % H;
+%   if mode == "max":
+        __global const real_t *xp = x + x_off + plane * H * W;
+%   endif
+        {
+${gather_one()}
+            CLNN_STORE(g, dx, dx_off + i * W + w);
+        }
+    }
+% else:
     // one work-item per input row (plane, h)
     for (int i = (int)get_global_id(0); i < planes * H; i += (int)get_global_size(0)) {
         const int plane = i / H, h = i % H;
-% if mode == "max":
+%   if mode == "max":
         __global const real_t *xp = x + x_off + plane * H * W;
-% endif
+%   endif
         if (SH >= KH && SW >= KW && DH == 1 && DW == 1) {
             // Windows that do not overlap (the usual 2x2 stride 2): (h, w) lies in at
             // most one window (p, q), found by counting instead of dividing, and
@@ -162,29 +218,11 @@ __kernel void clnn_pool_backward(
         }
         // the general case: tap r of window p covers h when p SH - PH + r DH = h
         for (int w = 0; w < W; ++w) {
-            acc_t g = (acc_t)0;
-            for (int r = 0; r < KH; ++r) {
-                const int tp = h + PH - r * DH;
-                if (tp < 0 || tp % SH != 0 || tp / SH >= P)
-                    continue;
-                const int p = tp / SH;
-                for (int s = 0; s < KW; ++s) {
-                    const int tq = w + PW - s * DW;
-                    if (tq < 0 || tq % SW != 0 || tq / SW >= Q)
-                        continue;
-                    const int q = tq / SW;
-                    const acc_t d = CLNN_LOAD(dy, dy_off + (plane * P + p) * Q + q);
-% if mode == "max":
-                    if (CLNN_ARGMAX(p, q) == h * W + w)
-                        g += d;
-% else:
-                    g += d / CLNN_DIVISOR(p, q);
-% endif
-                }
-            }
+${gather_one()}
             CLNN_STORE(g, dx, dx_off + i * W + w);
         }
     }
+% endif
 }
 
 % if mode == "max":

@@ -2,13 +2,21 @@
 
 import numpy as np
 
-from .. import programs
+from .. import programs, tuning
 from ..errors import ArgumentError, ShapeError
 from ._args import (INT_MAX, check, check_ints, check_out, common_device, dev_empty, done,
                     launch_size, offset, overlaps, pair)
 
-programs.register("pool", {"mode": "max"},
-                  lambda: [{"mode": "max"}, {"mode": "avg"}])
+programs.register("pool", {"mode": "max", "per": "row"},
+                  lambda: [{"mode": m, "per": per} for m in ("max", "avg")
+                           for per in ("row", "element")])
+
+
+def _per(dev):
+    """The general kernels' work-item: "row" on CPUs (index arithmetic once per row),
+    "element" on GPUs (or where tests force the GPUs' row-wise kernels)."""
+    forced = tuning.forced("rows")
+    return "element" if (forced["wg"] if forced else not dev.facts.is_cpu) else "row"
 
 
 def _out_size(L, k, s, p, d, ceil_mode):
@@ -128,9 +136,10 @@ def _forward(mode, x, kernel_size, stride, padding, out, dilation=1, ceil_mode=F
         evt = kern(*_flat(dev, N * C * P * Q), planes=N * C, H=H, W=W, P=P, Q=Q, x=x,
                    x_off=offset(x), y=out, y_off=offset(out))
         return done(out, evt)
-    kern = programs.get_kernel(dev, "pool", "clnn_pool_forward", {"dtype": programs.dtype_name(dt),
-                                                                   "mode": mode})
-    g, l = launch_size(dev, N * C * P)          # a work-item per output row
+    per = _per(dev)
+    kern = programs.get_kernel(dev, "pool", "clnn_pool_forward",
+                               {"dtype": programs.dtype_name(dt), "mode": mode, "per": per})
+    g, l = launch_size(dev, N * C * P * (Q if per == "element" else 1))
     idx = indices if want_indices else out      # a placeholder the kernel never writes
     evt = kern(g, l, x=x, x_off=offset(x), y=out, y_off=offset(out), idx=idx,
                idx_off=offset(idx), want_idx=int(want_indices),
@@ -162,9 +171,10 @@ def _backward(mode, dy, x, kernel_size, stride, padding, out, dilation=1, ceil_m
         evt = kern(*_flat(dev, N * C * -(-H // 2) * -(-W // 2)), planes=N * C, H=H, W=W, P=P, Q=Q, x=x,
                    x_off=offset(x), dy=dy, dy_off=offset(dy), dx=out, dx_off=offset(out))
         return done(out, evt)
-    kern = programs.get_kernel(dev, "pool", "clnn_pool_backward", {"dtype": programs.dtype_name(dt),
-                                                                    "mode": mode})
-    g, l = launch_size(dev, N * C * H)          # a work-item per input row
+    per = _per(dev)
+    kern = programs.get_kernel(dev, "pool", "clnn_pool_backward",
+                               {"dtype": programs.dtype_name(dt), "mode": mode, "per": per})
+    g, l = launch_size(dev, N * C * H * (W if per == "element" else 1))
     evt = kern(g, l, x=x, x_off=offset(x), dy=dy, dy_off=offset(dy), dx=out,
                dx_off=offset(out), **_args(N, C, H, W, P, Q, k, s, p, d, *divisor))
     return done(out, evt)

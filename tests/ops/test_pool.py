@@ -102,6 +102,63 @@ def test_defaults_and_bad_input():
         clnn.max_pool2d(x, 2, return_indices=True, indices=clnn.zeros((1, 2, 2, 2)))
 
 
+# (kernel, stride, padding, options): overlapping windows, windows that do not overlap
+# (the row kernel's own path), dilation, ceil_mode past the input, the avg divisors
+GENERAL = [((3, 2), (2, 2), (1, 0), {}), ((2, 2), (3, 2), (0, 1), {}),
+           ((3, 3), (1, 2), (1, 1), {"ceil_mode": True}),
+           ((2, 3), (2, 2), (1, 1), {"dilation": (2, 1), "ceil_mode": True}),
+           ((3, 3), (2, 2), (1, 1), {"count_include_pad": False, "ceil_mode": True}),
+           ((2, 2), (2, 2), (1, 0), {"divisor_override": 3})]
+
+
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("mode", ["max", "avg"])
+def test_general_kernels_per_element(mode, dtype):
+    """GPUs run the general pooling kernels with a work-item per element (forced here
+    with the GPUs' row-wise kernels): forward (with the max indices) and backward
+    against the reference, bitwise as the CPUs' work-item per row, canaries intact."""
+    from clnn import tuning
+    fwd = clnn.max_pool2d if mode == "max" else clnn.avg_pool2d
+    bwd = clnn.max_pool2d_backward if mode == "max" else clnn.avg_pool2d_backward
+    x = RNG.integers(-3, 4, (2, 3, 9, 7)).astype(dtype)          # ties
+    if mode == "max":
+        x[0, 1, 2, 3] = x[1, 0, 0, 0] = np.nan
+    for k, st, pad, opts in GENERAL:
+        if mode == "max" and ("count_include_pad" in opts or "divisor_override" in opts):
+            continue
+        if mode == "avg" and "dilation" in opts:
+            continue
+        ref_opts = {key: v for key, v in opts.items() if key != "dilation"}
+        ref, backward, where = pool2d_ref(x.astype(np.float64), k, st, pad, mode,
+                                          opts.get("dilation", (1, 1)), **ref_opts)
+        dy = RNG.standard_normal(ref.shape).astype(dtype)
+        X, DY = guarded_input(clnn.device(), x), guarded_input(clnn.device(), dy)
+        got = {}
+        for per, forced in (("row", False), ("element", True)):
+            with tuning.override("rows", {"wg": forced}):
+                y, dx = Guarded(clnn.device(), ref.shape, dtype), \
+                    Guarded(clnn.device(), x.shape, dtype)
+                if mode == "max":
+                    idx = Guarded(clnn.device(), ref.shape, np.int32)
+                    fwd(X, k, st, pad, return_indices=True, out=y.view, indices=idx.view,
+                        **opts)
+                    np.testing.assert_array_equal(idx.check(), where)
+                else:
+                    fwd(X, k, st, pad, out=y.view, **opts)
+                bwd(DY, X, k, st, pad, out=dx.view, **opts)
+                got[per] = y.check(), dx.check()
+        for a, b in zip(got["row"], got["element"]):
+            np.testing.assert_array_equal(a, b)
+        y_got, dx_got = got["element"]
+        fin = np.isfinite(ref)                # NaN windows, and -inf where no tap lands
+        assert np.array_equal(np.isnan(y_got), np.isnan(ref))
+        assert np.array_equal(np.isinf(y_got), np.isinf(ref))
+        assert_close(np.where(fin, y_got, 0), np.where(fin, ref, 0), dtype,
+                     k=k[0] * k[1])
+        assert_close(dx_got, backward(dy.astype(np.float64)), dtype, k=k[0] * k[1],
+                     scale=np.maximum(backward(np.abs(dy.astype(np.float64))), 1))
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["float32", "float16"])
 @pytest.mark.parametrize("H,W", [(2, 2), (7, 9), (28, 28), (1 + 2 * 5, 2 * 8)])
 def test_2x2_max_pooling_ties_and_nans(H, W, dtype):
