@@ -714,6 +714,9 @@ class Sequential:
             raise ArgumentError(f"batch_size must be a positive int, got {batch_size!r}")
         half = amp.is_float16(precision, self)
         dt = np.float16 if half else self.dtype
+        if half:        # the network's own dtype on the device: cast, then checked in half
+            x, y = (clnn.cast(a, dt) if isinstance(a, cla.Array) and a.dtype == self.dtype
+                    else a for a in (x, y))
         xd = self._input(x, dtype=dt)
         yd = self._targets(y, xd.shape[0], loss, dt)
         with self._bound(self._half_copy().views if half else None):

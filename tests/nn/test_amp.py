@@ -155,6 +155,15 @@ def test_evaluate_in_float16_is_the_float64_forward_of_half_values():
     assert abs(loss16 - ref) <= 2e-3 * (1 + abs(ref)), (loss16, ref)
     assert abs(loss16 - loss32) <= 2e-2 * (1 + abs(loss32)), (loss16, loss32)
     assert acc16 == (z.argmax(1) == y.argmax(1)).mean()
+    # float32 device arrays are cast (and checked in half)
+    same = net.evaluate(clnn.asarray(x), clnn.asarray(y), "cross_entropy", batch_size=10,
+                        precision="float16")
+    assert same == (loss16, acc16)
+    big = x.copy()
+    big[3, 2] = 1e5                    # finite in float32, inf in float16
+    with pytest.raises(clnn.ArgumentError, match="NaN or infinite"):
+        net.evaluate(clnn.asarray(big), clnn.asarray(y), "cross_entropy",
+                     precision="float16")
     assert net.scaler is None          # evaluating creates no loss scale
     # the float32 masters were not touched
     assert all(p.dtype == np.float32 for p in net.parameters())
