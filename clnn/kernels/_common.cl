@@ -15,14 +15,22 @@ typedef ${acc} acc_t;
 #ifdef CLNN_CPU
 #define CLNN_LOAD(p, i) clnn_h2f(((__global const ushort *)(p))[i])
 #define CLNN_STORE(v, p, i) (((__global ushort *)(p))[i] = clnn_f2h(v))
+#define CLNN_LOADV(n, p) clnn_h2f##n(vload##n(0, (__global const ushort *)(p)))
+#define CLNN_STOREV(n, v, p) vstore##n(clnn_f2h##n(v), 0, (__global ushort *)(p))
 #else
 #define CLNN_LOAD(p, i) vload_half((i), (p))
 #define CLNN_STORE(v, p, i) vstore_half_rte((v), (i), (p))
+#define CLNN_LOADV(n, p) vload_half##n(0, (p))
+#define CLNN_STOREV(n, v, p) vstore_half##n##_rte((v), 0, (p))
 #endif
 % else:
 #define CLNN_LOAD(p, i) ((acc_t)(p)[i])
 #define CLNN_STORE(v, p, i) ((p)[i] = (real_t)(v))
+#define CLNN_LOADV(n, p) vload##n(0, (p))
+#define CLNN_STOREV(n, v, p) vstore##n((v), 0, (p))
 % endif
+// CLNN_LOADV(n, p) / CLNN_STOREV(n, v, p): n (2, 4 or 8) consecutive elements at p as
+// an acc_t vector, and back
 
 // CLNN_FOR_EACH(i, n): every i in [0, n) once, over any global size. A GPU strides by
 // the grid (neighbouring work-items touch neighbouring elements: coalesced); a CPU runs

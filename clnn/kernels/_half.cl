@@ -41,20 +41,36 @@ inline ushort clnn_f2h(const float v)
     return (ushort)(h | ((x >> 16) & 0x8000u));
 }
 // clnn_f2h2/4/8: the same rounding on a vector of floats at once, for a kernel that
-// stores a vector of halves (the CPU GEMM's epilogue).
+// stores a vector of halves (the CPU GEMM's epilogue). select(a, b, m): b where m, else
+// a (the vector ?: means the same, but Oclgrind got it wrong in 2x2 pooling).
 #define CLNN_F2H_VECTOR(N) \
 inline ushort##N clnn_f2h##N(const float##N v) \
 { \
     const uint##N x = as_uint##N(v); \
     const uint##N a = x & 0x7fffffffu; \
-    const uint##N big = a > 0x7f800000u ? (uint##N)0x7e00u : (uint##N)0x7c00u; \
+    const uint##N big = select((uint##N)0x7c00u, (uint##N)0x7e00u, a > 0x7f800000u); \
     const uint##N small = as_uint##N(as_float##N(a) + 0.5f) - 0x3f000000u; \
     const uint##N normal = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13; \
-    const uint##N h = a >= 0x47800000u ? big : (a < 0x38800000u ? small : normal); \
+    const uint##N h = select(select(normal, small, a < 0x38800000u), big, \
+                             a >= 0x47800000u); \
     return convert_ushort##N(h | ((x >> 16) & 0x8000u)); \
 }
 CLNN_F2H_VECTOR(2)
 CLNN_F2H_VECTOR(4)
 CLNN_F2H_VECTOR(8)
+// clnn_h2f2/4/8: clnn_h2f on a vector of halves' bits at once
+#define CLNN_H2F_VECTOR(N) \
+inline float##N clnn_h2f##N(const ushort##N h) \
+{ \
+    const uint##N em = convert_uint##N(h) & 0x7fffu; \
+    const float##N f = select(select(convert_float##N(as_int##N(em)) * 0x1p-24f, \
+                                     as_float##N((em << 13) + 0x38000000u), \
+                                     em >= 0x0400u), \
+                              as_float##N((em << 13) | 0x7f800000u), em >= 0x7c00u); \
+    return as_float##N(as_uint##N(f) | ((convert_uint##N(h) & 0x8000u) << 16)); \
+}
+CLNN_H2F_VECTOR(2)
+CLNN_H2F_VECTOR(4)
+CLNN_H2F_VECTOR(8)
 #endif
 #endif

@@ -226,79 +226,124 @@ ${gather_one()}
 }
 
 % if mode == "max":
-// ---- 2x2 windows, stride 2, no padding (LeNet's pooling, and most CNNs'): one
-// work-item per window, no loops, loads and stores at fixed places, so PoCL runs a
-// work-group's work-items as one vectorised loop. Same rules as above: the first
-// maximum in row-major order wins, a NaN beats any number.
+<%
+    v4, v8 = f"{acc}4", f"{acc}8"
+    m4 = "long4" if dtype == "float64" else "int4"      # what comparing two v4 gives
+%>
+// ---- 2x2 windows, stride 2, no padding (LeNet's pooling, and most CNNs'): a
+// work-item per 4 windows along a row, loading the two rows of x under them as vectors
+// of 8 and storing vectors, so PoCL does not have to vectorise across work-items (its
+// scattered stride-2 accesses there ran 7x slower); a block at the right edge, and the
+// last row or column of an odd H or W, goes element by element. Same rules as above:
+// the first maximum in row-major order wins, a NaN beats any number.
 inline bool clnn_beats(const acc_t v, const acc_t best)
 {
-    // v != v is IEEE's NaN test (no fast-math here): PoCL makes isnan() a call, and
-    // a call in the body keeps it from vectorising the work-items
+    // v != v is IEEE's NaN test (no fast-math here): PoCL makes isnan() a call
     return (v > best) | ((v != v) & (best == best));
 }
 
-// Forward: the window's maximum as a value (loading x at the winner's index instead,
-// a load whose address depends on the data, ran 3.5x slower on PoCL). A work-item per
-// element of y, i = (plane * P + p) * Q + q.
+inline ${m4} clnn_beats4(const ${v4} v, const ${v4} best)
+{
+    return (v > best) | ((v != v) & (best == best));
+}
+
+// Forward: each window's maximum as a value (loading x at the winner's index instead,
+// an address that depends on the data, ran 3.5x slower on PoCL). Work-item i covers
+// y[plane, p, 4 b .. 4 b + 3], i = (plane * P + p) * ceil(Q / 4) + b.
 __kernel void clnn_pool22_forward(const int planes, const int H, const int W, const int P,
                                   const int Q, __global const real_t *x, const int x_off,
                                   __global real_t *y, const int y_off)
 {
+    const int Q4 = (Q + 3) / 4;
     const int i = (int)get_global_id(0);
-    if (i >= planes * P * Q)
+    if (i >= planes * P * Q4)
         return;
-    const int row = i / Q, q = i - row * Q;
+    const int row = i / Q4, q0 = (i - row * Q4) * 4;       // row = plane * P + p
     const int plane = row / P, p = row - plane * P;
-    const int i0 = x_off + plane * H * W + 2 * p * W + 2 * q;
-    acc_t v = CLNN_LOAD(x, i0);
-    const acc_t b = CLNN_LOAD(x, i0 + 1), c = CLNN_LOAD(x, i0 + W);
-    const acc_t d = CLNN_LOAD(x, i0 + W + 1);
-    v = clnn_beats(b, v) ? b : v;
-    v = clnn_beats(c, v) ? c : v;
-    v = clnn_beats(d, v) ? d : v;
-    CLNN_STORE(v, y, y_off + i);
+    const int i0 = x_off + plane * H * W + 2 * p * W + 2 * q0;
+    if (q0 + 4 <= Q) {
+        const ${v8} t = CLNN_LOADV(8, x + i0), u = CLNN_LOADV(8, x + i0 + W);
+        ${v4} v = t.even;                 // select(a, b, m): b where m, else a
+        v = select(v, t.odd, clnn_beats4(t.odd, v));
+        v = select(v, u.even, clnn_beats4(u.even, v));
+        v = select(v, u.odd, clnn_beats4(u.odd, v));
+        CLNN_STOREV(4, v, y + y_off + row * Q + q0);
+        return;
+    }
+    for (int q = q0; q < Q; ++q) {
+        const int j = i0 + 2 * (q - q0);
+        acc_t v = CLNN_LOAD(x, j);
+        const acc_t b = CLNN_LOAD(x, j + 1), c = CLNN_LOAD(x, j + W);
+        const acc_t d = CLNN_LOAD(x, j + W + 1);
+        v = clnn_beats(b, v) ? b : v;
+        v = clnn_beats(c, v) ? c : v;
+        v = clnn_beats(d, v) ? d : v;
+        CLNN_STORE(v, y, y_off + row * Q + q);
+    }
 }
 
-// Backward: a work-item per window of dx, ceil(H/2) x ceil(W/2) of them: the winner is
-// found once and its four elements written (a work-item per element of dx found it
-// four times, 2x slower); a last odd row or column, in no window, gets zeros.
+// Backward: the windows of dx, ceil(H/2) x ceil(W/2) of them (a last odd row or
+// column lies in none and gets zeros), 4 along a row per work-item: the winner of
+// each is found once and its four elements written (a work-item per element of dx
+// found it four times). i = (plane * ceil(H/2) + p) * ceil(ceil(W/2) / 4) + b.
 __kernel void clnn_pool22_backward(const int planes, const int H, const int W, const int P,
                                    const int Q, __global const real_t *x, const int x_off,
                                    __global const real_t *dy, const int dy_off,
                                    __global real_t *dx, const int dx_off)
 {
-    const int P2 = (H + 1) / 2, Q2 = (W + 1) / 2;
+    const int P2 = (H + 1) / 2, Q2 = (W + 1) / 2, Q4 = (Q2 + 3) / 4;
     const int i = (int)get_global_id(0);
-    if (i >= planes * P2 * Q2)
+    if (i >= planes * P2 * Q4)
         return;
-    const int row = i / Q2, q = i - row * Q2;
+    const int row = i / Q4, q0 = (i - row * Q4) * 4;
     const int plane = row / P2, p = row - plane * P2;
-    const int at = plane * H * W + 2 * p * W + 2 * q;
-    const int o = dx_off + at;
-    if (p < P && q < Q) {
-        const int i0 = x_off + at;
-        const acc_t a = CLNN_LOAD(x, i0), b = CLNN_LOAD(x, i0 + 1);
-        const acc_t c = CLNN_LOAD(x, i0 + W), d = CLNN_LOAD(x, i0 + W + 1);
-        int best = 0;
-        acc_t v = a;
-        best = clnn_beats(b, v) ? 1 : best;
-        v = clnn_beats(b, v) ? b : v;
-        best = clnn_beats(c, v) ? 2 : best;
-        v = clnn_beats(c, v) ? c : v;
-        best = clnn_beats(d, v) ? 3 : best;
-        const acc_t g = CLNN_LOAD(dy, dy_off + (plane * P + p) * Q + q);
-        CLNN_STORE(best == 0 ? g : (acc_t)0, dx, o);
-        CLNN_STORE(best == 1 ? g : (acc_t)0, dx, o + 1);
-        CLNN_STORE(best == 2 ? g : (acc_t)0, dx, o + W);
-        CLNN_STORE(best == 3 ? g : (acc_t)0, dx, o + W + 1);
-    } else {                     // the last row or column of an odd H or W
-        CLNN_STORE((acc_t)0, dx, o);
-        if (2 * q + 1 < W)
-            CLNN_STORE((acc_t)0, dx, o + 1);
-        if (2 * p + 1 < H) {
-            CLNN_STORE((acc_t)0, dx, o + W);
+    const int at = plane * H * W + 2 * p * W + 2 * q0;
+    if (p < P && q0 + 4 <= Q) {
+        const ${v8} t = CLNN_LOADV(8, x + x_off + at), u = CLNN_LOADV(8, x + x_off + at + W);
+        const ${v4} g = CLNN_LOADV(4, dy + dy_off + (plane * P + p) * Q + q0);
+        ${m4} m = clnn_beats4(t.odd, t.even);
+        ${v4} v = select(t.even, t.odd, m);
+        ${m4} best = select((${m4})(0), (${m4})(1), m);
+        m = clnn_beats4(u.even, v);
+        v = select(v, u.even, m);
+        best = select(best, (${m4})(2), m);
+        best = select(best, (${m4})(3), clnn_beats4(u.odd, v));
+        const ${v4} z = (${v4})(0);
+        const ${v4} r0 = select(z, g, best == 0), r1 = select(z, g, best == 1);
+        const ${v4} r2 = select(z, g, best == 2), r3 = select(z, g, best == 3);
+        CLNN_STOREV(8, (${v8})(r0.s0, r1.s0, r0.s1, r1.s1, r0.s2, r1.s2, r0.s3, r1.s3),
+                    dx + dx_off + at);
+        CLNN_STOREV(8, (${v8})(r2.s0, r3.s0, r2.s1, r3.s1, r2.s2, r3.s2, r2.s3, r3.s3),
+                    dx + dx_off + at + W);
+        return;
+    }
+    for (int q = q0; q < min(q0 + 4, Q2); ++q) {
+        const int o = dx_off + at + 2 * (q - q0);
+        if (p < P && q < Q) {
+            const int i0 = x_off + at + 2 * (q - q0);
+            const acc_t a = CLNN_LOAD(x, i0), b = CLNN_LOAD(x, i0 + 1);
+            const acc_t c = CLNN_LOAD(x, i0 + W), d = CLNN_LOAD(x, i0 + W + 1);
+            int best = 0;
+            acc_t v = a;
+            best = clnn_beats(b, v) ? 1 : best;
+            v = clnn_beats(b, v) ? b : v;
+            best = clnn_beats(c, v) ? 2 : best;
+            v = clnn_beats(c, v) ? c : v;
+            best = clnn_beats(d, v) ? 3 : best;
+            const acc_t g = CLNN_LOAD(dy, dy_off + (plane * P + p) * Q + q);
+            CLNN_STORE(best == 0 ? g : (acc_t)0, dx, o);
+            CLNN_STORE(best == 1 ? g : (acc_t)0, dx, o + 1);
+            CLNN_STORE(best == 2 ? g : (acc_t)0, dx, o + W);
+            CLNN_STORE(best == 3 ? g : (acc_t)0, dx, o + W + 1);
+        } else {                 // the last row or column of an odd H or W
+            CLNN_STORE((acc_t)0, dx, o);
             if (2 * q + 1 < W)
-                CLNN_STORE((acc_t)0, dx, o + W + 1);
+                CLNN_STORE((acc_t)0, dx, o + 1);
+            if (2 * p + 1 < H) {
+                CLNN_STORE((acc_t)0, dx, o + W);
+                if (2 * q + 1 < W)
+                    CLNN_STORE((acc_t)0, dx, o + W + 1);
+            }
         }
     }
 }

@@ -65,8 +65,8 @@ def _is_22(mode, k, s, p, d=(1, 1), H=0, W=0, P=0, Q=0):
 
 
 def _flat(dev, n):
-    """(global, local) for a work-item per item of n (the 2x2 kernels: an output, or a
-    window of the input), in groups of 64 (PoCL runs a group as one vectorised loop)."""
+    """(global, local) for a work-item per item of n (the 2x2 kernels: a block of four
+    outputs, or of four windows of the input), in groups of 64."""
     wg = min(64, dev.facts.max_work_group_size)
     return (-(-n // wg) * wg,), (wg,)
 
@@ -133,7 +133,7 @@ def _forward(mode, x, kernel_size, stride, padding, out, dilation=1, ceil_mode=F
     if _is_22(mode, k, s, p, d, H, W, P, Q) and not want_indices:
         kern = programs.get_kernel(dev, "pool", "clnn_pool22_forward",
                                    {"dtype": programs.dtype_name(dt), "mode": mode})
-        evt = kern(*_flat(dev, N * C * P * Q), planes=N * C, H=H, W=W, P=P, Q=Q, x=x,
+        evt = kern(*_flat(dev, N * C * P * -(-Q // 4)), planes=N * C, H=H, W=W, P=P, Q=Q, x=x,
                    x_off=offset(x), y=out, y_off=offset(out))
         return done(out, evt)
     per = _per(dev)
@@ -168,7 +168,8 @@ def _backward(mode, dy, x, kernel_size, stride, padding, out, dilation=1, ceil_m
     if _is_22(mode, k, s, p, d, H, W, P, Q):
         kern = programs.get_kernel(dev, "pool", "clnn_pool22_backward",
                                    {"dtype": programs.dtype_name(dt), "mode": mode})
-        evt = kern(*_flat(dev, N * C * -(-H // 2) * -(-W // 2)), planes=N * C, H=H, W=W, P=P, Q=Q, x=x,
+        windows_h, windows_w = -(-H // 2), -(-W // 2)      # odd edges included
+        evt = kern(*_flat(dev, N * C * windows_h * -(-windows_w // 4)), planes=N * C, H=H, W=W, P=P, Q=Q, x=x,
                    x_off=offset(x), dy=dy, dy_off=offset(dy), dx=out, dx_off=offset(out))
         return done(out, evt)
     per = _per(dev)

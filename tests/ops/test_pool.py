@@ -159,12 +159,13 @@ def test_general_kernels_per_element(mode, dtype):
                      scale=np.maximum(backward(np.abs(dy.astype(np.float64))), 1))
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["float32", "float16"])
-@pytest.mark.parametrize("H,W", [(2, 2), (7, 9), (28, 28), (1 + 2 * 5, 2 * 8)])
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("H,W", [(4, 4), (7, 9), (28, 28), (1 + 2 * 5, 2 * 8), (4, 17)])
 def test_2x2_max_pooling_ties_and_nans(H, W, dtype):
-    """2x2 windows with stride 2 have their own kernels: the first maximum in row-major
-    order wins, a NaN beats any number, rows and columns past the last window get no
-    gradient; offsets and canaries around every array. Checked against the reference
+    """2x2 windows with stride 2 have their own kernels (four windows along a row as
+    vectors, a block at the right edge element by element): the first maximum in
+    row-major order wins, a NaN beats any number, rows and columns past the last window
+    get no gradient; offsets and canaries around every array. Checked against the reference
     and against the general kernels."""
     import sys
     from unittest import mock
@@ -185,3 +186,24 @@ def test_2x2_max_pooling_ties_and_nans(H, W, dtype):
         general = clnn.max_pool2d(X, 2).get(), clnn.max_pool2d_backward(DY, X, 2).get()
     for a, b in zip(fast, general):
         np.testing.assert_array_equal(a, b)
+
+
+def test_2x2_pooling_passes_every_half_through(dev):
+    """The 2x2 kernels load and store float16 as vectors (on CPUs through clnn's own
+    vector conversions): windows of four equal values give back every one of the
+    65536 halves, subnormals, infinities and NaN included, and route dy to each
+    window's first element."""
+    if not dev.supports(np.float16):
+        pytest.skip("no float16 on this device")
+    bits = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    v = bits.view(np.float16)
+    # two rows of windows (with one, the op's stride along H would be 1: not 2x2's path)
+    x = np.repeat(np.repeat(v[None, :], 2, axis=1), 4, axis=0)[None, None]   # (1,1,4,2n)
+    for y in clnn.max_pool2d(clnn.asarray(x), 2).get()[0, 0]:
+        nan = np.isnan(v)
+        assert np.array_equal(y[~nan].view(np.uint16), bits[~nan])
+        assert np.all(np.isnan(y[nan]))
+    dy = np.ones((1, 1, 2, v.size), np.float16)
+    dx = clnn.max_pool2d_backward(clnn.asarray(dy), clnn.asarray(x), 2).get()[0, 0]
+    assert np.array_equal(dx[0::2, 0::2], np.ones((2, v.size), np.float16))
+    assert not dx[0::2, 1::2].any() and not dx[1::2].any()
