@@ -13,9 +13,10 @@
 // what lies outside the input). Each output, and each element of dx (gathering over the
 // windows that contain it), is written by one work-item, so no atomics are needed: on
 // CPUs a work-item takes a row of them (the index arithmetic is per row), on GPUs one
-// element (neighbouring work-items, neighbouring addresses; a row per work-item left
-// most of a GPU idle and its loads uncoalesced). Max pooling over 2x2 windows with
-// stride 2 and no padding has its own kernels at the end: a work-item per window.
+// element (neighbouring work-items, neighbouring addresses: a row per work-item would
+// leave most of a GPU idle and its loads uncoalesced). Max pooling over 2x2 windows
+// with stride 2 and no padding has its own kernels at the end: a work-item per four
+// windows along a row, on every device.
 % if mode == "max":
 // Max pooling ignores padding; a window's maximum is its first maximal element in
 // row-major order, the same rule forward and backward, so ties route the gradient to
