@@ -12,17 +12,10 @@ typedef ${acc} acc_t;
 % if dtype == "float16":
 // half is storage only: load to float, compute in float, store rounded to nearest even.
 <%include file="_half.cl"/>
-#ifdef CLNN_CPU
-#define CLNN_LOAD(p, i) clnn_h2f(((__global const ushort *)(p))[i])
-#define CLNN_STORE(v, p, i) (((__global ushort *)(p))[i] = clnn_f2h(v))
-#define CLNN_LOADV(n, p) clnn_h2f##n(vload##n(0, (__global const ushort *)(p)))
-#define CLNN_STOREV(n, v, p) vstore##n(clnn_f2h##n(v), 0, (__global ushort *)(p))
-#else
-#define CLNN_LOAD(p, i) vload_half((i), (p))
-#define CLNN_STORE(v, p, i) vstore_half_rte((v), (i), (p))
-#define CLNN_LOADV(n, p) vload_half##n(0, (p))
-#define CLNN_STOREV(n, v, p) vstore_half##n##_rte((v), 0, (p))
-#endif
+#define CLNN_LOAD(p, i) CLNN_HALF_LOAD(p, i)
+#define CLNN_STORE(v, p, i) CLNN_HALF_STORE(v, p, i)
+#define CLNN_LOADV(n, p) CLNN_HALF_LOADV(n, p)
+#define CLNN_STOREV(n, v, p) CLNN_HALF_STOREV(n, v, p)
 % else:
 #define CLNN_LOAD(p, i) ((acc_t)(p)[i])
 #define CLNN_STORE(v, p, i) ((p)[i] = (real_t)(v))

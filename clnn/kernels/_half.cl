@@ -1,8 +1,9 @@
-## _half.cl: float16 <-> float32 conversions for CPUs, included by _common.cl (float16
-## kernels) and cast.cl (a float16 source). Not a kernel.
-#ifdef CLNN_CPU
+## _half.cl: float16 loads and stores (CLNN_HALF_*), with their float16 <-> float32
+## conversions for CPUs; included by _common.cl (float16 kernels) and cast.cl (a
+## float16 source). Not a kernel.
 #ifndef CLNN_HALF_CONVERSIONS
 #define CLNN_HALF_CONVERSIONS
+#ifdef CLNN_CPU
 // On CPUs (PoCL) the scalar vload_half/vstore_half_rte are calls the work-group loop
 // does not vectorise: 25 and 43 ms for 16M elements, against 6.5 and 6.8 ms for these
 // integer conversions, which give the same bits (tests/ops/test_cast.py checks every
@@ -72,5 +73,17 @@ inline float##N clnn_h2f##N(const ushort##N h) \
 CLNN_H2F_VECTOR(2)
 CLNN_H2F_VECTOR(4)
 CLNN_H2F_VECTOR(8)
+// one element of half storage at p[i] as float and back, or n (2, 4, 8) consecutive
+// ones at p as a float vector: clnn's conversions on CPUs, the core built-ins (one
+// instruction each on GPUs) elsewhere
+#define CLNN_HALF_LOAD(p, i) clnn_h2f(((__global const ushort *)(p))[i])
+#define CLNN_HALF_STORE(v, p, i) (((__global ushort *)(p))[i] = clnn_f2h(v))
+#define CLNN_HALF_LOADV(n, p) clnn_h2f##n(vload##n(0, (__global const ushort *)(p)))
+#define CLNN_HALF_STOREV(n, v, p) vstore##n(clnn_f2h##n(v), 0, (__global ushort *)(p))
+#else
+#define CLNN_HALF_LOAD(p, i) vload_half((i), (p))
+#define CLNN_HALF_STORE(v, p, i) vstore_half_rte((v), (i), (p))
+#define CLNN_HALF_LOADV(n, p) vload_half##n(0, (p))
+#define CLNN_HALF_STOREV(n, v, p) vstore_half##n##_rte((v), 0, (p))
 #endif
 #endif

@@ -15,11 +15,7 @@
 %   if dtype != "float16":
 <%include file="_half.cl"/>
 %   endif
-#ifdef CLNN_CPU
-#define CLNN_SRC(p, i) clnn_h2f(((__global const ushort *)(p))[i])
-#else
-#define CLNN_SRC(p, i) vload_half((i), (p))
-#endif
+#define CLNN_SRC(p, i) CLNN_HALF_LOAD(p, i)
 % else:
 #define CLNN_SRC(p, i) ((p)[i])
 % endif
