@@ -452,7 +452,7 @@ def _conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_pa
         # of images at a time when a float16 input's float copy would be large
         per_image = C * (H + 2 * pd[0]) * (W + 2 * pd[1])
         group = _copy_group(dt, N, per_image)
-        into = scratch = None
+        into = scratch = nwi = None
         if group < N:           # every group's buffers are taken before the first write
             into = dev_scratch(dev, group * per_image, programs.acc_dtype(dt))
             nwi = _tiles(p, dt, M, Q if st[1] == 1 else 0)[1]
@@ -469,7 +469,7 @@ def _conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_pa
                               cols=M, src=w,
                               src_off=offset(w), CS=C * R * S, KD=C * R * S, KS=0, flip=0,
                               out=ys, out_steps=(M * P * Q, Q, 1, P * Q), act=act,
-                              act_p=act_p, bias=b, scratch=scratch)
+                              act_p=act_p, bias=b, scratch=scratch, nwi=nwi)
         return done(out, evt)
     if p["variant"] == "local":
         # y (M x NPQ) = w (M x CRS) @ unroll(x) (CRS x NPQ): k = (c, r, s) reads
