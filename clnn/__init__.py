@@ -15,6 +15,7 @@ from .errors import (ArgumentError, CheckpointError, ClnnError, DeviceError, Dis
                      DTypeError,
                      KernelBuildError, OutOfDeviceMemory, ShapeError, TemplateError)
 from .programs import render
+from .tuning import get_float32_matmul_precision, set_float32_matmul_precision
 from .ops import *  # noqa: F401,F403 - the public ops
 from .ops import __all__ as _ops_all
 
@@ -37,6 +38,8 @@ def clear_caches():
     plans.cached_best.cache_clear()
     tuning.table_rows.cache_clear()
     tuning.conv_vendor_rows.cache_clear()
+    tuning.mma_rows.cache_clear()
+    tuning._with_engines.cache_clear()
     clear_launches()
 
 
@@ -69,7 +72,8 @@ def zeros(shape, dtype=np.float32, device=None):
 
 
 __all__ = ["Device", "DeviceFacts", "device", "device_of", "asarray", "empty", "zeros",
-           "render", "clear_caches", "ClnnError", "ShapeError", "ArgumentError",
+           "render", "clear_caches", "set_float32_matmul_precision",
+           "get_float32_matmul_precision", "ClnnError", "ShapeError", "ArgumentError",
            "CheckpointError", "DistributedError",
            "DTypeError", "DeviceError", "OutOfDeviceMemory", "KernelBuildError",
            "TemplateError"] + list(_ops_all)

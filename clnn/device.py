@@ -48,6 +48,9 @@ class DeviceFacts:
     global_mem_size: int
     fp64: bool
     fp16: bool
+    # NVIDIA's compute capability as major * 10 + minor (cl_nv_device_attribute_query),
+    # 0 elsewhere: 80 and up have the mma.sync matrix engines gemm.cl's MMA rows use
+    nv_compute_capability: int = 0
 
     @property
     def is_pocl(self):
@@ -79,7 +82,21 @@ class DeviceFacts:
             global_mem_size=int(dev.global_mem_size),
             fp64="cl_khr_fp64" in exts,
             fp16="cl_khr_fp16" in exts,
+            nv_compute_capability=_nv_compute_capability(dev, exts),
         )
+
+
+# cl_nv_device_attribute_query: CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV / _MINOR_NV
+_CC_MAJOR_NV, _CC_MINOR_NV = 0x4000, 0x4001
+
+
+def _nv_compute_capability(dev, exts):
+    if "cl_nv_device_attribute_query" not in exts:
+        return 0
+    try:
+        return int(dev.get_info(_CC_MAJOR_NV)) * 10 + int(dev.get_info(_CC_MINOR_NV))
+    except (cl.Error, ValueError, TypeError):
+        return 0
 
 
 class Device:
@@ -363,6 +380,11 @@ def print_devices():
         print(f"      global memory {f.global_mem_size / 2**30:.1f} GiB, max allocation "
               f"{f.max_alloc_size / 2**30:.1f} GiB, fp64 {'yes' if f.fp64 else 'no'}, "
               f"fp16 {'yes' if f.fp16 else 'no'}")
+        if f.nv_compute_capability:
+            cc = f.nv_compute_capability
+            engines = "TF32 and float16 matrix engines (mma.sync)" if cc >= 80 else \
+                "no matrix engines clnn uses (mma.sync needs 8.0)"
+            print(f"      compute capability {cc // 10}.{cc % 10}: {engines}")
     print("(* = the default device; choose another with CLNN_DEVICE=gpu|cpu|pocl|NAME|P:D)")
     _driver_notes(found)
     return True

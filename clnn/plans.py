@@ -54,9 +54,13 @@ def threads(p):
 
 
 def local_bytes(p, itemsize=4):
-    """Local memory of a tile row: two buffers of each tile, padded rows."""
-    acc = max(itemsize, 4)
-    return 2 * p["KWG"] * (p["MWG"] + p["NWG"] + 8) * acc
+    """Local memory of a tiled ("local") row: two buffers of each tile, in float or
+    wider (halves for float16 engines), rows padded by 4 elements (8 for the matrix
+    engines) against bank conflicts."""
+    if p.get("MMA") == "f16":        # halves, rows of words padded by 8 words
+        return 2 * p["KWG"] * (p["MWG"] + p["NWG"] + 16) * 2
+    pad = 8 if p.get("MMA") == "tf32" else 4
+    return 2 * p["KWG"] * (p["MWG"] + p["NWG"] + 2 * pad) * max(itemsize, 4)
 
 
 def groups_per_unit(facts, p, itemsize=4):

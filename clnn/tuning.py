@@ -23,6 +23,7 @@ import warnings
 
 import numpy as np
 
+from . import plans
 from .errors import ArgumentError
 
 # Variant "reg" (CPU): MWI x NWI outputs per work-item, VW-wide vectors, WGM work-items
@@ -135,11 +136,43 @@ CONV_TABLE = {
     },
 }
 
+# Matrix-engine rows (variant "local" with "MMA"): gemm.cl's tiled kernel whose inner
+# product is NVIDIA's mma.sync (inline PTX, compute capability 8.0 and up), a warp per
+# WM x WN block of the tile, MDIMC * NDIMC = 32 warps' work-items. "tf32" serves
+# float32 only where the user allows TF32 (set_float32_matmul_precision), "f16" serves
+# float16 storage (products of halves, sums in float32). "speed" is relative to the
+# float32 rows, so the planner prefers them where their tiles fit the shape. Kept
+# apart from GEMM_TABLE: no other device may run them (the clang and Oclgrind gates
+# and the tuner walk GEMM_TABLE).
+MMA_TABLE = {
+    # measured on an H100 (driver 580.159.04, 2026-11-24, kernel times of square GEMMs
+    # at 2048-8192, .gpu experiments described in benchmarks/README.md): TF32 128x128
+    # tiles with a 64x64 block per warp ran 105-111 TFLOP/s (the float32 rows: 44),
+    # float16 128x256 tiles 93-103
+    ("nvidia", "GPU"): [
+        {"variant": "local", "MMA": "tf32", "MWG": 128, "NWG": 128, "KWG": 16,
+         "MDIMC": 8, "NDIMC": 16, "WM": 64, "WN": 64, "speed": 2.4, "tuned": True},
+        {"variant": "local", "MMA": "tf32", "MWG": 64, "NWG": 128, "KWG": 16,
+         "MDIMC": 8, "NDIMC": 16, "WM": 32, "WN": 64, "speed": 2.1, "tuned": True},
+        {"variant": "local", "MMA": "tf32", "MWG": 64, "NWG": 64, "KWG": 16,
+         "MDIMC": 8, "NDIMC": 16, "WM": 32, "WN": 32, "speed": 1.6, "tuned": True},
+        {"variant": "local", "MMA": "f16", "MWG": 128, "NWG": 256, "KWG": 16,
+         "MDIMC": 16, "NDIMC": 16, "WM": 64, "WN": 64, "speed": 2.3, "tuned": True},
+        {"variant": "local", "MMA": "f16", "MWG": 128, "NWG": 128, "KWG": 32,
+         "MDIMC": 8, "NDIMC": 16, "WM": 64, "WN": 64, "speed": 2.0, "tuned": True},
+        {"variant": "local", "MMA": "f16", "MWG": 64, "NWG": 64, "KWG": 32,
+         "MDIMC": 8, "NDIMC": 16, "WM": 32, "WN": 32, "speed": 1.5, "tuned": True},
+    ],
+}
+
 _KEYS = {"reg": ("MWI", "NWI", "VW", "WGM"),
          "local": ("MWG", "NWG", "KWG", "MDIMC", "NDIMC"),
          "gather": ("VW", "WG")}
 # parameters a row may leave out, with their defaults
 _OPTIONAL = {"local": {"VWM": 1, "VWN": 1}}
+# parameters passed to the template only when a row has them
+_EXTRA = {"local": ("MMA", "WM", "WN")}
+MMA_KINDS = {"tf32": (8, 4), "f16": (16, 2)}      # K of one mma.sync, the item size it serves
 
 
 # Ranges of the integer tile parameters: outside them a kernel would not fit any
@@ -147,7 +180,7 @@ _OPTIONAL = {"local": {"VWM": 1, "VWN": 1}}
 # or override with one is refused up front.
 _RANGES = {"MWI": 32, "NWI": 128, "VW": 16, "WG": 1024, "WGM": 1024, "MWG": 256,
            "NWG": 256, "KWG": 64, "MDIMC": 64, "NDIMC": 64, "VWM": 4, "VWN": 4,
-           "KSPLIT": 64}
+           "KSPLIT": 64, "WM": 128, "WN": 128}
 
 
 def _is_int(v):
@@ -200,12 +233,15 @@ def gemm_problems(p, facts=None, itemsize=4):
         if wg % p["NWG"] and p["NWG"] % wg:
             probs.append("NWG must divide, or be a multiple of, MDIMC * NDIMC (the "
                          "convolution loaders give each work-item whole columns)")
+        top = 16 if "MMA" in p else 1
         if "speed" in p and not (isinstance(p["speed"], (int, float)) and
-                                 not isinstance(p["speed"], bool) and 0 < p["speed"] <= 1):
-            probs.append("speed (relative throughput for the planner) must lie in (0, 1]")
+                                 not isinstance(p["speed"], bool) and 0 < p["speed"] <= top):
+            probs.append(f"speed (relative throughput for the planner) must lie in (0, {top}]")
         if wg > 1024:
             probs.append(f"a work-group of MDIMC * NDIMC = {wg} exceeds 1024")
-        local_bytes = 2 * p["KWG"] * (p["MWG"] + p["NWG"] + 8) * max(itemsize, 4)
+        if "MMA" in p:
+            probs += _mma_problems(p, facts, itemsize)
+        local_bytes = plans.local_bytes(p, itemsize)
     if facts is not None:
         if wg > facts.max_work_group_size:
             probs.append(f"work-group of {wg} exceeds the device's {facts.max_work_group_size}")
@@ -215,6 +251,97 @@ def gemm_problems(p, facts=None, itemsize=4):
             probs.append(f"{local_bytes} bytes of local memory exceed the device's "
                          f"{facts.local_mem_size}")
     return probs
+
+
+def _mma_problems(p, facts, itemsize):
+    kind = p["MMA"]
+    if kind not in MMA_KINDS:
+        return [f"MMA must be one of {', '.join(MMA_KINDS)}, not {kind!r}"]
+    ki, size = MMA_KINDS[kind]
+    wm, wn = p.get("WM"), p.get("WN")
+    if not (_is_int(wm) and _is_int(wn) and wm > 0 and wn > 0):
+        return ["an MMA row needs warp blocks WM and WN"]
+    probs = []
+    if wm % 16 or wn % 8 or p["MWG"] % wm or p["NWG"] % wn:
+        probs.append("WM must be a multiple of 16 and WN of 8, dividing MWG and NWG")
+    elif p["MDIMC"] * p["NDIMC"] != 32 * (p["MWG"] // wm) * (p["NWG"] // wn):
+        probs.append("MDIMC * NDIMC must be 32 work-items per WM x WN warp block")
+    if p["KWG"] % ki:
+        probs.append(f"KWG must be a multiple of {ki} for {kind}")
+    if p.get("VWM", 1) != 1 or p.get("VWN", 1) != 1:
+        probs.append("MMA rows read local memory per fragment: VWM = VWN = 1")
+    if itemsize != size:
+        probs.append(f"{kind} engines serve {size}-byte elements, not {itemsize}")
+    if facts is not None and facts.nv_compute_capability < 80:
+        probs.append("mma.sync needs an NVIDIA GPU of compute capability 8.0 or newer")
+    return probs
+
+
+# ------------------------------------------------------- float32 matmul precision
+
+PRECISIONS = ("highest", "high", "medium")
+PRECISION_ENV = "CLNN_FLOAT32_MATMUL_PRECISION"
+_precision = {"value": None}
+
+
+def set_float32_matmul_precision(precision):
+    """PyTorch's switch, with its names: "highest" (the default) computes float32
+    GEMMs and convolutions in float32; "high" and "medium" let them use TF32 matrix
+    engines (10-bit mantissas in the products, float32 sums) where the device has them
+    (NVIDIA, compute capability 8.0 and up); clnn has no bfloat16 path, so "medium"
+    means what "high" does. Also set by the environment variable
+    CLNN_FLOAT32_MATMUL_PRECISION, read when first needed."""
+    if precision not in PRECISIONS:
+        raise ArgumentError(f"float32 matmul precision must be one of "
+                            f"{', '.join(map(repr, PRECISIONS))}, not {precision!r}")
+    _precision["value"] = precision
+
+
+def get_float32_matmul_precision():
+    if _precision["value"] is None:
+        env = os.environ.get(PRECISION_ENV, "highest").strip().lower() or "highest"
+        if env not in PRECISIONS:
+            warnings.warn(f"ignoring {PRECISION_ENV}={env!r}: not one of "
+                          f"{', '.join(PRECISIONS)}", RuntimeWarning)
+            env = "highest"
+        _precision["value"] = env
+    return _precision["value"]
+
+
+def mma_kind(facts, dtype):
+    """The matrix engine a GEMM of ``dtype`` may use on ``facts``' device: "f16" for
+    float16, "tf32" for float32 where the precision allows it, else "none"."""
+    if facts.nv_compute_capability < 80:
+        return "none"
+    name = _dtype_name(dtype)
+    if name == "float16":
+        return "f16"
+    if name == "float32" and get_float32_matmul_precision() != "highest":
+        return "tf32"
+    return "none"
+
+
+@functools.lru_cache(maxsize=64)
+def mma_rows(facts, kind):
+    """MMA_TABLE's rows of ``kind`` for the device's vendor that fit it (a tuple)."""
+    if kind == "none":
+        return ()
+    size = MMA_KINDS[kind][1]
+    vendor = facts.vendor.lower()
+    for (v, typ), rows in MMA_TABLE.items():
+        if v in vendor and typ == facts.type:
+            return tuple(r for r in rows if r["MMA"] == kind and
+                         not gemm_problems(r, facts, size))
+    return ()
+
+
+@functools.lru_cache(maxsize=64)
+def _with_engines(facts, itemsize, kind, conv):
+    """The matrix-engine rows of ``kind`` ahead of the device's tile rows (a convolution's
+    vendor rows where ``conv``), one tuple per combination, so the planner's caches see
+    the same object every launch."""
+    rows = (conv_vendor_rows(facts, itemsize) if conv else ()) or table_rows(facts, itemsize)
+    return mma_rows(facts, kind) + rows
 
 
 def all_gemm_rows():
@@ -399,6 +526,11 @@ def gemm_rows(facts, itemsize=4, dtype="float32", klass=None):
     params = _overridden(("gemm",), facts, itemsize)
     if params is not None:
         return [params]
+    kind = mma_kind(facts, dtype)
+    if mma_rows(facts, kind):
+        # the tuner times the table's float32 rows only: its winners do not compete
+        # with the matrix engines, which the planner weighs against the table's rows
+        return _with_engines(facts, itemsize, kind, False)
     if klass is not None:
         params = _from_db(facts, itemsize, dtype, klass)
         if params is not None and params.get("variant") != "gather":
@@ -438,6 +570,9 @@ def conv_rows(facts, itemsize=4, dtype="float32", klass=None):
     params = _overridden(("conv", "gemm"), facts, itemsize)
     if params is not None:
         return [params]
+    kind = mma_kind(facts, dtype)
+    if mma_rows(facts, kind):
+        return _with_engines(facts, itemsize, kind, True)
     if klass is not None:
         params = _from_db(facts, itemsize, dtype, klass)
         if params is not None:
@@ -473,7 +608,8 @@ def template_tuning(params, dtype="float32"):
     variant = params["variant"]
     t = dict(_OPTIONAL.get(variant, {}))
     t.update({k: v for k, v in params.items()
-              if k in _KEYS[variant] or k in _OPTIONAL.get(variant, {})})
+              if k in _KEYS[variant] or k in _OPTIONAL.get(variant, {})
+              or k in _EXTRA.get(variant, ())})
     if "VW" in t and np.dtype(dtype) == np.float64:
         t["VW"] = max(1, t["VW"] // 2)
     return tuple(sorted(t.items()))

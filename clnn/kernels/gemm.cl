@@ -13,7 +13,10 @@
 ##                    operands: 1, 2 or 4 (the routine checks their alignment)
 ##   partial          ("local") write the raw sums of one K slice to a workspace, for
 ##                    clnn_gemm_splitk to add up in a fixed order (split-K)
-##   tuning           the tile parameters below, as a dict (see clnn/tuning.py)
+##   tuning           the tile parameters below, as a dict (see clnn/tuning.py); a
+##                    "local" row with "MMA" ("tf32" or "f16") multiplies its tiles on
+##                    NVIDIA's matrix engines (mma.sync, inline PTX), a warp per WM x WN
+##                    block: chosen only for NVIDIA compute capability 8.0 and up
 ## Kernels: "reg": clnn_pack_a, clnn_pack_b, clnn_gemm_packed, clnn_gemv;
 ##          "local": clnn_gemm_tiled, clnn_gemm_splitk.
 ## Used by clnn/ops/gemm.py (and, through it, dense and convolution layers).
@@ -420,6 +423,22 @@ __kernel void clnn_gemv(const int M, const int K, const acc_t alpha, const acc_t
     b_kfast = not b_tab and trans_b         # stored B runs along k: transposed into b_lm
     LDA = MWG + (4 if a_kfast else 0)       # the pad spreads transposed stores over banks
     LDB = NWG + (4 if b_kfast else 0)
+    MMA = t.get("MMA", "none")              # matrix-engine inner product (NVIDIA only)
+    if MMA != "none":
+        # a warp per WM x WN block of the tile, in mma.sync tiles of 16 x 8 (x KI); a
+        # lane (g, t4) = (lane / 4, lane % 4) reads the word at row t4 (+ 4), column g
+        # (+ 8) of a local tile: rows of 8 modulo 32 words put the 32 lanes of a
+        # fragment load in 32 different banks
+        WM, WN = t["WM"], t["WN"]
+        WARPS_N = NWG // WN
+        MT, NTL = WM // 16, WN // 8
+        KI = 8 if MMA == "tf32" else 16
+        if NT != 32 * (MWG // WM) * WARPS_N or KWG % KI:
+            raise ValueError(f"MMA tile {MWG}x{NWG}x{KWG} with warp blocks {WM}x{WN} "
+                             f"needs {32 * (MWG // WM) * WARPS_N} work-items and KWG % {KI} == 0")
+        # float16: local memory holds halves, a 32-bit word per (k pair, row) as the
+        # fragments want them: LDA and LDB count words, the same 8 modulo 32 for both
+        LDA, LDB = MWG + 8, NWG + 8
     LVA = max(VWM, 1 if a_kfast else GVA)   # widest vector access to a_lm
     LVB = max(VWN, 1 if b_kfast else GVB)
     # (tiles that MDIMC * VWM or NDIMC * VWN do not divide stop at the #error below)
@@ -455,7 +474,7 @@ __kernel void clnn_gemv(const int M, const int K, const acc_t alpha, const acc_t
                              "the work-group size")
     g = dict(NT=NT, KWG=KWG, MWG=MWG, NWG=NWG, GVA=GVA, GVB=GVB, LA=LA, LB=LB, TA=TA, TB=TB,
              a_tab=a_tab, b_tab=b_tab, a_kfast=a_kfast, b_kfast=b_kfast, DC=DC, comp=comp,
-             loadv=loadv, vt=vt)
+             loadv=loadv, vt=vt, MMA=MMA)
 %>
 // ---- tuning parameters (local variant)
 #define MWG ${MWG}    // rows of C per work-group tile
@@ -475,6 +494,42 @@ __kernel void clnn_gemv(const int M, const int K, const acc_t alpha, const acc_t
 // elements${", padded against bank conflicts of the transposing stores" if LDA != MWG or LDB != NWG else ""}.
 #define CLNN_LDA ${LDA}
 #define CLNN_LDB ${LDB}
+% if MMA != "none":
+
+// ---- matrix engines: NVIDIA's mma.sync (compute capability 8.0 and up) through inline
+// PTX, which NVIDIA's OpenCL compiler accepts; this variant is chosen only there (see
+// clnn/tuning.py). A warp multiplies a 16 x KI tile of A by a KI x 8 tile of B into a
+// 16 x 8 tile of C held as 4 floats per lane: lane (g, t4) holds C(g, 2 t4 + {0, 1})
+// and C(g + 8, 2 t4 + {0, 1}). Sums are float32 either way.
+%   if MMA == "tf32":
+// TF32 (float32 operands rounded to 10 mantissa bits, as PyTorch's "high" float32
+// matmul precision): A fragment a0..a3 = A(g, t4), A(g + 8, t4), A(g, t4 + 4),
+// A(g + 8, t4 + 4); B fragment b0, b1 = B(t4, g), B(t4 + 4, g).
+#define CLNN_MMA(d, a0, a1, a2, a3, b0, b1) \
+    __asm__ __volatile__("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 " \
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};" \
+                 : "+f"(d##_0), "+f"(d##_1), "+f"(d##_2), "+f"(d##_3) \
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+// float32 to TF32, rounding to nearest (ties away, as cvt.rna.tf32.f32); done once per
+// element as the tiles go to local memory. NaN stays NaN.
+inline float clnn_tf32(const float x)
+{
+    const uint u = as_uint(x);
+    return (u & 0x7fffffffu) > 0x7f800000u ? x : as_float((u + 0x1000u) & 0xffffe000u);
+}
+%   else:
+// float16 operands, two to a 32-bit register (the lower k in the low half):
+// A fragment a0..a3 = A(g, 2 t4 + {0, 1}), A(g + 8, ...), A(g, 2 t4 + 8 + {0, 1}),
+// A(g + 8, ...); B fragment b0, b1 = B(2 t4 + {0, 1}, g), B(2 t4 + 8 + {0, 1}, g).
+// The tiles go to local memory as halves in exactly these pairs (store_local_h), so a
+// fragment register is one 32-bit load.
+#define CLNN_MMA(d, a0, a1, a2, a3, b0, b1) \
+    __asm__ __volatile__("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 " \
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};" \
+                 : "+f"(d##_0), "+f"(d##_1), "+f"(d##_2), "+f"(d##_3) \
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+%   endif
+% endif
 
 % if conv != "none":
 // ---- convolution as an implicit GEMM (${conv}). x is (N, C, H, W), w (M, C, R, S),
@@ -604,6 +659,93 @@ ${matrix_load(f"rb{l}", GVB, "b", "k", "n", "ldb", "kend", "N", guarded, g)}
 % endfor
 </%def>
 
+<%def name="to_tf32(g)">
+## TF32 engines: round the registers of the next tiles once, before they go to local memory
+% if g["MMA"] == "tf32":
+%   for l in range(g["LA"]):
+%     for c in range(g["GVA"]):
+        ${g["comp"](f"ra{l}", g["GVA"], c)} = clnn_tf32(${g["comp"](f"ra{l}", g["GVA"], c)});
+%     endfor
+%   endfor
+%   for l in range(g["LB"]):
+%     for c in range(1 if g["b_tab"] else g["GVB"]):
+        ${g["comp"](f"rb{l}", 1 if g["b_tab"] else g["GVB"], c)} = clnn_tf32(${g["comp"](f"rb{l}", 1 if g["b_tab"] else g["GVB"], c)});
+%     endfor
+%   endfor
+% endif
+</%def>
+
+<%def name="store_local_h(buf, g)">
+<%
+    NT, KWG, MWG, NWG, GVA, GVB, LA, LB, TA, TB = (g[k] for k in (
+        "NT", "KWG", "MWG", "NWG", "GVA", "GVB", "LA", "LB", "TA", "TB"))
+    a_tab, b_tab, a_kfast, b_kfast, DC, comp = (g[k] for k in (
+        "a_tab", "b_tab", "a_kfast", "b_kfast", "DC", "comp"))
+%>
+## float16 engines: element (k, m) of a tile is half k % 2 of word (k / 2, m); runs
+## along k go out as pairs of halves (one 32-bit store), runs along m half by half
+% for l in range(LA):
+        {
+            const int idx = tid + ${l * NT};
+%   if TA % NT and l == LA - 1:
+            if (idx < ${TA})
+%   endif
+            {
+%   if a_kfast:
+%     if GVA == 1:
+                const int k = idx % ${KWG};
+                vstore_half_rte(ra${l}, k % 2, (__local half *)(a_lmw + (${buf} * ${KWG // 2} + k / 2) * CLNN_LDA + idx / ${KWG}));
+%     else:
+                __local half *dst = (__local half *)(a_lmw + (${buf} * ${KWG // 2} + idx % ${KWG // GVA} * ${GVA // 2}) * CLNN_LDA + idx / ${KWG // GVA});
+%       for p in range(GVA // 2):
+                vstore_half2_rte((float2)(${comp(f"ra{l}", GVA, 2 * p)}, ${comp(f"ra{l}", GVA, 2 * p + 1)}), 0, dst + ${2 * p} * CLNN_LDA);
+%       endfor
+%     endif
+%   else:
+                const int k = idx / ${MWG // GVA}, m = idx % ${MWG // GVA} * ${GVA};
+                __local half *dst = (__local half *)(a_lmw + (${buf} * ${KWG // 2} + k / 2) * CLNN_LDA + m) + k % 2;
+%     for c in range(GVA):
+                vstore_half_rte(${comp(f"ra{l}", GVA, c)}, ${2 * c}, dst);
+%     endfor
+%   endif
+            }
+        }
+% endfor
+% for l in range(LB):
+        {
+%   if not b_tab or (TB % NT and l == LB - 1):
+            const int idx = tid + ${l * NT};
+%   endif
+%   if TB % NT and l == LB - 1:
+            if (idx < ${TB})
+%   endif
+            {
+%   if b_tab:
+                const int k = ${f"tid / {NWG} + {l * (NT // NWG)}" if DC == 1 else f"{l // DC}"};
+                const int n = ${f"tid % {NWG}" if DC == 1 else f"tid + {(l % DC) * NT}"};
+                vstore_half_rte(rb${l}, 0, (__local half *)(b_lmw + (${buf} * ${KWG // 2} + k / 2) * CLNN_LDB + n) + k % 2);
+%   elif b_kfast:
+%     if GVB == 1:
+                const int k = idx % ${KWG};
+                vstore_half_rte(rb${l}, k % 2, (__local half *)(b_lmw + (${buf} * ${KWG // 2} + k / 2) * CLNN_LDB + idx / ${KWG}));
+%     else:
+                __local half *dst = (__local half *)(b_lmw + (${buf} * ${KWG // 2} + idx % ${KWG // GVB} * ${GVB // 2}) * CLNN_LDB + idx / ${KWG // GVB});
+%       for p in range(GVB // 2):
+                vstore_half2_rte((float2)(${comp(f"rb{l}", GVB, 2 * p)}, ${comp(f"rb{l}", GVB, 2 * p + 1)}), 0, dst + ${2 * p} * CLNN_LDB);
+%       endfor
+%     endif
+%   else:
+                const int k = idx / ${NWG // GVB}, n = idx % ${NWG // GVB} * ${GVB};
+                __local half *dst = (__local half *)(b_lmw + (${buf} * ${KWG // 2} + k / 2) * CLNN_LDB + n) + k % 2;
+%     for c in range(GVB):
+                vstore_half_rte(${comp(f"rb{l}", GVB, c)}, ${2 * c}, dst);
+%     endfor
+%   endif
+            }
+        }
+% endfor
+</%def>
+
 <%def name="store_local(buf, g)">
 <%
     # a def sees only its arguments and the template's parameters: unpack the tiling
@@ -677,12 +819,20 @@ void clnn_gemm_tiled(const int M, const int N, const int K, const int splits,
                      __global ${"acc_t" if partial else "real_t"} *c, const int4 c_desc${conv_sig})
 {
     // operand descriptors: (element offset, leading dimension, batch stride, unused)
+% if MMA == "f16":
+    // two buffers of KWG / 2 rows of words, each two halves: (k, k + 1) of one row of op(A)
+    __local uint a_lmw[${KWG * LDA}];
+    __local uint b_lmw[${KWG * LDB}];
+% else:
     __local ${vt(LVA)} a_lmv[${2 * KWG * LDA // LVA}];
     __local ${vt(LVB)} b_lmv[${2 * KWG * LDB // LVB}];
     __local acc_t *a_lm = (__local acc_t *)a_lmv;
     __local acc_t *b_lm = (__local acc_t *)b_lmv;
+% endif
     const int tid = (int)get_local_id(0);
+% if MMA == "none":
     const int tn = tid % NDIMC, tm = tid / NDIMC;
+% endif
     const int n0 = (int)get_group_id(0) * NWG;
     const int m0 = (int)get_group_id(1) * MWG;
     const int batch = (int)get_group_id(2) / splits, split = (int)get_group_id(2) % splits;
@@ -700,11 +850,24 @@ void clnn_gemm_tiled(const int M, const int N, const int K, const int splits,
 %   endfor
 % endif
 
+% if MMA != "none":
+    // warp (wm, wn) of the group owns rows wm0 .. wm0 + WM and columns wn0 .. wn0 + WN
+    // of the tile; d{i}_{j} is its mma tile (i, j), four floats per lane
+    const int lane = tid % 32, warp = tid / 32;
+    const int grp = lane / 4, t4 = lane % 4;
+    const int wm0 = warp / ${WARPS_N} * ${WM}, wn0 = warp % ${WARPS_N} * ${WN};
+%   for i in range(MT):
+%     for j in range(NTL):
+    float ${", ".join(f"d{i}_{j}_{r} = 0.0f" for r in range(4))};
+%     endfor
+%   endfor
+% else:
 % for i in range(MWI):
 %   for j in range(NV):
     ${vt(VWN)} c${i}_${j} = (${vt(VWN)})0;
 %   endfor
 % endfor
+% endif
 % for l in range(LA):
     ${vt(GVA)} ra${l};
 % endfor
@@ -720,7 +883,8 @@ ${load_a(False, g)}
         } else {
 ${load_a(True, g)}
         }
-${store_local(0, g)}
+${to_tf32(g)}
+${store_local_h(0, g) if MMA == "f16" else store_local(0, g)}
         barrier(CLK_LOCAL_MEM_FENCE);
     }
     for (int step = 0; step < steps; ++step) {
@@ -733,6 +897,38 @@ ${load_a(False, g)}
 ${load_a(True, g)}
             }
         }
+% if MMA != "none":
+%   if MMA == "f16":
+        __local const uint *a_w = a_lmw + buf * ${KWG // 2} * CLNN_LDA + wm0 + grp;
+        __local const uint *b_w = b_lmw + buf * ${KWG // 2} * CLNN_LDB + wn0 + grp;
+%   else:
+        __local const acc_t *a_s = a_lm + buf * KWG * CLNN_LDA + wm0 + grp;
+        __local const acc_t *b_s = b_lm + buf * KWG * CLNN_LDB + wn0 + grp;
+%   endif
+#pragma unroll
+        for (int kk = 0; kk < KWG; kk += ${KI}) {
+%   if MMA == "tf32":
+%     for i in range(MT):
+            const uint ${", ".join(f"a{i}_{r} = as_uint(a_s[(kk + t4 + {4 * (r // 2)}) * CLNN_LDA + {16 * i + 8 * (r % 2)}])" for r in range(4))};
+%     endfor
+%     for j in range(NTL):
+            const uint ${", ".join(f"b{j}_{r} = as_uint(b_s[(kk + t4 + {4 * r}) * CLNN_LDB + {8 * j}])" for r in range(2))};
+%     endfor
+%   else:
+%     for i in range(MT):
+            const uint ${", ".join(f"a{i}_{r} = a_w[(kk / 2 + t4 + {4 * (r // 2)}) * CLNN_LDA + {16 * i + 8 * (r % 2)}]" for r in range(4))};
+%     endfor
+%     for j in range(NTL):
+            const uint ${", ".join(f"b{j}_{r} = b_w[(kk / 2 + t4 + {4 * r}) * CLNN_LDB + {8 * j}]" for r in range(2))};
+%     endfor
+%   endif
+%   for i in range(MT):
+%     for j in range(NTL):
+            CLNN_MMA(d${i}_${j}, a${i}_0, a${i}_1, a${i}_2, a${i}_3, b${j}_0, b${j}_1);
+%     endfor
+%   endfor
+        }
+% else:
         __local const ${vt(VWM)} *a_v = (__local const ${vt(VWM)} *)(a_lm + buf * KWG * CLNN_LDA);
         __local const ${vt(VWN)} *b_v = (__local const ${vt(VWN)} *)(b_lm + buf * KWG * CLNN_LDB);
 #pragma unroll
@@ -751,14 +947,40 @@ ${load_a(True, g)}
 %   endfor
 % endfor
         }
+% endif
         if (step + 1 < steps) {
-${store_local("(buf ^ 1)", g)}
+${to_tf32(g)}
+${store_local_h("(buf ^ 1)", g) if MMA == "f16" else store_local("(buf ^ 1)", g)}
         }
         // the next step overwrites the buffer that others may still be reading
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 
-% if partial:
+% if MMA != "none":
+%   if partial:
+    // the raw sums of this K slice, for clnn_gemm_splitk: ws[batch, split] is M x N
+    c += (batch * splits + split) * M * N;
+%   else:
+    const int ldc = c_desc.s1;
+    c += c_desc.s0 + batch * c_desc.s2;
+    bias += bias_off;
+%   endif
+%   for i in range(MT):
+%     for j in range(NTL):
+%       for r in range(4):
+    {
+        const int m = m0 + wm0 + ${16 * i + 8 * (r // 2)} + grp, n = n0 + wn0 + ${8 * j + r % 2} + 2 * t4;
+        if (m < M && n < N)
+%         if partial:
+            c[m * N + n] = d${i}_${j}_${r};
+%         else:
+            clnn_epilogue(c, CLNN_C_IDX(m, n), m, n, d${i}_${j}_${r}, alpha, beta, act_p, act_q, bias);
+%         endif
+    }
+%       endfor
+%     endfor
+%   endfor
+% elif partial:
     // the raw sums of this K slice, for clnn_gemm_splitk: ws[batch, split] is M x N
     c += (batch * splits + split) * M * N;
 %   for i in range(MV):

@@ -1,0 +1,188 @@
+"""The matrix-engine GEMM rows (gemm.cl with "MMA": NVIDIA's mma.sync through inline
+PTX) against float64 numpy references, with the TF32 and float16 error bounds.
+
+They run only where the device has the engines (NVIDIA, compute capability 8.0 and
+up: run the suite with CLNN_TEST_DEVICE=gpu there) and skip elsewhere with the reason;
+what needs no such device (the rows' constraints, when they are chosen, the precision
+switch, the rendered kernels under clang's NVPTX target) is in tests/test_tuning.py.
+"""
+
+import numpy as np
+import pytest
+
+import clnn
+from clnn import plans, tuning
+from conftest import CANARY
+
+RNG = np.random.default_rng(11)
+U32 = 2.0 ** -24                 # float32's unit roundoff
+DTYPE = {"tf32": np.float32, "f16": np.float16}
+
+
+def as_engine_sees(kind, x):
+    """The operand as the engine multiplies it: float32 rounded to TF32 (10 mantissa
+    bits, to nearest with ties away from zero, as cvt.rna.tf32.f32), or the halves as
+    they are. The references below multiply these in float64, so what is left to bound
+    is float32 summation and the result's rounding: a kernel that rounded differently,
+    or skipped the rounding, fails."""
+    if kind != "tf32":
+        return x
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    r = ((u + np.uint32(0x1000)) & np.uint32(0xffffe000)).view(np.float32)
+    return np.where(np.isfinite(x), r, x).astype(np.float32)
+SIZES = [(1, 1, 1), (17, 13, 29), (129, 257, 33), (300, 200, 100), (64, 8, 1000),
+         (7, 300, 64)]
+
+
+def engine_rows(dev, kind):
+    rows = tuning.mma_rows(dev.facts, kind)
+    if not rows:
+        pytest.skip(f"{dev.name} has no {kind} matrix-engine rows (mma.sync: NVIDIA, "
+                    f"compute capability 8.0 and up; this one reports "
+                    f"{dev.facts.nv_compute_capability or 'none'})")
+    return rows
+
+
+@pytest.fixture
+def precision():
+    """Set the float32 matmul precision for one test, restored afterwards."""
+    old = tuning.get_float32_matmul_precision()
+    yield tuning.set_float32_matmul_precision
+    tuning.set_float32_matmul_precision(old)
+
+
+def bound(dtype, scale, ref, K):
+    """What an engine product may differ from the float64 product of the operands the
+    engine sees: float32 sums of K terms (a unit in the last place each: the engines'
+    adders need not round to nearest), the result's rounding."""
+    out = 2.0 ** -10 if dtype == np.float16 else 2 * U32
+    return 2 * (K + 2) * U32 * scale + out * np.abs(ref) + 1e-30
+
+
+def check(dev, kind, row, M, N, K, ta, tb, alpha, beta, bias, act):
+    dt = DTYPE[kind]
+    a = RNG.standard_normal((K, M) if ta else (M, K)).astype(dt)
+    b = RNG.standard_normal((N, K) if tb else (K, N)).astype(dt)
+    c = RNG.standard_normal((M, N)).astype(dt)
+    bv = RNG.standard_normal(N).astype(dt) if bias else None
+    # out lives inside a canary-filled matrix: an offset and a row stride
+    big = np.full((M + 2, N + 3), CANARY, dt)
+    big[1:1 + M, 2:2 + N] = c if beta else np.nan
+    out_big = clnn.asarray(big, device=dev)
+    with tuning.override("gemm", row):
+        clnn.gemm(clnn.asarray(a, device=dev), clnn.asarray(b, device=dev),
+                  out=out_big[1:1 + M, 2:2 + N], alpha=alpha, beta=beta, trans_a=ta,
+                  trans_b=tb, bias=None if bv is None else clnn.asarray(bv, device=dev),
+                  activation=act)
+    got_big = out_big.get()
+    mask = np.ones(big.shape, bool)
+    mask[1:1 + M, 2:2 + N] = False
+    assert np.all(got_big[mask] == CANARY), "a canary around out was overwritten"
+    A64 = as_engine_sees(kind, a.T if ta else a).astype(np.float64)
+    B64 = as_engine_sees(kind, b.T if tb else b).astype(np.float64)
+    ref = alpha * (A64 @ B64)
+    scale = abs(alpha) * (np.abs(A64) @ np.abs(B64))
+    if beta:
+        ref += beta * c.astype(np.float64)
+        scale += abs(beta) * np.abs(c.astype(np.float64))
+    if bv is not None:
+        ref += bv
+        scale += np.abs(bv.astype(np.float64))
+    if act == "relu":
+        ref = np.maximum(ref, 0.0)
+    err = np.abs(got_big[1:1 + M, 2:2 + N].astype(np.float64) - ref)
+    bd = bound(dt, scale, ref, K)
+    assert np.all(err <= bd), (f"{kind} {row['MWG']}x{row['NWG']} {(M, N, K)} ta={ta} "
+                               f"tb={tb}: max error/bound {np.max(err / bd):.3g}")
+
+
+@pytest.mark.parametrize("kind", ["tf32", "f16"])
+@pytest.mark.parametrize("mnk", SIZES, ids=str)
+def test_engine_rows_against_float64(dev, kind, mnk):
+    for i, row in enumerate(engine_rows(dev, kind)):
+        for ta in (False, True):
+            for tb in (False, True):
+                check(dev, kind, row, *mnk, ta, tb, alpha=-1.5 if i % 2 else 1.0,
+                      beta=0.5 if (ta ^ tb) else 0.0, bias=ta, act="relu" if tb else None)
+
+
+@pytest.mark.parametrize("kind", ["tf32", "f16"])
+def test_engine_split_k(dev, kind):
+    row = dict(engine_rows(dev, kind)[-1], KSPLIT=3)
+    for ta, tb in ((False, False), (True, True)):
+        check(dev, kind, row, 67, 45, 1031, ta, tb, alpha=1.0, beta=-1.5, bias=True,
+              act=None)
+
+
+def test_the_precision_switch_chooses_tf32(dev, precision):
+    """float32 GEMMs stay float32 under "highest" (the default) and take the TF32
+    engines under "high" and "medium": each result is the float64 product of what it
+    multiplied, float32 operands or TF32 ones, and the two differ on these data."""
+    engine_rows(dev, "tf32")
+    a = RNG.standard_normal((300, 512)).astype(np.float32)
+    b = RNG.standard_normal((512, 200)).astype(np.float32)
+    exact = a.astype(np.float64) @ b
+    tf32 = as_engine_sees("tf32", a).astype(np.float64) @ as_engine_sees("tf32", b)
+    scale = np.abs(a.astype(np.float64)) @ np.abs(b)
+    bd = bound(np.float32, scale, exact, 512)
+    assert np.any(np.abs(tf32 - exact) > 2 * bd)        # the data tell the two apart
+    for p, want in (("highest", exact), ("high", tf32), ("medium", tf32)):
+        precision(p)
+        rows = tuning.gemm_rows(dev.facts, 4, np.float32, tuning.shape_class(300, 200, 512))
+        chosen = plans.best(dev.facts, rows, 300, 200, 512).params
+        assert chosen.get("MMA") == (None if p == "highest" else "tf32"), (p, chosen)
+        got = clnn.gemm(clnn.asarray(a, device=dev), clnn.asarray(b, device=dev)).get()
+        assert np.all(np.abs(got - want) <= bd), p
+
+
+@pytest.mark.parametrize("kind", ["tf32", "f16"])
+@pytest.mark.parametrize("geom", [(3, 5, 11, 13, 7, 3, 1, 1), (2, 3, 29, 29, 64, 7, 2, 3),
+                                  (4, 16, 9, 9, 33, 3, 1, 0)], ids=str)
+def test_convolutions_on_the_engines(dev, kind, geom):
+    """A layer's three convolutions (gemm.cl's implicit-GEMM loaders) on each engine row:
+    float16 storage, or float32 on the TF32 rows."""
+    for row in engine_rows(dev, kind):
+        check_conv(dev, kind, row, geom)
+
+
+def check_conv(dev, kind, row, geom):
+    if not dev.facts.fp64:
+        pytest.skip("the reference runs in float64 on the device")
+    N, C, H, W, M, R, st, pd = geom
+    dt = DTYPE[kind]
+    x = RNG.standard_normal((N, C, H, W)).astype(dt)
+    w = RNG.standard_normal((M, C, R, R)).astype(dt)
+    xe, we = as_engine_sees(kind, x), as_engine_sees(kind, w)
+    with tuning.override("gemm", row):
+        y = clnn.conv2d(clnn.asarray(x, device=dev), clnn.asarray(w, device=dev), stride=st,
+                        padding=pd)
+        dy = RNG.standard_normal(y.shape).astype(dt)
+        got = [y.get(),
+               clnn.conv2d_backward_data(clnn.asarray(dy, device=dev),
+                                         clnn.asarray(w, device=dev), x.shape, stride=st,
+                                         padding=pd).get(),
+               clnn.conv2d_backward_weight(clnn.asarray(dy, device=dev),
+                                           clnn.asarray(x, device=dev), w.shape, stride=st,
+                                           padding=pd).get()]
+    dye = as_engine_sees(kind, dy)
+
+    def f64(v):
+        return clnn.asarray(v.astype(np.float64), device=dev)
+
+    def absf(v):
+        return f64(np.abs(v.astype(np.float64)))
+    # float64 references of the operands the engines see: clnn's float64 convolutions
+    # (themselves tested against numpy's loops in test_conv.py), outside the override
+    refs = [(clnn.conv2d(f64(xe), f64(we), stride=st, padding=pd),
+             clnn.conv2d(absf(xe), absf(we), stride=st, padding=pd), C * R * R),
+            (clnn.conv2d_backward_data(f64(dye), f64(we), x.shape, stride=st, padding=pd),
+             clnn.conv2d_backward_data(absf(dye), absf(we), x.shape, stride=st, padding=pd),
+             M * R * R),
+            (clnn.conv2d_backward_weight(f64(dye), f64(xe), w.shape, stride=st, padding=pd),
+             clnn.conv2d_backward_weight(absf(dye), absf(xe), w.shape, stride=st, padding=pd),
+             N * y.shape[2] * y.shape[3])]
+    for name, g, (r, s, k) in zip(("forward", "data gradient", "weight gradient"), got, refs):
+        r, s = r.get(), s.get()
+        err = np.abs(g.astype(np.float64) - r)
+        bd = bound(dt, s, r, k)
+        assert np.all(err <= bd), f"{kind} {name} {geom}: max error/bound {np.max(err / bd):.3g}"

@@ -1,0 +1,169 @@
+"""The matrix-engine rows (MMA_TABLE, gemm.cl's mma.sync variant) without a GPU: their
+constraints, when they are chosen (the device's compute capability, the dtype and the
+float32 matmul precision), the planner's choices with an H100's facts, and every
+rendered variant through clang's NVPTX target (the PTX inside is checked by running
+it: tests/ops/test_gemm_mma.py on an NVIDIA GPU)."""
+
+import dataclasses
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+import clnn
+from clnn import plans, programs, tuning
+from clnn.errors import ArgumentError
+from conftest import gate
+from test_plans import H100 as H100_NO_CC
+
+H100 = dataclasses.replace(H100_NO_CC, nv_compute_capability=90)
+A100 = dataclasses.replace(H100_NO_CC, name="NVIDIA A100-SXM4-40GB", compute_units=108,
+                           nv_compute_capability=80)
+TURING = dataclasses.replace(H100_NO_CC, name="Tesla T4", nv_compute_capability=75)
+ENGINES = tuning.MMA_TABLE[("nvidia", "GPU")]
+SIZE = {"tf32": 4, "f16": 2}
+CLANG = shutil.which("clang")
+
+
+@pytest.fixture
+def precision():
+    old = tuning._precision["value"]
+    yield tuning.set_float32_matmul_precision
+    tuning._precision["value"] = old
+
+
+def test_every_engine_row_fits_the_h100_and_no_other_device():
+    for row in ENGINES:
+        size = SIZE[row["MMA"]]
+        assert tuning.gemm_problems(row, H100, size) == [], row
+        assert tuning.gemm_problems(row, A100, size) == [], row
+        assert any("compute capability" in p for p in tuning.gemm_problems(row, TURING, size))
+        assert any("compute capability" in p
+                   for p in tuning.gemm_problems(row, H100_NO_CC, size))
+        other = 2 if size == 4 else 4
+        assert any("serve" in p for p in tuning.gemm_problems(row, H100, other))
+        assert plans.local_bytes(row, size) <= H100.local_mem_size
+
+
+@pytest.mark.parametrize("change,why", [
+    ({"WM": 24}, "multiple of 16"), ({"WN": 12}, "multiple of 16 and WN of 8"),
+    ({"MDIMC": 4}, "32 work-items"), ({"KWG": 12}, "KWG must be a multiple"),
+    ({"VWM": 2}, "VWM = VWN = 1"), ({"MMA": "bf16"}, "MMA must be one of"),
+    ({"WM": None}, "warp blocks"), ({"speed": 20}, "speed")])
+def test_engine_row_constraints(change, why):
+    row = dict(next(r for r in ENGINES if r["MMA"] == "tf32"), **change)
+    row = {k: v for k, v in row.items() if v is not None}
+    probs = tuning.gemm_problems(row, H100, 4)
+    assert any(why in p for p in probs), probs
+
+
+def test_the_precision_switch(precision, monkeypatch):
+    tuning._precision["value"] = None
+    monkeypatch.delenv(tuning.PRECISION_ENV, raising=False)
+    assert clnn.get_float32_matmul_precision() == "highest"      # PyTorch's default
+    for p in ("high", "medium", "highest"):
+        clnn.set_float32_matmul_precision(p)
+        assert clnn.get_float32_matmul_precision() == p
+    for bad in ("low", "HIGH", None, 1):
+        with pytest.raises(ArgumentError, match="highest"):
+            clnn.set_float32_matmul_precision(bad)
+    assert clnn.get_float32_matmul_precision() == "highest"     # unchanged by a refusal
+    tuning._precision["value"] = None
+    monkeypatch.setenv(tuning.PRECISION_ENV, "High")
+    assert clnn.get_float32_matmul_precision() == "high"
+    tuning._precision["value"] = None
+    monkeypatch.setenv(tuning.PRECISION_ENV, "fast")
+    with pytest.warns(RuntimeWarning, match="CLNN_FLOAT32_MATMUL_PRECISION"):
+        assert clnn.get_float32_matmul_precision() == "highest"
+
+
+def test_engines_are_chosen_only_where_allowed(precision):
+    precision("highest")
+    assert tuning.mma_kind(H100, np.float32) == "none"
+    assert tuning.mma_kind(H100, np.float16) == "f16"       # float16 always may
+    assert tuning.mma_kind(H100, np.float64) == "none"
+    assert not any("MMA" in r for r in tuning.gemm_rows(H100, 4, np.float32))
+    f16 = tuning.gemm_rows(H100, 2, np.float16)
+    assert f16[0]["MMA"] == "f16" and {r.get("MMA") for r in f16} == {"f16", None}
+    precision("high")
+    assert tuning.mma_kind(H100, np.float32) == "tf32"
+    rows = tuning.gemm_rows(H100, 4, np.float32, "NN-square-large")
+    assert rows[0]["MMA"] == "tf32"
+    assert rows is tuning.gemm_rows(H100, 4, np.float32, "NN-square-large")  # one tuple
+    assert not any("MMA" in r for r in tuning.gemm_rows(H100, 8, np.float64))
+    conv = tuning.conv_rows(H100, 4, np.float32, "conv-wgrad-large")
+    assert conv[0]["MMA"] == "tf32"
+    assert tuning.conv_vendor_rows(H100, 4)[0] in conv
+    for facts in (TURING, H100_NO_CC, clnn.device().facts):
+        assert tuning.mma_kind(facts, np.float16) == "none"
+        assert not any("MMA" in r for r in tuning.gemm_rows(facts, 4, np.float32))
+    with tuning.override("gemm", tuning.GEMM_TABLE["vendor"][("nvidia", "GPU")][0]):
+        assert "MMA" not in tuning.gemm_rows(H100, 4, np.float32)[0]    # overrides rule
+
+
+def test_engine_rows_are_never_forced_where_they_cannot_run():
+    dev = clnn.device()
+    row = ENGINES[0]
+    with tuning.override("gemm", row), pytest.raises(ArgumentError, match="compute capab"):
+        clnn.gemm(clnn.asarray(np.ones((4, 4), np.float32)),
+                  clnn.asarray(np.ones((4, 4), np.float32)))
+    assert tuning.mma_rows(dev.facts, "tf32") == ()
+
+
+@pytest.mark.parametrize("n", [2048, 4096, 8192])
+def test_big_products_plan_on_the_engines(precision, n):
+    precision("high")
+    rows = tuning.gemm_rows(H100, 4, np.float32)
+    plan = plans.best(H100, rows, n, n, n)
+    assert plan.params.get("MMA") == "tf32" and plan.splits == 1
+    assert (plan.params["MWG"], plan.params["NWG"]) == (128, 128)
+    assert plan.local_size == (128, 1, 1)
+    plan = plans.best(H100, tuning.gemm_rows(H100, 2, np.float16), n, n, n, itemsize=2)
+    assert plan.params.get("MMA") == "f16"
+
+
+def test_a_ten_column_product_keeps_a_tile_that_fits(precision):
+    """A classifier's 10 outputs: the float32 skinny tiles waste less than any engine
+    tile of 32 or more columns, and the planner weighs that."""
+    precision("high")
+    rows = tuning.gemm_rows(H100, 4, np.float32)
+    plan = plans.best(H100, rows, 1000, 10, 1000)
+    assert plan.params["NWG"] <= 64
+
+
+def engine_variants():
+    for i, row in enumerate(ENGINES):
+        dtype = "float32" if row["MMA"] == "tf32" else "float16"
+        for conv, ta, tb, vec, partial in (
+                ("none", False, False, 4, False), ("none", True, True, 4, True),
+                ("none", False, True, 1, False), ("none", True, False, 2, False),
+                ("fwd", False, False, 1, False), ("dgrad", False, False, 1, True),
+                ("wgrad", False, False, 1, True)):
+            params = {"dtype": dtype, "variant": "local", "trans_a": ta, "trans_b": tb,
+                      "act": "relu", "bias": "row" if conv != "none" else "col",
+                      "conv": conv, "vec": vec, "vec_c": False, "partial": partial,
+                      "tuning": tuning.template_tuning(row, dtype)}
+            yield pytest.param(params, id=f"{row['MMA']}-{i}-{conv}-{int(ta)}{int(tb)}-v{vec}"
+                               f"{'-partial' if partial else ''}")
+
+
+@gate("clang", CLANG is not None)
+@pytest.mark.parametrize("params", list(engine_variants()))
+def test_engine_kernels_compile_for_nvptx(params):
+    """clang's NVPTX target takes the inline PTX's operands (SPIR has no such registers);
+    the kernel otherwise as strict as the SPIR gate: OpenCL C 1.2, no fp16 extension,
+    no warnings."""
+    source = programs.render("gemm", params)
+    assert "mma.sync.aligned" in source
+    cmd = [CLANG, "-x", "cl", "-fsyntax-only", "-target", "nvptx64-nvidia-cuda",
+           "-cl-std=CL1.2", "-cl-no-stdinc", "-Xclang", "-finclude-default-header",
+           "-Xclang", "-cl-ext=-cl_khr_fp64,-cl_khr_fp16", "-Wall", "-Werror", "-"]
+    res = subprocess.run(cmd, input=source, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr + programs.numbered(source)
+
+
+def test_device_facts_read_the_compute_capability():
+    facts = clnn.device().facts
+    assert facts.nv_compute_capability == 0          # PoCL: no cl_nv_device_attribute_query
+    assert "nv_compute_capability" in facts.as_dict()
