@@ -164,12 +164,16 @@ def walk(dev, call, snapshot):
 
 
 CASES = {
-    # K in slices (PANEL_BYTES made small), and blocks of columns under a small cap
+    # K in slices (PANEL_BYTES made small), and blocks of columns under a small cap:
+    # the packed (CPU) GEMM and the gathered convolution, forced on every device (a
+    # GPU would take the tiled kernels, which allocate nothing here)
     "gemm-k-slices": lambda dev: (
-        mock.patch.object(gemm_module, "PANEL_BYTES", 64 << 10),
+        _all(mock.patch.object(gemm_module, "PANEL_BYTES", 64 << 10),
+             tuning.override("gemm", tuning.GEMM_TABLE["type"]["CPU"])),
         lambda o: clnn.gemm(A, B, out=o, beta=0.5), (64, 3)),
     "wgrad-groups": lambda dev: (
-        mock.patch.object(conv_module, "SCRATCH_BYTES", 4 << 10),
+        _all(mock.patch.object(conv_module, "SCRATCH_BYTES", 4 << 10),
+             tuning.override("conv", tuning.CONV_TABLE["type"]["CPU"])),
         lambda o: clnn.conv2d_backward_weight(DY, X, (3, 2, 3, 3), out=o, padding=1,
                                               beta=0.5), (3, 2, 3, 3)),
     "dgrad-col2im-groups": lambda dev: (
@@ -180,6 +184,14 @@ CASES = {
                                             out=o), (5, 2, 6, 7)),
 }
 A = B = X = DY = DY2 = W2 = None
+
+
+@contextlib.contextmanager
+def _all(*managers):
+    with contextlib.ExitStack() as stack:
+        for m in managers:
+            stack.enter_context(m)
+        yield
 
 
 def _dgrad_col2im(o):
