@@ -57,10 +57,14 @@ def local_bytes(p, itemsize=4):
     """Local memory of a tiled ("local") row: two buffers of each tile, in float or
     wider (halves for float16 engines), rows padded by 4 elements (8 for the matrix
     engines) against bank conflicts."""
+    # an emulated engine (tests) exchanges a work-item's fragment registers (4 per mma
+    # tile of A, 2 per tile of B) through local memory
+    extra = 4 * (4 * p["WM"] // 16 + 2 * p["WN"] // 8) * threads(p) \
+        if p.get("EMULATE") else 0
     if p.get("MMA") == "f16":        # halves, rows of words padded by 8 words
-        return 2 * p["KWG"] * (p["MWG"] + p["NWG"] + 16) * 2
+        return 2 * p["KWG"] * (p["MWG"] + p["NWG"] + 16) * 2 + extra
     pad = 8 if p.get("MMA") == "tf32" else 4
-    return 2 * p["KWG"] * (p["MWG"] + p["NWG"] + 2 * pad) * max(itemsize, 4)
+    return 2 * p["KWG"] * (p["MWG"] + p["NWG"] + 2 * pad) * max(itemsize, 4) + extra
 
 
 def groups_per_unit(facts, p, itemsize=4):

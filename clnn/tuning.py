@@ -138,7 +138,9 @@ CONV_TABLE = {
 
 # Matrix-engine rows (variant "local" with "MMA"): gemm.cl's tiled kernel whose inner
 # product is NVIDIA's mma.sync (inline PTX, compute capability 8.0 and up), a warp per
-# WM x WN block of the tile, MDIMC * NDIMC = 32 warps' work-items. "tf32" serves
+# WM x WN block of the tile, MDIMC * NDIMC = 32 warps' work-items. A row forced with
+# "EMULATE": True runs anywhere, the engine emulated in OpenCL C (slowly): how the
+# tests check the kernel's layouts, loaders and epilogue on PoCL and under Oclgrind. "tf32" serves
 # float32 only where the user allows TF32 (set_float32_matmul_precision), "f16" serves
 # float16 storage (products of halves, sums in float32). "speed" is relative to the
 # float32 rows, so the planner prefers them where their tiles fit the shape. Kept
@@ -171,7 +173,7 @@ _KEYS = {"reg": ("MWI", "NWI", "VW", "WGM"),
 # parameters a row may leave out, with their defaults
 _OPTIONAL = {"local": {"VWM": 1, "VWN": 1}}
 # parameters passed to the template only when a row has them
-_EXTRA = {"local": ("MMA", "WM", "WN")}
+_EXTRA = {"local": ("MMA", "WM", "WN", "EMULATE")}
 MMA_KINDS = {"tf32": (8, 4), "f16": (16, 2)}      # K of one mma.sync, the item size it serves
 
 
@@ -272,8 +274,11 @@ def _mma_problems(p, facts, itemsize):
         probs.append("MMA rows read local memory per fragment: VWM = VWN = 1")
     if itemsize != size:
         probs.append(f"{kind} engines serve {size}-byte elements, not {itemsize}")
-    if facts is not None and facts.nv_compute_capability < 80:
-        probs.append("mma.sync needs an NVIDIA GPU of compute capability 8.0 or newer")
+    if not isinstance(p.get("EMULATE", False), bool):
+        probs.append("EMULATE must be true or false")
+    elif facts is not None and facts.nv_compute_capability < 80 and not p.get("EMULATE"):
+        probs.append("mma.sync needs an NVIDIA GPU of compute capability 8.0 or newer "
+                     "(EMULATE: True runs the kernel with the engine emulated, for tests)")
     return probs
 
 

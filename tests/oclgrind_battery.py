@@ -2,7 +2,7 @@
 
 Run as a script in a process whose OpenCL loader sees only Oclgrind; exits non-zero on
 a wrong result. Oclgrind itself reports races and out-of-bounds accesses to its log.
-Usage: python oclgrind_battery.py [ops|gemm|bad]
+Usage: python oclgrind_battery.py [ops|gemm|conv|engines|bad]
 """
 
 import os
@@ -269,6 +269,54 @@ def conv():
     print(f"checked {checked} GEMM and gathered variants for convolution, and pooling")
 
 
+def engines():
+    """The matrix-engine rows that fit the gate's limits, the engine emulated (the lanes
+    of a warp exchange fragment registers through local memory): their float16 and
+    TF32 tile layouts, loaders, split-K and epilogue, plain and in convolutions, with
+    race detection over the local-memory protocol."""
+    from clnn import plans, tuning
+    facts = clnn.device().facts
+    rng = np.random.default_rng(5)
+    checked = 0
+    for row in tuning.MMA_TABLE[("nvidia", "GPU")]:
+        row = dict(row, EMULATE=True)
+        dt = np.float32 if row["MMA"] == "tf32" else np.float16
+        size = np.dtype(dt).itemsize
+        if tuning.gemm_problems(row, facts, size) or plans.local_bytes(row, size) > 32768:
+            continue
+        tol = 1e-2 if dt == np.float16 else 2e-3
+        for M, N, K, ta, tb, split in ((37, 29, 40, False, False, None),
+                                       (9, 70, 33, True, True, None),
+                                       (20, 20, 100, False, True, 2)):
+            a = rng.standard_normal((K, M) if ta else (M, K)).astype(dt)
+            b = rng.standard_normal((N, K) if tb else (K, N)).astype(dt)
+            bias = rng.standard_normal(N).astype(dt)
+            with tuning.override("gemm", dict(row, KSPLIT=split) if split else row):
+                got = clnn.gemm(clnn.asarray(a), clnn.asarray(b), trans_a=ta, trans_b=tb,
+                                bias=clnn.asarray(bias), activation="relu").get()
+            ref = np.maximum((a.T if ta else a).astype(np.float64) @ (b.T if tb else b)
+                             + bias, 0.0)
+            close(got / np.sqrt(K), ref / np.sqrt(K), tol)
+        x = rng.standard_normal((2, 3, 9, 8)).astype(dt)
+        w = rng.standard_normal((5, 3, 3, 3)).astype(dt)
+        dy = rng.standard_normal((2, 5, 9, 8)).astype(dt)
+        x64, w64, dy64 = (clnn.asarray(v.astype(np.float32)) for v in (x, w, dy))
+        refs = (clnn.conv2d(x64, w64, padding=1).get(),
+                clnn.conv2d_backward_data(dy64, w64, x.shape, padding=1).get(),
+                clnn.conv2d_backward_weight(dy64, x64, w.shape, padding=1).get())
+        with tuning.override("gemm", row):
+            X, W, DY = clnn.asarray(x), clnn.asarray(w), clnn.asarray(dy)
+            got = (clnn.conv2d(X, W, padding=1).get(),
+                   clnn.conv2d_backward_data(DY, W, x.shape, padding=1).get(),
+                   clnn.conv2d_backward_weight(DY, X, w.shape, padding=1).get())
+        for g, r in zip(got, refs):
+            close(g / 6, r / 6, tol)
+        checked += 1
+    if not checked:
+        raise SystemExit("no engine row fits this device")
+    print(f"checked {checked} emulated engine rows")
+
+
 def bad():
     """An out-of-bounds write that Oclgrind must report (proves the gate can fail)."""
     import pyopencl as cl
@@ -281,6 +329,6 @@ def bad():
 
 
 if __name__ == "__main__":
-    {"ops": ops, "gemm": gemm, "conv": conv, "bad": bad}[sys.argv[1] if len(sys.argv) > 1 else "ops"]()
+    {"ops": ops, "gemm": gemm, "conv": conv, "engines": engines, "bad": bad}[sys.argv[1] if len(sys.argv) > 1 else "ops"]()
     clnn.device().finish()
     print("battery passed")

@@ -1,8 +1,9 @@
 """The matrix-engine rows (MMA_TABLE, gemm.cl's mma.sync variant) without a GPU: their
 constraints, when they are chosen (the device's compute capability, the dtype and the
 float32 matmul precision), the planner's choices with an H100's facts, and every
-rendered variant through clang's NVPTX target (the PTX inside is checked by running
-it: tests/ops/test_gemm_mma.py on an NVIDIA GPU)."""
+rendered variant through clang's NVPTX target. The kernels themselves run in
+tests/ops/test_gemm_mma.py (on PoCL with the engine emulated) and under Oclgrind
+(test_oclgrind.py's "engines" battery)."""
 
 import dataclasses
 import shutil
@@ -102,6 +103,20 @@ def test_engines_are_chosen_only_where_allowed(precision):
         assert "MMA" not in tuning.gemm_rows(H100, 4, np.float32)[0]    # overrides rule
 
 
+def test_emulated_rows_run_anywhere():
+    row = dict(ENGINES[2], EMULATE=True)            # the 64x64 TF32 tile
+    assert tuning.gemm_problems(row, H100_NO_CC, 4) == []
+    assert tuning.gemm_problems(row, TURING, 4) == []
+    assert plans.local_bytes(row) > plans.local_bytes(ENGINES[2])   # the exchange
+    assert tuning.gemm_problems(dict(ENGINES[0], EMULATE=True), clnn.device().facts, 4) == []
+    assert any("EMULATE" in p for p in tuning.gemm_problems(dict(row, EMULATE=1), H100, 4))
+    assert "clnn_mma_dot" not in programs.render("gemm", dict(
+        next(engine_variants()).values[0], tuning=tuning.template_tuning(ENGINES[0])))
+    src = programs.render("gemm", dict(next(engine_variants()).values[0],
+                                       tuning=tuning.template_tuning(row)))
+    assert "__asm__" not in src and "clnn_mma_dot" in src
+
+
 def test_engine_rows_are_never_forced_where_they_cannot_run():
     dev = clnn.device()
     row = ENGINES[0]
@@ -132,8 +147,9 @@ def test_a_ten_column_product_keeps_a_tile_that_fits(precision):
     assert plan.params["NWG"] <= 64
 
 
-def engine_variants():
+def engine_variants(emulate=False):
     for i, row in enumerate(ENGINES):
+        row = dict(row, EMULATE=True) if emulate else row
         dtype = "float32" if row["MMA"] == "tf32" else "float16"
         for conv, ta, tb, vec, partial in (
                 ("none", False, False, 4, False), ("none", True, True, 4, True),
@@ -161,6 +177,18 @@ def test_engine_kernels_compile_for_nvptx(params):
            "-Xclang", "-cl-ext=-cl_khr_fp64,-cl_khr_fp16", "-Wall", "-Werror", "-"]
     res = subprocess.run(cmd, input=source, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr + programs.numbered(source)
+
+
+@gate("clang", CLANG is not None)
+@pytest.mark.parametrize("params", list(engine_variants(emulate=True))[::3])
+def test_emulated_engine_kernels_are_portable_opencl_c(params):
+    """The emulated engine is plain OpenCL C 1.2 (no PTX): the SPIR gate's checks."""
+    from test_kernels_clang import clang_check
+    source = programs.render("gemm", params)
+    assert "__asm__" not in source
+    for defines in ((), ("CLNN_CPU",)):
+        res = clang_check(source, params["dtype"], defines=defines)
+        assert res.returncode == 0, res.stderr + programs.numbered(source)
 
 
 def test_device_facts_read_the_compute_capability():

@@ -424,6 +424,7 @@ __kernel void clnn_gemv(const int M, const int K, const acc_t alpha, const acc_t
     LDA = MWG + (4 if a_kfast else 0)       # the pad spreads transposed stores over banks
     LDB = NWG + (4 if b_kfast else 0)
     MMA = t.get("MMA", "none")              # matrix-engine inner product (NVIDIA only)
+    EMULATE = bool(t.get("EMULATE"))        # the engine's semantics in OpenCL C (tests)
     if MMA != "none":
         # a warp per WM x WN block of the tile, in mma.sync tiles of 16 x 8 (x KI); a
         # lane (g, t4) = (lane / 4, lane % 4) reads the word at row t4 (+ 4), column g
@@ -505,11 +506,13 @@ __kernel void clnn_gemv(const int M, const int K, const acc_t alpha, const acc_t
 // TF32 (float32 operands rounded to 10 mantissa bits, as PyTorch's "high" float32
 // matmul precision): A fragment a0..a3 = A(g, t4), A(g + 8, t4), A(g, t4 + 4),
 // A(g + 8, t4 + 4); B fragment b0, b1 = B(t4, g), B(t4 + 4, g).
+%     if not EMULATE:
 #define CLNN_MMA(d, a0, a1, a2, a3, b0, b1) \
     __asm__ __volatile__("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 " \
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};" \
                  : "+f"(d##_0), "+f"(d##_1), "+f"(d##_2), "+f"(d##_3) \
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+%     endif
 // float32 to TF32, rounding to nearest (ties away, as cvt.rna.tf32.f32); done once per
 // element as the tiles go to local memory. NaN stays NaN.
 inline float clnn_tf32(const float x)
@@ -522,12 +525,57 @@ inline float clnn_tf32(const float x)
 // A fragment a0..a3 = A(g, 2 t4 + {0, 1}), A(g + 8, ...), A(g, 2 t4 + 8 + {0, 1}),
 // A(g + 8, ...); B fragment b0, b1 = B(2 t4 + {0, 1}, g), B(2 t4 + 8 + {0, 1}, g).
 // The tiles go to local memory as halves in exactly these pairs (store_local_h), so a
-// fragment register is one 32-bit load.
+// fragment register is one 32-bit load. (CPUs only meet this code emulated, in tests:
+// there the conversions are _half.cl's integer code, quicker to build than PoCL's
+// vstore_half_rte.)
+#ifdef CLNN_CPU
+#define CLNN_LOCAL_HALF_STORE(v, i, p) (((__local ushort *)(p))[i] = clnn_f2h(v))
+#define CLNN_LOCAL_HALF2_STORE(v, p) vstore2(clnn_f2h2(v), 0, (__local ushort *)(p))
+#define CLNN_LOCAL_HALF_LOAD(i, p) clnn_h2f(((__local const ushort *)(p))[i])
+#else
+#define CLNN_LOCAL_HALF_STORE(v, i, p) vstore_half_rte((v), (i), (p))
+#define CLNN_LOCAL_HALF2_STORE(v, p) vstore_half2_rte((v), 0, (p))
+#define CLNN_LOCAL_HALF_LOAD(i, p) vload_half((i), (p))
+#endif
+%     if not EMULATE:
 #define CLNN_MMA(d, a0, a1, a2, a3, b0, b1) \
     __asm__ __volatile__("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 " \
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};" \
                  : "+f"(d##_0), "+f"(d##_1), "+f"(d##_2), "+f"(d##_3) \
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+%     endif
+%   endif
+%   if EMULATE:
+
+// The engine emulated in OpenCL C, for testing this kernel where there is no such
+// engine (PoCL, Oclgrind): at each k step the lanes put all their fragment registers
+// in local memory (mma_exchange, XR registers each), and each lane sums the outputs it
+// holds from the fragments of its warp, as mma.sync's operand layouts above define
+// them. Every work-item of the group takes the same steps, so the barriers are legal.
+// clnn_mma_dot is the (row, col) output of one 16 x 8 tile: w is the warp's registers,
+// the A fragment at register ra of each lane, the B fragment at register rb.
+inline float clnn_mma_dot(__local const uint *w, const int xr, const int ra, const int rb,
+                          const int row, const int col)
+{
+    float s = 0.0f;
+%     if MMA == "tf32":
+    // A(row, k): lane (row % 8) * 4 + k % 4, register ra + (row >= 8) + 2 (k >= 4);
+    // B(k, col): lane col * 4 + k % 4, register rb + (k >= 4)
+#pragma unroll 1
+    for (int k = 0; k < 8; ++k)
+        s += as_float(w[((row % 8) * 4 + k % 4) * xr + ra + (row >= 8) + 2 * (k >= 4)]) *
+             as_float(w[(col * 4 + k % 4) * xr + rb + (k >= 4)]);
+%     else:
+    // A(row, k): half k % 2 of lane (row % 8) * 4 + k % 8 / 2, register
+    // ra + (row >= 8) + 2 (k >= 8); B(k, col): half k % 2 of lane col * 4 + k % 8 / 2,
+    // register rb + (k >= 8)
+#pragma unroll 1
+    for (int k = 0; k < 16; ++k)
+        s += CLNN_LOCAL_HALF_LOAD(k % 2, (__local const half *)(w + ((row % 8) * 4 + k % 8 / 2) * xr + ra + (row >= 8) + 2 * (k >= 8))) *
+             CLNN_LOCAL_HALF_LOAD(k % 2, (__local const half *)(w + (col * 4 + k % 8 / 2) * xr + rb + (k >= 8)));
+%     endif
+    return s;
+}
 %   endif
 % endif
 
@@ -694,18 +742,18 @@ ${matrix_load(f"rb{l}", GVB, "b", "k", "n", "ldb", "kend", "N", guarded, g)}
 %   if a_kfast:
 %     if GVA == 1:
                 const int k = idx % ${KWG};
-                vstore_half_rte(ra${l}, k % 2, (__local half *)(a_lmw + (${buf} * ${KWG // 2} + k / 2) * CLNN_LDA + idx / ${KWG}));
+                CLNN_LOCAL_HALF_STORE(ra${l}, k % 2, (__local half *)(a_lmw + (${buf} * ${KWG // 2} + k / 2) * CLNN_LDA + idx / ${KWG}));
 %     else:
                 __local half *dst = (__local half *)(a_lmw + (${buf} * ${KWG // 2} + idx % ${KWG // GVA} * ${GVA // 2}) * CLNN_LDA + idx / ${KWG // GVA});
 %       for p in range(GVA // 2):
-                vstore_half2_rte((float2)(${comp(f"ra{l}", GVA, 2 * p)}, ${comp(f"ra{l}", GVA, 2 * p + 1)}), 0, dst + ${2 * p} * CLNN_LDA);
+                CLNN_LOCAL_HALF2_STORE((float2)(${comp(f"ra{l}", GVA, 2 * p)}, ${comp(f"ra{l}", GVA, 2 * p + 1)}), dst + ${2 * p} * CLNN_LDA);
 %       endfor
 %     endif
 %   else:
                 const int k = idx / ${MWG // GVA}, m = idx % ${MWG // GVA} * ${GVA};
                 __local half *dst = (__local half *)(a_lmw + (${buf} * ${KWG // 2} + k / 2) * CLNN_LDA + m) + k % 2;
 %     for c in range(GVA):
-                vstore_half_rte(${comp(f"ra{l}", GVA, c)}, ${2 * c}, dst);
+                CLNN_LOCAL_HALF_STORE(${comp(f"ra{l}", GVA, c)}, ${2 * c}, dst);
 %     endfor
 %   endif
             }
@@ -723,22 +771,22 @@ ${matrix_load(f"rb{l}", GVB, "b", "k", "n", "ldb", "kend", "N", guarded, g)}
 %   if b_tab:
                 const int k = ${f"tid / {NWG} + {l * (NT // NWG)}" if DC == 1 else f"{l // DC}"};
                 const int n = ${f"tid % {NWG}" if DC == 1 else f"tid + {(l % DC) * NT}"};
-                vstore_half_rte(rb${l}, 0, (__local half *)(b_lmw + (${buf} * ${KWG // 2} + k / 2) * CLNN_LDB + n) + k % 2);
+                CLNN_LOCAL_HALF_STORE(rb${l}, 0, (__local half *)(b_lmw + (${buf} * ${KWG // 2} + k / 2) * CLNN_LDB + n) + k % 2);
 %   elif b_kfast:
 %     if GVB == 1:
                 const int k = idx % ${KWG};
-                vstore_half_rte(rb${l}, k % 2, (__local half *)(b_lmw + (${buf} * ${KWG // 2} + k / 2) * CLNN_LDB + idx / ${KWG}));
+                CLNN_LOCAL_HALF_STORE(rb${l}, k % 2, (__local half *)(b_lmw + (${buf} * ${KWG // 2} + k / 2) * CLNN_LDB + idx / ${KWG}));
 %     else:
                 __local half *dst = (__local half *)(b_lmw + (${buf} * ${KWG // 2} + idx % ${KWG // GVB} * ${GVB // 2}) * CLNN_LDB + idx / ${KWG // GVB});
 %       for p in range(GVB // 2):
-                vstore_half2_rte((float2)(${comp(f"rb{l}", GVB, 2 * p)}, ${comp(f"rb{l}", GVB, 2 * p + 1)}), 0, dst + ${2 * p} * CLNN_LDB);
+                CLNN_LOCAL_HALF2_STORE((float2)(${comp(f"rb{l}", GVB, 2 * p)}, ${comp(f"rb{l}", GVB, 2 * p + 1)}), dst + ${2 * p} * CLNN_LDB);
 %       endfor
 %     endif
 %   else:
                 const int k = idx / ${NWG // GVB}, n = idx % ${NWG // GVB} * ${GVB};
                 __local half *dst = (__local half *)(b_lmw + (${buf} * ${KWG // 2} + k / 2) * CLNN_LDB + n) + k % 2;
 %     for c in range(GVB):
-                vstore_half_rte(${comp(f"rb{l}", GVB, c)}, ${2 * c}, dst);
+                CLNN_LOCAL_HALF_STORE(${comp(f"rb{l}", GVB, c)}, ${2 * c}, dst);
 %     endfor
 %   endif
             }
@@ -854,6 +902,9 @@ void clnn_gemm_tiled(const int M, const int N, const int K, const int splits,
     // warp (wm, wn) of the group owns rows wm0 .. wm0 + WM and columns wn0 .. wn0 + WN
     // of the tile; d{i}_{j} is its mma tile (i, j), four floats per lane
     const int lane = tid % 32, warp = tid / 32;
+%   if EMULATE:
+    __local uint mma_exchange[${(4 * MT + 2 * NTL) * NT}];
+%   endif
     const int grp = lane / 4, t4 = lane % 4;
     const int wm0 = warp / ${WARPS_N} * ${WM}, wn0 = warp % ${WARPS_N} * ${WN};
 %   for i in range(MT):
@@ -905,7 +956,9 @@ ${load_a(True, g)}
         __local const acc_t *a_s = a_lm + buf * KWG * CLNN_LDA + wm0 + grp;
         __local const acc_t *b_s = b_lm + buf * KWG * CLNN_LDB + wn0 + grp;
 %   endif
+%   if not EMULATE:
 #pragma unroll
+%   endif
         for (int kk = 0; kk < KWG; kk += ${KI}) {
 %   if MMA == "tf32":
 %     for i in range(MT):
@@ -922,11 +975,40 @@ ${load_a(True, g)}
             const uint ${", ".join(f"b{j}_{r} = b_w[(kk / 2 + t4 + {4 * r}) * CLNN_LDB + {8 * j}]" for r in range(2))};
 %     endfor
 %   endif
-%   for i in range(MT):
-%     for j in range(NTL):
-            CLNN_MMA(d${i}_${j}, a${i}_0, a${i}_1, a${i}_2, a${i}_3, b${j}_0, b${j}_1);
+%   if EMULATE:
+            {   // the engine, emulated: the warp's fragment registers through local memory
+                __local uint *mine = mma_exchange + tid * ${4 * MT + 2 * NTL};
+                barrier(CLK_LOCAL_MEM_FENCE);       // the previous step's reads are done
+%     for i in range(MT):
+                ${" ".join(f"mine[{4 * i + r}] = a{i}_{r};" for r in range(4))}
 %     endfor
-%   endfor
+%     for j in range(NTL):
+                ${" ".join(f"mine[{4 * MT + 2 * j + r}] = b{j}_{r};" for r in range(2))}
+%     endfor
+                barrier(CLK_LOCAL_MEM_FENCE);
+                __local const uint *w = mma_exchange + (tid - lane) * ${4 * MT + 2 * NTL};
+                // one call site in a loop that stays a loop: emulation is for tests,
+                // and PoCL builds the unrolled form for minutes
+                float sums[${MT * NTL * 4}];
+#pragma unroll 1
+                for (int q = 0; q < ${MT * NTL * 4}; ++q) {
+                    const int i = q / ${NTL * 4}, j = q / 4 % ${NTL}, r = q % 4;
+                    sums[q] = clnn_mma_dot(w, ${4 * MT + 2 * NTL}, 4 * i, ${4 * MT} + 2 * j,
+                                           grp + 8 * (r / 2), 2 * t4 + r % 2);
+                }
+%     for i in range(MT):
+%       for j in range(NTL):
+                ${" ".join(f"d{i}_{j}_{r} += sums[{(i * NTL + j) * 4 + r}];" for r in range(4))}
+%       endfor
+%     endfor
+            }
+%   else:
+%     for i in range(MT):
+%       for j in range(NTL):
+            CLNN_MMA(d${i}_${j}, a${i}_0, a${i}_1, a${i}_2, a${i}_3, b${j}_0, b${j}_1);
+%       endfor
+%     endfor
+%   endif
         }
 % else:
         __local const ${vt(VWM)} *a_v = (__local const ${vt(VWM)} *)(a_lm + buf * KWG * CLNN_LDA);
