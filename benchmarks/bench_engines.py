@@ -22,6 +22,7 @@ import _common  # noqa: E402
 
 import clnn  # noqa: E402
 from clnn import tuning  # noqa: E402
+from clnn.tuner import median_kernel_time  # noqa: E402
 
 DENSE = [("dense fwd X.W^T", 1000, 5000, 2000, False, True),
          ("dense dX = dY.W", 1000, 2000, 5000, False, False),
@@ -45,21 +46,6 @@ def check(name, got, a, b, ta, tb, fmt):
                          f"(max error/bound {np.max(err / (bound + 1e-30)):.3g})")
 
 
-def kernel_time(dev, fn, repeats):
-    """Median seconds from the first kernel's start to the last one's end."""
-    from clnn import programs
-    fn()
-    dev.finish()
-    times = []
-    for _ in range(repeats):
-        with programs.recorded_events() as events:
-            fn()
-        dev.finish()
-        times.append(1e-9 * (max(e.profile.end for e in events) -
-                             min(e.profile.start for e in events)))
-    return float(np.median(times))
-
-
 def each_row(dev, sizes, repeats, rng):
     out = []
     print("# each engine row forced (kernel time), TFLOP/s")
@@ -77,7 +63,7 @@ def each_row(dev, sizes, repeats, rng):
                 check("clnn", C.get(), a, b, False, False,
                       "tf32" if kind == "tf32" else "float16")
                 tile = f"{r['MWG']}x{r['NWG']}x{r['KWG']} warps {r['WM']}x{r['WN']}"
-                tf = 2 * n ** 3 / kernel_time(dev, run, repeats) / 1e12
+                tf = 2 * n ** 3 / median_kernel_time(run, dev, repeats) / 1e12
                 out.append({"shape": f"{n}^3", "row": tile, "format": kind, "tflops": tf})
                 print(f"{n:5d}^3 {kind:5s} {tile:28s} {tf:7.1f}", flush=True)
     return out

@@ -81,7 +81,7 @@ def conv_candidates(facts, quick):
     return [p for p in out if not tuning.gemm_problems(p, facts)]
 
 
-def _median_time(fn, dev, repeats):
+def median_kernel_time(fn, dev, repeats):
     """Median device seconds of ``fn``'s kernels, from OpenCL profiling events: the
     first kernel's start to the last one's end, after one warm-up call."""
     fn()
@@ -161,7 +161,7 @@ def _check_and_time(run, read, ref, dev, repeats):
     scale = max(np.abs(ref).max(), 1e-30)
     if not np.abs(read() - ref).max() / scale < 1e-4:
         return None
-    return _median_time(run, dev, repeats)
+    return median_kernel_time(run, dev, repeats)
 
 
 def tune(kernels=("gemm",), device=None, quick=False, progress=True, save=True, log=print):

@@ -524,7 +524,7 @@ inline float clnn_tf32(const float x)
 // float16 operands, two to a 32-bit register (the lower k in the low half):
 // A fragment a0..a3 = A(g, 2 t4 + {0, 1}), A(g + 8, ...), A(g, 2 t4 + 8 + {0, 1}),
 // A(g + 8, ...); B fragment b0, b1 = B(2 t4 + {0, 1}, g), B(2 t4 + 8 + {0, 1}, g).
-// The tiles go to local memory as halves in exactly these pairs (store_local_h), so a
+// The tiles go to local memory as halves in exactly these pairs (store_half_pairs), so a
 // fragment register is one 32-bit load. (CPUs only meet this code emulated, in tests:
 // there the conversions are _half.cl's integer code, quicker to build than PoCL's
 // vstore_half_rte.)
@@ -723,70 +723,44 @@ ${matrix_load(f"rb{l}", GVB, "b", "k", "n", "ldb", "kend", "N", guarded, g)}
 % endif
 </%def>
 
-<%def name="store_local_h(buf, g)">
+<%def name="store_half_pairs(buf, g, X)">
 <%
-    NT, KWG, MWG, NWG, GVA, GVB, LA, LB, TA, TB = (g[k] for k in (
-        "NT", "KWG", "MWG", "NWG", "GVA", "GVB", "LA", "LB", "TA", "TB"))
-    a_tab, b_tab, a_kfast, b_kfast, DC, comp = (g[k] for k in (
-        "a_tab", "b_tab", "a_kfast", "b_kfast", "DC", "comp"))
+    # one operand's tile (X = "A" or "B") as the float16 engines keep it
+    NT, KWG, TX, L, GV = g["NT"], g["KWG"], g["T" + X], g["L" + X], g["GV" + X]
+    kfast, comp = g["a_kfast" if X == "A" else "b_kfast"], g["comp"]
+    reg, lm, LD = ("ra", "a_lmw", "CLNN_LDA") if X == "A" else ("rb", "b_lmw", "CLNN_LDB")
+    WX = g["MWG"] if X == "A" else g["NWG"]
+    tab = X == "B" and g["b_tab"]
+    DC, NWG = g["DC"], g["NWG"]
 %>
-## float16 engines: element (k, m) of a tile is half k % 2 of word (k / 2, m); runs
-## along k go out as pairs of halves (one 32-bit store), runs along m half by half
-% for l in range(LA):
+## element (k, m) of a tile is half k % 2 of word (k / 2, m); runs along k go out as
+## pairs of halves (one 32-bit store), runs along m half by half
+% for l in range(L):
         {
-            const int idx = tid + ${l * NT};
-%   if TA % NT and l == LA - 1:
-            if (idx < ${TA})
-%   endif
-            {
-%   if a_kfast:
-%     if GVA == 1:
-                const int k = idx % ${KWG};
-                CLNN_LOCAL_HALF_STORE(ra${l}, k % 2, (__local half *)(a_lmw + (${buf} * ${KWG // 2} + k / 2) * CLNN_LDA + idx / ${KWG}));
-%     else:
-                __local half *dst = (__local half *)(a_lmw + (${buf} * ${KWG // 2} + idx % ${KWG // GVA} * ${GVA // 2}) * CLNN_LDA + idx / ${KWG // GVA});
-%       for p in range(GVA // 2):
-                CLNN_LOCAL_HALF2_STORE((float2)(${comp(f"ra{l}", GVA, 2 * p)}, ${comp(f"ra{l}", GVA, 2 * p + 1)}), dst + ${2 * p} * CLNN_LDA);
-%       endfor
-%     endif
-%   else:
-                const int k = idx / ${MWG // GVA}, m = idx % ${MWG // GVA} * ${GVA};
-                __local half *dst = (__local half *)(a_lmw + (${buf} * ${KWG // 2} + k / 2) * CLNN_LDA + m) + k % 2;
-%     for c in range(GVA):
-                CLNN_LOCAL_HALF_STORE(${comp(f"ra{l}", GVA, c)}, ${2 * c}, dst);
-%     endfor
-%   endif
-            }
-        }
-% endfor
-% for l in range(LB):
-        {
-%   if not b_tab or (TB % NT and l == LB - 1):
+%   if not tab or (TX % NT and l == L - 1):
             const int idx = tid + ${l * NT};
 %   endif
-%   if TB % NT and l == LB - 1:
-            if (idx < ${TB})
+%   if TX % NT and l == L - 1:
+            if (idx < ${TX})
 %   endif
             {
-%   if b_tab:
+%   if tab:
                 const int k = ${f"tid / {NWG} + {l * (NT // NWG)}" if DC == 1 else f"{l // DC}"};
                 const int n = ${f"tid % {NWG}" if DC == 1 else f"tid + {(l % DC) * NT}"};
-                CLNN_LOCAL_HALF_STORE(rb${l}, 0, (__local half *)(b_lmw + (${buf} * ${KWG // 2} + k / 2) * CLNN_LDB + n) + k % 2);
-%   elif b_kfast:
-%     if GVB == 1:
+                CLNN_LOCAL_HALF_STORE(${reg}${l}, 0, (__local half *)(${lm} + (${buf} * ${KWG // 2} + k / 2) * ${LD} + n) + k % 2);
+%   elif kfast and GV == 1:
                 const int k = idx % ${KWG};
-                CLNN_LOCAL_HALF_STORE(rb${l}, k % 2, (__local half *)(b_lmw + (${buf} * ${KWG // 2} + k / 2) * CLNN_LDB + idx / ${KWG}));
-%     else:
-                __local half *dst = (__local half *)(b_lmw + (${buf} * ${KWG // 2} + idx % ${KWG // GVB} * ${GVB // 2}) * CLNN_LDB + idx / ${KWG // GVB});
-%       for p in range(GVB // 2):
-                CLNN_LOCAL_HALF2_STORE((float2)(${comp(f"rb{l}", GVB, 2 * p)}, ${comp(f"rb{l}", GVB, 2 * p + 1)}), dst + ${2 * p} * CLNN_LDB);
-%       endfor
-%     endif
+                CLNN_LOCAL_HALF_STORE(${reg}${l}, k % 2, (__local half *)(${lm} + (${buf} * ${KWG // 2} + k / 2) * ${LD} + idx / ${KWG}));
+%   elif kfast:
+                __local half *dst = (__local half *)(${lm} + (${buf} * ${KWG // 2} + idx % ${KWG // GV} * ${GV // 2}) * ${LD} + idx / ${KWG // GV});
+%     for p in range(GV // 2):
+                CLNN_LOCAL_HALF2_STORE((float2)(${comp(f"{reg}{l}", GV, 2 * p)}, ${comp(f"{reg}{l}", GV, 2 * p + 1)}), dst + ${2 * p} * ${LD});
+%     endfor
 %   else:
-                const int k = idx / ${NWG // GVB}, n = idx % ${NWG // GVB} * ${GVB};
-                __local half *dst = (__local half *)(b_lmw + (${buf} * ${KWG // 2} + k / 2) * CLNN_LDB + n) + k % 2;
-%     for c in range(GVB):
-                CLNN_LOCAL_HALF_STORE(${comp(f"rb{l}", GVB, c)}, ${2 * c}, dst);
+                const int k = idx / ${WX // GV}, col = idx % ${WX // GV} * ${GV};
+                __local half *dst = (__local half *)(${lm} + (${buf} * ${KWG // 2} + k / 2) * ${LD} + col) + k % 2;
+%     for c in range(GV):
+                CLNN_LOCAL_HALF_STORE(${comp(f"{reg}{l}", GV, c)}, ${2 * c}, dst);
 %     endfor
 %   endif
             }
@@ -935,7 +909,7 @@ ${load_a(False, g)}
 ${load_a(True, g)}
         }
 ${to_tf32(g)}
-${store_local_h(0, g) if MMA == "f16" else store_local(0, g)}
+${store_half_pairs(0, g, "A") + store_half_pairs(0, g, "B") if MMA == "f16" else store_local(0, g)}
         barrier(CLK_LOCAL_MEM_FENCE);
     }
     for (int step = 0; step < steps; ++step) {
@@ -1032,7 +1006,7 @@ ${load_a(True, g)}
 % endif
         if (step + 1 < steps) {
 ${to_tf32(g)}
-${store_local_h("(buf ^ 1)", g) if MMA == "f16" else store_local("(buf ^ 1)", g)}
+${store_half_pairs("(buf ^ 1)", g, "A") + store_half_pairs("(buf ^ 1)", g, "B") if MMA == "f16" else store_local("(buf ^ 1)", g)}
         }
         // the next step overwrites the buffer that others may still be reading
         barrier(CLK_LOCAL_MEM_FENCE);
