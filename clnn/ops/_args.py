@@ -4,6 +4,7 @@ Routines validate, kernels compute: each public op runs these checks before it
 enqueues anything, so bad input leaves outputs and weights untouched.
 """
 
+import inspect
 import math
 import numbers
 
@@ -157,8 +158,25 @@ def check_out(out, shape, dtype, dev, inputs=(), name="out", allow_alias=True):
     return out
 
 
+# PyOpenCL's Array constructor checks a shape through numpy (about 20 us, as much as
+# the rest of a small op's Python); the fast path its own views and copies take trusts
+# the sizes it is given. clnn gives it sizes it computed itself, and falls back to the
+# checked constructor for anything else (or a PyOpenCL without that path).
+_FAST_ARRAY = "_fast" in inspect.signature(cla.Array.__init__).parameters
+
+
 def dev_empty(dev, shape, dtype):
-    return cla.empty(dev.queue, tuple(shape), dtype, allocator=dev.pool)
+    shape = tuple(shape)
+    if _FAST_ARRAY and all(type(n) is int and n >= 0 for n in shape):
+        dtype = np.dtype(dtype)
+        strides, step = [], dtype.itemsize
+        for n in reversed(shape):
+            strides.append(step)
+            step *= max(1, n)                   # as PyOpenCL's C-order strides
+        return cla.Array(None, shape, dtype, allocator=dev.pool, strides=tuple(strides[::-1]),
+                         _fast=True, _size=math.prod(shape), _context=dev.context,
+                         _queue=dev.queue)
+    return cla.empty(dev.queue, shape, dtype, allocator=dev.pool)
 
 
 def scratch_cap(dev, limit):

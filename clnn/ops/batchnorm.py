@@ -7,6 +7,8 @@ every other axis. Statistics and running statistics are kept in the arithmetic t
 one work-group per channel in a fixed order: results are bitwise reproducible.
 """
 
+import math
+
 import numpy as np
 
 from .. import programs
@@ -37,7 +39,7 @@ def _geometry(x):
     if x.ndim < 2:
         raise ShapeError(f"batch_norm takes (N, C) or (N, C, ...) inputs, got {x.shape}")
     N, C = x.shape[0], x.shape[1]
-    HW = int(np.prod(x.shape[2:], dtype=np.int64))
+    HW = int(math.prod(x.shape[2:]))
     return N, C, HW
 
 

@@ -4,7 +4,8 @@ Channels are axis 1, batch-first: a dense layer's (N, F) activations take a bias
 shape (F,), an image batch (N, C, H, W) one of shape (C,).
 """
 
-import numpy as np
+import math
+
 
 from ._args import (check, check_out, common_device, dev_empty, done, finite, launch,
                     offset)
@@ -17,7 +18,7 @@ def _channels(x, name):
     if x.ndim < 2:
         raise ShapeError(f"{name} must be batch-first with channels on axis 1, has shape "
                          f"{x.shape}")
-    return x.shape[1], int(np.prod(x.shape[2:], dtype=np.int64))
+    return x.shape[1], int(math.prod(x.shape[2:]))
 
 
 def bias_add(x, b, out=None):

@@ -6,6 +6,8 @@ the key from their seed, the layer and the step (``dropout_key``), so a run repe
 bitwise and a resumed run draws the masks an uninterrupted one would.
 """
 
+import math
+
 import numpy as np
 
 from .. import programs
@@ -59,7 +61,7 @@ def dropout_mask(shape, p, key):
     """The float64 mask (0 or 1/(1-p)) that ``dropout`` with ``p`` and ``key`` applies
     to an array of ``shape``, computed on the host (for tests and references)."""
     p, key = probability(p, "dropout probability p"), _check_key(key)
-    n = int(np.prod(shape, dtype=np.int64))
+    n = int(math.prod(shape))
     with np.errstate(over="ignore"):
         i = np.arange(n, dtype=np.uint64)
         h = _mix64(np.uint64(key) + i * np.uint64(_GOLDEN)) >> np.uint64(32)

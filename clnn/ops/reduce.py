@@ -8,6 +8,8 @@ inputs give bitwise the same result on every run.
 
 import builtins
 
+import math
+
 import numpy as np
 
 from .. import programs, tuning
@@ -124,8 +126,8 @@ def _along(x, axis):
     if axis is None:
         return (1, x.size, 1), ()
     shape = x.shape
-    outer = int(np.prod(shape[:axis], dtype=np.int64))
-    inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
+    outer = int(math.prod(shape[:axis]))
+    inner = int(math.prod(shape[axis + 1:]))
     return (outer, shape[axis], inner), shape[:axis] + shape[axis + 1:]
 
 
@@ -160,7 +162,7 @@ def _reduce_op(x, axis, out, op, final, keepdims=False, scale_by_R=False):
         raise ArgumentError(f"keepdims must be True or False, got {keepdims!r}")
     axes = _axes(axis, x.ndim)
     shape = tuple(x.shape)
-    count = int(np.prod([shape[a] for a in axes], dtype=np.int64))
+    count = int(math.prod([shape[a] for a in axes]))
     if op == "max" and count == 0:
         raise ShapeError("max over an empty axis is undefined")
     kept = tuple(1 if a in axes else n for a, n in enumerate(shape))
@@ -183,9 +185,9 @@ def _reduce_op(x, axis, out, op, final, keepdims=False, scale_by_R=False):
     runs = _runs(axes)
     for i, run in enumerate(reversed(runs)):
         a0, a1 = run[0], run[-1]
-        outer = int(np.prod(cur[:a0], dtype=np.int64))
-        R = int(np.prod(cur[a0:a1 + 1], dtype=np.int64))
-        inner = int(np.prod(cur[a1 + 1:], dtype=np.int64))
+        outer = int(math.prod(cur[:a0]))
+        R = int(math.prod(cur[a0:a1 + 1]))
+        inner = int(math.prod(cur[a1 + 1:]))
         cur = cur[:a0] + cur[a1 + 1:]
         last = i == len(runs) - 1
         dst = target if last else dev_empty(dev, tuple(cur), dt)

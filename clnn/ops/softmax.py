@@ -2,6 +2,8 @@
 Kernel: clnn/kernels/softmax.cl.
 """
 
+import math
+
 import numpy as np
 
 from .. import programs
@@ -19,9 +21,9 @@ def _rowwise(entry, x, axis, out):
     if axis is None:
         outer, cols, inner = 1, 1, 1
     else:
-        outer = int(np.prod(x.shape[:axis], dtype=np.int64))
+        outer = int(math.prod(x.shape[:axis]))
         cols = x.shape[axis]
-        inner = int(np.prod(x.shape[axis + 1:], dtype=np.int64))
+        inner = int(math.prod(x.shape[axis + 1:]))
     rows = outer * inner
     if rows and cols:
         wg = row_groups(dev, rows, cols)

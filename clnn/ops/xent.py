@@ -5,6 +5,8 @@ softmax_cross_entropy (softmax.py) stays the networks' fast path for (batch, cla
 rows of target distributions; this op takes what PyTorch takes.
 """
 
+import math
+
 import numpy as np
 
 from .. import programs
@@ -51,7 +53,7 @@ def cross_entropy_parts(input, target, weight=None, ignore_index=-100, reduction
     if input.ndim < 2:
         raise ShapeError(f"input must be (N, C) or (N, C, d1, ...), has shape {input.shape}")
     N, C = input.shape[0], input.shape[1]
-    S = int(np.prod(input.shape[2:], dtype=np.int64))
+    S = int(math.prod(input.shape[2:]))
     rows = N * S
     by_index = target.dtype.kind in "iu" if hasattr(target, "dtype") else False
     if by_index:
