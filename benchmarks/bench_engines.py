@@ -2,14 +2,15 @@
 compute capability 8.0 and up) beside its float32 GEMM, and beside cuBLAS's TF32,
 float16 and float32 through PyTorch CUDA on the same GPU, in one run.
 
-    python benchmarks/bench_engines.py [--device gpu] [--sizes 1024,2048,4096,8192]
+    python benchmarks/bench_engines.py [--device gpu] [--sizes 1024,2048,4096,8192] [--each-row]
 
 TF32 is what clnn.set_float32_matmul_precision("high") turns on, float16 what a float16
 GEMM takes. Each product is checked first against numpy's float64 product of the same
 operands, with the format's bound (TF32: operands rounded to 10 mantissa bits; float16:
 the result's rounding; both plus float32 sums). Times are wall-clock medians with a
-synchronisation after every call (what a user waits for), on both sides. On a device
-without engines it says so and exits. Writes benchmarks/results/bench_engines.json.
+synchronisation after every call (what a user waits for), on both sides. Without a
+device that has engines (the first found, or --device) it says so and exits. Writes
+benchmarks/results/bench_engines.json.
 """
 
 import os
@@ -77,11 +78,12 @@ def main(argv=None):
                         "from profiling events, no split-K), as the tuning table's "
                         "speeds were measured")
     args = p.parse_args(argv)
-    dev = _common.devices(args.device or "gpu")[0]
-    if not tuning.mma_rows(dev.facts, "tf32"):
-        print(f"{dev.name}: no matrix-engine rows (mma.sync needs NVIDIA compute "
+    devs = [d for d in _common.devices(args.device) if tuning.mma_rows(d.facts, "tf32")]
+    if not devs:
+        print("no device with matrix-engine rows (mma.sync needs NVIDIA compute "
               "capability 8.0 or newer); nothing to measure")
         return
+    dev = devs[0]
     torch = _common.torch_cuda()
     rng = np.random.default_rng(0)
     shapes = [(f"{n}^3", n, n, n, False, False) for n in map(int, args.sizes.split(","))]

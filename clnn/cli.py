@@ -57,8 +57,8 @@ def _train(args):
 
 
 def _bench(args):
-    """Run benchmarks/bench_{gemm,mlp,lenet,conv,tutorial}.py and report.py from a
-    checkout."""
+    """Run benchmarks/bench_{gemm,mlp,lenet,conv,tutorial,engines}.py and report.py
+    from a checkout."""
     import importlib.util
     import os
     folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -68,11 +68,13 @@ def _bench(args):
               "which this installation lacks", file=sys.stderr)
         return 2
     from tqdm.auto import tqdm
-    names = ["bench_gemm", "bench_mlp", "bench_lenet", "bench_conv", "bench_tutorial"]
+    names = ["bench_gemm", "bench_mlp", "bench_lenet", "bench_conv", "bench_tutorial",
+             "bench_engines"]     # (the last says so and returns where no device has engines)
     dev = ["--device", args.device] if args.device else []
     quick = {"bench_gemm": ["--sizes", "512,1024", "--no-dense", "--repeats", "3"],
              "bench_mlp": ["--repeats", "3"], "bench_lenet": ["--repeats", "3"],
-             "bench_conv": ["--repeats", "3"], "bench_tutorial": ["--repeats", "2"]}
+             "bench_conv": ["--repeats", "3"], "bench_tutorial": ["--repeats", "2"],
+             "bench_engines": ["--sizes", "1024,2048", "--repeats", "3"]}
     sys.path.insert(0, folder)
     for name in tqdm(names + ["report"], unit="benchmark", disable=args.no_progress):
         spec = importlib.util.spec_from_file_location(name, os.path.join(folder, name + ".py"))

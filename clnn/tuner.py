@@ -170,6 +170,19 @@ def tune(kernels=("gemm",), device=None, quick=False, progress=True, save=True, 
     The GFLOP/s are from the class's reference problem; a class whose best candidate
     is not faster than the table's choice there keeps the table (nothing is stored).
     """
+    # The search times the table's float32 rows against float64 references: with TF32
+    # allowed, the table's choice would run on the engines, fail the float32 check and
+    # let any candidate "beat" it. So tuning runs at "highest" (the engine rows keep
+    # their measured table entries).
+    precision = tuning.get_float32_matmul_precision()
+    tuning.set_float32_matmul_precision("highest")
+    try:
+        return _tune(kernels, device, quick, progress, save, log)
+    finally:
+        tuning.set_float32_matmul_precision(precision)
+
+
+def _tune(kernels, device, quick, progress, save, log):
     dev = clnn.device(device)
     rng = np.random.default_rng(0)
     problems = _problems(dev, kernels, quick, rng)

@@ -208,6 +208,28 @@ def test_tuner_stores_winners_that_beat_the_table(db, monkeypatch):
     assert db.exists()
 
 
+def test_tuner_times_float32_at_highest_precision(db, monkeypatch):
+    """With TF32 allowed the table's choice would run on the engines (on NVIDIA), fail
+    the float32 check, and let any candidate beat it: the tuner runs at "highest" and
+    puts the user's setting back."""
+    from clnn import tuner
+    seen = []
+    real = tuner._check_and_time
+
+    def spy(*a):
+        seen.append(tuning.get_float32_matmul_precision())
+        return real(*a)
+    monkeypatch.setattr(tuner, "_check_and_time", spy)
+    old = tuning.get_float32_matmul_precision()
+    tuning.set_float32_matmul_precision("high")
+    try:
+        tune_one_class(monkeypatch, FAST, SCALAR)
+        assert seen and set(seen) == {"highest"}
+        assert tuning.get_float32_matmul_precision() == "high"
+    finally:
+        tuning.set_float32_matmul_precision(old)
+
+
 def test_tuner_never_stores_a_winner_slower_than_the_table(db, monkeypatch):
     """A search among slower candidates (a quick search at other sizes, in the issue:
     32x32 tiles that made 4096^3 2.3x slower) leaves the table in charge."""
