@@ -1012,15 +1012,15 @@ ${store_half_pairs("(buf ^ 1)", g, "A") + store_half_pairs("(buf ^ 1)", g, "B") 
         barrier(CLK_LOCAL_MEM_FENCE);
     }
 
-% if MMA != "none":
-%   if partial:
+% if partial:
     // the raw sums of this K slice, for clnn_gemm_splitk: ws[batch, split] is M x N
     c += (batch * splits + split) * M * N;
-%   else:
+% else:
     const int ldc = c_desc.s1;
     c += c_desc.s0 + batch * c_desc.s2;
     bias += bias_off;
-%   endif
+% endif
+% if MMA != "none":
 %   for i in range(MT):
 %     for j in range(NTL):
 %       for r in range(4):
@@ -1037,8 +1037,6 @@ ${store_half_pairs("(buf ^ 1)", g, "A") + store_half_pairs("(buf ^ 1)", g, "B") 
 %     endfor
 %   endfor
 % elif partial:
-    // the raw sums of this K slice, for clnn_gemm_splitk: ws[batch, split] is M x N
-    c += (batch * splits + split) * M * N;
 %   for i in range(MV):
 %     for v in range(VWM):
     {
@@ -1065,9 +1063,6 @@ ${store_half_pairs("(buf ^ 1)", g, "A") + store_half_pairs("(buf ^ 1)", g, "B") 
 %     endfor
 %   endfor
 % else:
-    const int ldc = c_desc.s1;
-    c += c_desc.s0 + batch * c_desc.s2;
-    bias += bias_off;
 %   for i in range(MV):
 %     for v in range(VWM):
     {
