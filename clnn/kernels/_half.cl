@@ -73,17 +73,22 @@ inline float##N clnn_h2f##N(const ushort##N h) \
 CLNN_H2F_VECTOR(2)
 CLNN_H2F_VECTOR(4)
 CLNN_H2F_VECTOR(8)
-// one element of half storage at p[i] as float and back, or n (2, 4, 8) consecutive
-// ones at p as a float vector: clnn's conversions on CPUs, the core built-ins (one
-// instruction each on GPUs) elsewhere
-#define CLNN_HALF_LOAD(p, i) clnn_h2f(((__global const ushort *)(p))[i])
-#define CLNN_HALF_STORE(v, p, i) (((__global ushort *)(p))[i] = clnn_f2h(v))
-#define CLNN_HALF_LOADV(n, p) clnn_h2f##n(vload##n(0, (__global const ushort *)(p)))
-#define CLNN_HALF_STOREV(n, v, p) vstore##n(clnn_f2h##n(v), 0, (__global ushort *)(p))
+// one element of half storage at p[i] in address space S (__global, __local) as float
+// and back, or n (2, 4, 8) consecutive ones at p as a float vector: clnn's conversions
+// on CPUs, the core built-ins (one instruction each on GPUs) elsewhere
+#define CLNN_HALF_LOAD_AT(S, p, i) clnn_h2f(((S const ushort *)(p))[i])
+#define CLNN_HALF_STORE_AT(S, v, p, i) (((S ushort *)(p))[i] = clnn_f2h(v))
+#define CLNN_HALF_LOADV_AT(S, n, p) clnn_h2f##n(vload##n(0, (S const ushort *)(p)))
+#define CLNN_HALF_STOREV_AT(S, n, v, p) vstore##n(clnn_f2h##n(v), 0, (S ushort *)(p))
 #else
-#define CLNN_HALF_LOAD(p, i) vload_half((i), (p))
-#define CLNN_HALF_STORE(v, p, i) vstore_half_rte((v), (i), (p))
-#define CLNN_HALF_LOADV(n, p) vload_half##n(0, (p))
-#define CLNN_HALF_STOREV(n, v, p) vstore_half##n##_rte((v), 0, (p))
+#define CLNN_HALF_LOAD_AT(S, p, i) vload_half((i), (p))
+#define CLNN_HALF_STORE_AT(S, v, p, i) vstore_half_rte((v), (i), (p))
+#define CLNN_HALF_LOADV_AT(S, n, p) vload_half##n(0, (p))
+#define CLNN_HALF_STOREV_AT(S, n, v, p) vstore_half##n##_rte((v), 0, (p))
 #endif
+// the same in global memory, where kernels keep their arrays
+#define CLNN_HALF_LOAD(p, i) CLNN_HALF_LOAD_AT(__global, p, i)
+#define CLNN_HALF_STORE(v, p, i) CLNN_HALF_STORE_AT(__global, v, p, i)
+#define CLNN_HALF_LOADV(n, p) CLNN_HALF_LOADV_AT(__global, n, p)
+#define CLNN_HALF_STOREV(n, v, p) CLNN_HALF_STOREV_AT(__global, n, v, p)
 #endif

@@ -525,18 +525,7 @@ inline float clnn_tf32(const float x)
 // A fragment a0..a3 = A(g, 2 t4 + {0, 1}), A(g + 8, ...), A(g, 2 t4 + 8 + {0, 1}),
 // A(g + 8, ...); B fragment b0, b1 = B(2 t4 + {0, 1}, g), B(2 t4 + 8 + {0, 1}, g).
 // The tiles go to local memory as halves in exactly these pairs (store_half_pairs), so a
-// fragment register is one 32-bit load. (CPUs only meet this code emulated, in tests:
-// there the conversions are _half.cl's integer code, quicker to build than PoCL's
-// vstore_half_rte.)
-#ifdef CLNN_CPU
-#define CLNN_LOCAL_HALF_STORE(v, i, p) (((__local ushort *)(p))[i] = clnn_f2h(v))
-#define CLNN_LOCAL_HALF2_STORE(v, p) vstore2(clnn_f2h2(v), 0, (__local ushort *)(p))
-#define CLNN_LOCAL_HALF_LOAD(i, p) clnn_h2f(((__local const ushort *)(p))[i])
-#else
-#define CLNN_LOCAL_HALF_STORE(v, i, p) vstore_half_rte((v), (i), (p))
-#define CLNN_LOCAL_HALF2_STORE(v, p) vstore_half2_rte((v), 0, (p))
-#define CLNN_LOCAL_HALF_LOAD(i, p) vload_half((i), (p))
-#endif
+// fragment register is one 32-bit load.
 %     if not EMULATE:
 #define CLNN_MMA(d, a0, a1, a2, a3, b0, b1) \
     __asm__ __volatile__("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 " \
@@ -571,8 +560,8 @@ inline float clnn_mma_dot(__local const uint *w, const int xr, const int ra, con
     // register rb + (k >= 8)
 #pragma unroll 1
     for (int k = 0; k < 16; ++k)
-        s += CLNN_LOCAL_HALF_LOAD(k % 2, (__local const half *)(w + ((row % 8) * 4 + k % 8 / 2) * xr + ra + (row >= 8) + 2 * (k >= 8))) *
-             CLNN_LOCAL_HALF_LOAD(k % 2, (__local const half *)(w + (col * 4 + k % 8 / 2) * xr + rb + (k >= 8)));
+        s += CLNN_HALF_LOAD_AT(__local, (__local const half *)(w + ((row % 8) * 4 + k % 8 / 2) * xr + ra + (row >= 8) + 2 * (k >= 8)), k % 2) *
+             CLNN_HALF_LOAD_AT(__local, (__local const half *)(w + (col * 4 + k % 8 / 2) * xr + rb + (k >= 8)), k % 2);
 %     endif
     return s;
 }
@@ -747,20 +736,20 @@ ${matrix_load(f"rb{l}", GVB, "b", "k", "n", "ldb", "kend", "N", guarded, g)}
 %   if tab:
                 const int k = ${f"tid / {NWG} + {l * (NT // NWG)}" if DC == 1 else f"{l // DC}"};
                 const int n = ${f"tid % {NWG}" if DC == 1 else f"tid + {(l % DC) * NT}"};
-                CLNN_LOCAL_HALF_STORE(${reg}${l}, 0, (__local half *)(${lm} + (${buf} * ${KWG // 2} + k / 2) * ${LD} + n) + k % 2);
+                CLNN_HALF_STORE_AT(__local, ${reg}${l}, (__local half *)(${lm} + (${buf} * ${KWG // 2} + k / 2) * ${LD} + n), k % 2);
 %   elif kfast and GV == 1:
                 const int k = idx % ${KWG};
-                CLNN_LOCAL_HALF_STORE(${reg}${l}, k % 2, (__local half *)(${lm} + (${buf} * ${KWG // 2} + k / 2) * ${LD} + idx / ${KWG}));
+                CLNN_HALF_STORE_AT(__local, ${reg}${l}, (__local half *)(${lm} + (${buf} * ${KWG // 2} + k / 2) * ${LD} + idx / ${KWG}), k % 2);
 %   elif kfast:
                 __local half *dst = (__local half *)(${lm} + (${buf} * ${KWG // 2} + idx % ${KWG // GV} * ${GV // 2}) * ${LD} + idx / ${KWG // GV});
 %     for p in range(GV // 2):
-                CLNN_LOCAL_HALF2_STORE((float2)(${comp(f"{reg}{l}", GV, 2 * p)}, ${comp(f"{reg}{l}", GV, 2 * p + 1)}), dst + ${2 * p} * ${LD});
+                CLNN_HALF_STOREV_AT(__local, 2, (float2)(${comp(f"{reg}{l}", GV, 2 * p)}, ${comp(f"{reg}{l}", GV, 2 * p + 1)}), dst + ${2 * p} * ${LD});
 %     endfor
 %   else:
                 const int k = idx / ${WX // GV}, col = idx % ${WX // GV} * ${GV};
                 __local half *dst = (__local half *)(${lm} + (${buf} * ${KWG // 2} + k / 2) * ${LD} + col) + k % 2;
 %     for c in range(GV):
-                CLNN_LOCAL_HALF_STORE(${comp(f"{reg}{l}", GV, c)}, ${2 * c}, dst);
+                CLNN_HALF_STORE_AT(__local, ${comp(f"{reg}{l}", GV, c)}, dst, ${2 * c});
 %     endfor
 %   endif
             }
