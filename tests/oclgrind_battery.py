@@ -329,6 +329,7 @@ def bad():
 
 
 if __name__ == "__main__":
-    {"ops": ops, "gemm": gemm, "conv": conv, "engines": engines, "bad": bad}[sys.argv[1] if len(sys.argv) > 1 else "ops"]()
+    which = sys.argv[1] if len(sys.argv) > 1 else "ops"
+    {"ops": ops, "gemm": gemm, "conv": conv, "engines": engines, "bad": bad}[which]()
     clnn.device().finish()
     print("battery passed")

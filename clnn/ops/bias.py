@@ -6,7 +6,6 @@ shape (F,), an image batch (N, C, H, W) one of shape (C,).
 
 import math
 
-
 from ._args import (check, check_out, common_device, dev_empty, done, finite, launch,
                     offset)
 from .elementwise import elementwise_kernel, inplace

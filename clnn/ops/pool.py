@@ -169,8 +169,9 @@ def _backward(mode, dy, x, kernel_size, stride, padding, out, dilation=1, ceil_m
         kern = programs.get_kernel(dev, "pool", "clnn_pool22_backward",
                                    {"dtype": programs.dtype_name(dt), "mode": mode})
         windows_h, windows_w = -(-H // 2), -(-W // 2)      # odd edges included
-        evt = kern(*_flat(dev, N * C * windows_h * -(-windows_w // 4)), planes=N * C, H=H, W=W, P=P, Q=Q, x=x,
-                   x_off=offset(x), dy=dy, dy_off=offset(dy), dx=out, dx_off=offset(out))
+        evt = kern(*_flat(dev, N * C * windows_h * -(-windows_w // 4)), planes=N * C, H=H,
+                   W=W, P=P, Q=Q, x=x, x_off=offset(x), dy=dy, dy_off=offset(dy), dx=out,
+                   dx_off=offset(out))
         return done(out, evt)
     per = _per(dev)
     kern = programs.get_kernel(dev, "pool", "clnn_pool_backward",

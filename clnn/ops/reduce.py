@@ -7,7 +7,6 @@ inputs give bitwise the same result on every run.
 """
 
 import builtins
-
 import math
 
 import numpy as np
