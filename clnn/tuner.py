@@ -11,6 +11,12 @@ also after a --quick search at smaller sizes) and is at least as fast there. (On
 H100 a quick search that picked 32x32 tiles on small problems, stored for every size,
 made 4096^3 run 2.3x slower.) The search lives above the ops it times (clnn.tuning,
 below them, only holds tables, constraints and the database).
+
+On a device with matrix engines (NVIDIA, compute capability 8.0 and up) it tunes two
+more formats the same way: TF32 (float32 products where set_float32_matmul_precision
+allows TF32) and float16, searching engine rows (clnn.tuning.MMA_TABLE's kind of row)
+against the table's choice in that format, and stores them under their own keys
+("tf32", "float16"): a TF32 winner never serves an exact float32 product.
 """
 
 import contextlib
@@ -72,6 +78,44 @@ def candidates(facts, quick):
     return [p for p in out if not tuning.gemm_problems(p, facts)]
 
 
+def engine_candidates(facts, kind, quick):
+    """Matrix-engine rows of ``kind`` ("tf32", "f16") that fit the device: tiles of 64
+    to 256, warp blocks of 32x32 to 64x64, 4 to 16 warps a work-group (cf. MMA_TABLE,
+    whose rows came from such a search on an H100)."""
+    itemsize = tuning.MMA_KINDS[kind][1]
+    if quick:
+        tiles = ((128, 128), (64, 128), (128, 256), (64, 64))
+        blocks, depths = ((64, 64), (32, 64), (32, 32)), (16,) if kind == "tf32" else (16, 32)
+    else:
+        tiles = ((128, 128), (64, 128), (128, 64), (128, 256), (256, 128), (64, 64))
+        blocks = ((64, 64), (32, 64), (64, 32), (32, 32))
+        depths = (8, 16, 32) if kind == "tf32" else (16, 32)
+    out = []
+    for (mwg, nwg), (wm, wn), kwg in itertools.product(tiles, blocks, depths):
+        if mwg % wm or nwg % wn:
+            continue
+        threads = 32 * (mwg // wm) * (nwg // wn)
+        if not 128 <= threads <= 512:
+            continue
+        row = {"variant": "local", "MMA": kind, "MWG": mwg, "NWG": nwg, "KWG": kwg,
+               "MDIMC": threads // 16, "NDIMC": 16, "WM": wm, "WN": wn}
+        if not tuning.gemm_problems(row, facts, itemsize):
+            out.append(row)
+    return out
+
+
+def device_formats(facts):
+    """What the tuner tunes on this device: "float32", and "tf32" and "float16" where
+    the device has those matrix engines."""
+    return ["float32"] + [name for name, kind in (("tf32", "tf32"), ("float16", "f16"))
+                          if tuning.mma_rows(facts, kind)]
+
+
+# format -> (storage dtype, float32 matmul precision while tuning it, engine kind)
+FORMATS = {"float32": (np.float32, "highest", None), "tf32": (np.float32, "high", "tf32"),
+           "float16": (np.float16, "highest", "f16")}
+
+
 def conv_candidates(facts, quick):
     """Extra candidates for the convolution classes: conv.cl's gathered kernel on CPUs
     (its tiles follow each problem's shape; the search covers the work-group size)."""
@@ -96,36 +140,49 @@ def median_kernel_time(fn, dev, repeats):
     return statistics.median(times)
 
 
-def _gemm_problem(dev, klass, size, rng):
+def _operand(x, fmt):
+    """A random operand as the format stores it: halves for float16, float32 values
+    that TF32 holds exactly for tf32 (so the engine's rounding changes nothing and a
+    float64 product of the operands is the reference)."""
+    if fmt == "float16":
+        return x.astype(np.float16)
+    if fmt == "tf32":
+        u = x.astype(np.float32).view(np.uint32)
+        return ((u + np.uint32(0x1000)) & np.uint32(0xffffe000)).view(np.float32)
+    return x.astype(np.float32)
+
+
+def _gemm_problem(dev, klass, size, rng, fmt="float32"):
     M, N, K = size
     ta, tb = klass[0] == "T", klass[1] == "T"
-    a = rng.standard_normal((K, M) if ta else (M, K), dtype=np.float32)
-    b = rng.standard_normal((N, K) if tb else (K, N), dtype=np.float32)
+    a = _operand(rng.standard_normal((K, M) if ta else (M, K), dtype=np.float32), fmt)
+    b = _operand(rng.standard_normal((N, K) if tb else (K, N), dtype=np.float32), fmt)
     ref = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b)
     A, B = clnn.asarray(a, device=dev), clnn.asarray(b, device=dev)
-    out = clnn.empty((M, N), device=dev)
+    out = clnn.empty((M, N), a.dtype, device=dev)
     return (lambda: clnn.gemm(A, B, out=out, trans_a=ta, trans_b=tb)), \
         (lambda: out.get()), ref, 2.0 * M * N * K
 
 
-def _conv_problems(dev, shape, rng):
+def _conv_problems(dev, shape, rng, fmt="float32"):
     """{class: (run, read, reference, flops)} for the three convolution ops of one layer
-    (padding keeps 3x3 layers' size); references from the device's own GEMM rows."""
+    (padding keeps 3x3 layers' size); references from the device's own table row (no
+    engines: float32 sums of the same operands)."""
     from .ops.conv import conv_geometry
     N, C, H, W, M, R, S = shape
     pad = 1 if R == 3 else 0
     P, Q = conv_geometry((N, C, H, W), (M, C, R, S), 1, pad)[7:9]
-    x = rng.standard_normal((N, C, H, W), dtype=np.float32)
-    w = rng.standard_normal((M, C, R, S), dtype=np.float32)
-    dy = rng.standard_normal((N, M, P, Q), dtype=np.float32)
+    x = _operand(rng.standard_normal((N, C, H, W), dtype=np.float32), fmt)
+    w = _operand(rng.standard_normal((M, C, R, S), dtype=np.float32), fmt)
+    dy = _operand(rng.standard_normal((N, M, P, Q), dtype=np.float32), fmt)
     X, Wd, DY = (clnn.asarray(v, device=dev) for v in (x, w, dy))
     ops = {"fwd": (lambda: clnn.conv2d(X, Wd, padding=pad), (M, N * P * Q, C * R * S)),
            "dgrad": (lambda: clnn.conv2d_backward_data(DY, Wd, x.shape, padding=pad),
                      (C, N * H * W, M * R * S)),
            "wgrad": (lambda: clnn.conv2d_backward_weight(DY, X, w.shape, padding=pad),
                      (M, C * R * S, N * P * Q))}
-    with tuning.override("gemm", tuning.gemm_params(dev.facts)):
-        refs = {mode: op().get() for mode, (op, _) in ops.items()}
+    with tuning.override("gemm", tuning.table_rows(dev.facts, x.dtype.itemsize)[0]):
+        refs = {mode: op().get().astype(np.float64) for mode, (op, _) in ops.items()}
     flops = 2.0 * N * M * P * Q * C * R * S
     problems = {}
     for mode, (op, mnk) in ops.items():
@@ -138,58 +195,85 @@ def _conv_problems(dev, shape, rng):
     return problems
 
 
-def _problems(dev, kernels, quick, rng):
+def _problems(dev, kernels, quick, rng, fmt="float32"):
     """{class: (tuning problem, reference problem)}, each (run, read, ref, flops)."""
     problems = {}
     if "gemm" in kernels:
         for aspect, buckets in GEMM_CLASSES.items():
             for bucket, (small, full) in buckets.items():
                 klass = f"{aspect}-{bucket}"
-                ref = _gemm_problem(dev, klass, full, rng)
-                problems[klass] = (_gemm_problem(dev, klass, small, rng) if quick and
+                ref = _gemm_problem(dev, klass, full, rng, fmt)
+                problems[klass] = (_gemm_problem(dev, klass, small, rng, fmt) if quick and
                                    small != full else ref, ref)
     if "conv" in kernels:
         for shape in CONV["quick" if quick else "full"]:
-            for klass, prob in _conv_problems(dev, shape, rng).items():
+            for klass, prob in _conv_problems(dev, shape, rng, fmt).items():
                 problems.setdefault(klass, (prob, prob))
     return problems
 
 
-def _check_and_time(run, read, ref, dev, repeats):
-    """Seconds of device time, or None when the result is wrong."""
+def _check_and_time(run, read, ref, dev, repeats, tol=1e-4):
+    """Seconds of device time, or None when the result is wrong (off by more than
+    ``tol`` of the reference's largest value)."""
     run()
     scale = max(np.abs(ref).max(), 1e-30)
-    if not np.abs(read() - ref).max() / scale < 1e-4:
+    if not np.abs(read().astype(np.float64) - ref).max() / scale < tol:
         return None
     return median_kernel_time(run, dev, repeats)
 
 
-def tune(kernels=("gemm",), device=None, quick=False, progress=True, save=True, log=print):
+# a float16 result is rounded once to 11 bits (half a unit, 2^-11, of each value); the
+# table's row and a candidate may also round partial sums differently
+_TOLERANCE = {"float32": 1e-4, "tf32": 1e-4, "float16": 4e-3}
+
+
+def tune(kernels=("gemm",), device=None, quick=False, progress=True, save=True, log=print,
+         formats=None):
     """Search, store and return {class: (best params, GFLOP/s, table's GFLOP/s)}.
 
-    The GFLOP/s are from the class's reference problem; a class whose best candidate
-    is not faster than the table's choice there keeps the table (nothing is stored).
+    ``formats``: any of "float32", "tf32", "float16" (default: every one the device
+    has, see device_formats); classes of the engine formats are returned as
+    "tf32/NN-square-large". The GFLOP/s are from the class's reference problem; a class
+    whose best candidate is not faster than the table's choice there keeps the table
+    (nothing is stored).
     """
-    # The search times the table's float32 rows against float64 references: with TF32
-    # allowed, the table's choice would run on the engines, fail the float32 check and
-    # let any candidate "beat" it. So tuning runs at "highest" (the engine rows keep
-    # their measured table entries).
+    dev = clnn.device(device)
+    have = device_formats(dev.facts)
+    formats = have if formats is None else list(formats)
+    for fmt in formats:
+        if fmt not in FORMATS:
+            raise clnn.ArgumentError(f"unknown format {fmt!r}: tune one of "
+                                     f"{', '.join(FORMATS)}")
+        if fmt not in have:
+            raise clnn.ArgumentError(f"{dev.name} has no {fmt} matrix engines to tune "
+                                     f"(it tunes {', '.join(have)})")
+    # Each format runs at its own float32 matmul precision: "highest" for float32
+    # (with TF32 allowed, the table's choice would run on the engines, fail the float32
+    # check and let any candidate "beat" it), "high" for TF32; the user's setting is
+    # put back afterwards.
     precision = tuning.get_float32_matmul_precision()
-    tuning.set_float32_matmul_precision("highest")
+    results = {}
     try:
-        return _tune(kernels, device, quick, progress, save, log)
+        for fmt in formats:
+            tuning.set_float32_matmul_precision(FORMATS[fmt][1])
+            results.update(_tune(dev, kernels, quick, progress, save, log, fmt))
     finally:
         tuning.set_float32_matmul_precision(precision)
+    return results
 
 
-def _tune(kernels, device, quick, progress, save, log):
-    dev = clnn.device(device)
+def _tune(dev, kernels, quick, progress, save, log, fmt):
+    dtype, _, kind = FORMATS[fmt]
+    key_dtype = tuning.db_format(dtype, kind)
     rng = np.random.default_rng(0)
-    problems = _problems(dev, kernels, quick, rng)
-    cands = candidates(dev.facts, quick)
-    extra = conv_candidates(dev.facts, quick)
-    repeats = 3 if quick else 5
-    log(f"tuning {', '.join(kernels)} on {dev.name} [{dev.facts.platform}]: "
+    problems = _problems(dev, kernels, quick, rng, fmt)
+    if kind is None:
+        cands, extra = candidates(dev.facts, quick), conv_candidates(dev.facts, quick)
+    else:
+        cands, extra = engine_candidates(dev.facts, kind, quick), []
+    repeats, tol = 3 if quick else 5, _TOLERANCE[fmt]
+    prefix = "" if fmt == "float32" else f"{fmt}/"
+    log(f"tuning {', '.join(kernels)} in {fmt} on {dev.name} [{dev.facts.platform}]: "
         f"{len(problems)} shape classes x {len(cands)} candidates"
         + (f" (+{len(extra)} for convolution)" if "conv" in kernels and extra else ""))
     bar = None
@@ -203,41 +287,42 @@ def _tune(kernels, device, quick, progress, save, log):
             conv = klass.startswith("conv-")
             timed = []
             for params in [None] + [c for c in cands + (extra if conv else [])]:
-                kind = None if params is None else \
+                knob = None if params is None else \
                     "conv" if params["variant"] == "gather" else "gemm"
-                with _no_db(dev, klass), \
-                        (tuning.override(kind, params) if kind else contextlib.nullcontext()):
+                with _no_db(dev, key_dtype, klass), \
+                        (tuning.override(knob, params) if knob else contextlib.nullcontext()):
                     try:
-                        t = _check_and_time(run, read, ref, dev, repeats)
+                        t = _check_and_time(run, read, ref, dev, repeats, tol)
                     except clnn.ClnnError as exc:
                         t = None
-                        log(f"  {klass} {params}: {exc}")
+                        log(f"  {prefix}{klass} {params}: {exc}")
                 if t is None:
-                    log(f"  {klass}: {params or 'the table'} gave a wrong result; skipped")
+                    log(f"  {prefix}{klass}: {params or 'the table'} gave a wrong result; "
+                        "skipped")
                 else:
                     timed.append((params, flops / t / 1e9))
                 if bar is not None:
                     bar.update(1)
-                    bar.set_postfix(cls=klass)
+                    bar.set_postfix(cls=prefix + klass)
             best, best_gf = max([r for r in timed if r[0] is not None] or [(None, 0.0)],
                                 key=lambda r: r[1])
             if best is None:
                 continue
             # the winner against the table's choice on the reference problem
             rrun, rread, rref, rflops = reference
-            with _no_db(dev, klass):
-                t_table = _check_and_time(rrun, rread, rref, dev, repeats)
+            with _no_db(dev, key_dtype, klass):
+                t_table = _check_and_time(rrun, rread, rref, dev, repeats, tol)
                 with tuning.override("conv" if best["variant"] == "gather" else "gemm",
                                      best):
-                    t_best = _check_and_time(rrun, rread, rref, dev, repeats)
+                    t_best = _check_and_time(rrun, rread, rref, dev, repeats, tol)
             table_gf = rflops / t_table / 1e9 if t_table else 0.0
             best_gf = rflops / t_best / 1e9 if t_best else 0.0
-            results[klass] = (best, best_gf, table_gf)
+            results[prefix + klass] = (best, best_gf, table_gf)
             if best_gf <= table_gf:
-                log(f"  {klass:<18} keeps the table ({table_gf:.1f} GFLOP/s; the best "
-                    f"candidate ran {best_gf:.1f} on the reference problem)")
+                log(f"  {prefix + klass:<18} keeps the table ({table_gf:.1f} GFLOP/s; the "
+                    f"best candidate ran {best_gf:.1f} on the reference problem)")
                 continue
-            entries[tuning.db_key(dev.facts, np.float32, klass)] = {
+            entries[tuning.db_key(dev.facts, key_dtype, klass)] = {
                 "params": best, "gflops": round(best_gf, 2),
                 "table_gflops": round(table_gf, 2), "quick": bool(quick),
                 "date": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -255,8 +340,8 @@ def _tune(kernels, device, quick, progress, save, log):
 class _no_db:
     """Time the table's own choice: hide the user's database entry for one class."""
 
-    def __init__(self, dev, klass):
-        self.key = tuning.db_key(dev.facts, np.float32, klass)
+    def __init__(self, dev, key_dtype, klass):
+        self.key = tuning.db_key(dev.facts, key_dtype, klass)
 
     def __enter__(self):
         self.saved = tuning.load_db().pop(self.key, None)

@@ -145,7 +145,8 @@ CONV_TABLE = {
 # float16 storage (products of halves, sums in float32). "speed" is relative to the
 # float32 rows, so the planner prefers them where their tiles fit the shape. Kept
 # apart from GEMM_TABLE: no other device may run them (the clang and Oclgrind gates
-# and the tuner walk GEMM_TABLE).
+# walk GEMM_TABLE; the tuner searches engine rows of its own, clnn.tuner.
+# engine_candidates, and files winners under "tf32" and "float16").
 MMA_TABLE = {
     # measured on an H100 (driver 580.159.04, 2026-11-24, kernel times of square GEMMs
     # at 2048-8192, .gpu experiments described in benchmarks/README.md): TF32 128x128
@@ -438,11 +439,29 @@ DB_RECHECK_S = 1.0
 
 @functools.lru_cache(maxsize=None)
 def _dtype_name(dtype):
+    if isinstance(dtype, str) and dtype == "tf32":
+        return dtype
     return np.dtype(dtype).name         # numpy's dtype.name is 10 us of Python
 
 
 def db_key(facts, dtype, klass, kernel="gemm"):
+    """The database key of a class: ``dtype`` is the storage dtype, or "tf32" for
+    float32 products on TF32 engines (tuned and looked up apart from exact float32)."""
     return f"{kernel}|{facts.name}|{facts.driver_version}|{_dtype_name(dtype)}|{klass}"
+
+
+def db_format(dtype, kind):
+    """What db_key files a GEMM of ``dtype`` under when ``kind`` engines run it."""
+    return "tf32" if kind == "tf32" else dtype
+
+
+def _engine_entry(facts, itemsize, dtype, kind, klass):
+    """The user's tuned engine row for ``klass`` (``clnn tune`` on a device with matrix
+    engines), or None."""
+    if klass is None:
+        return None
+    params = _from_db(facts, itemsize, db_format(dtype, kind), klass)
+    return params if params is not None and params.get("MMA") == kind else None
 
 
 def load_db():
@@ -533,9 +552,12 @@ def gemm_rows(facts, itemsize=4, dtype="float32", klass=None):
         return [params]
     kind = mma_kind(facts, dtype)
     if mma_rows(facts, kind):
-        # the tuner times the table's float32 rows only: its winners do not compete
-        # with the matrix engines, which the planner weighs against the table's rows
-        return _with_engines(facts, itemsize, kind, False)
+        # the user's tuned engine row for the class, else the engine rows and the
+        # table's, which the planner weighs per shape (an exact-float32 entry of the
+        # class does not serve a TF32 product)
+        params = _engine_entry(facts, itemsize, dtype, kind, klass)
+        return [params] if params is not None else _with_engines(facts, itemsize, kind,
+                                                                 False)
     if klass is not None:
         params = _from_db(facts, itemsize, dtype, klass)
         if params is not None and params.get("variant") != "gather":
@@ -577,7 +599,9 @@ def conv_rows(facts, itemsize=4, dtype="float32", klass=None):
         return [params]
     kind = mma_kind(facts, dtype)
     if mma_rows(facts, kind):
-        return _with_engines(facts, itemsize, kind, True)
+        params = _engine_entry(facts, itemsize, dtype, kind, klass)
+        return [params] if params is not None else _with_engines(facts, itemsize, kind,
+                                                                 True)
     if klass is not None:
         params = _from_db(facts, itemsize, dtype, klass)
         if params is not None:

@@ -195,3 +195,108 @@ def test_device_facts_read_the_compute_capability():
     facts = clnn.device().facts
     assert facts.nv_compute_capability == 0          # PoCL: no cl_nv_device_attribute_query
     assert "nv_compute_capability" in facts.as_dict()
+
+
+# ---------------------------------------------------------------- tuning engine rows
+
+def test_the_tuner_searches_engine_rows_where_the_device_has_them():
+    from clnn import tuner
+    assert tuner.device_formats(H100) == ["float32", "tf32", "float16"]
+    assert tuner.device_formats(A100) == ["float32", "tf32", "float16"]
+    for facts in (TURING, H100_NO_CC, clnn.device().facts):
+        assert tuner.device_formats(facts) == ["float32"]
+    for kind, size in SIZE.items():
+        quick = tuner.engine_candidates(H100, kind, True)
+        full = tuner.engine_candidates(H100, kind, False)
+        assert quick and len(full) > len(quick)
+        assert all(r in full and r["MMA"] == kind for r in quick)
+        for row in full:
+            assert tuning.gemm_problems(row, H100, size) == [], row
+        # the shipped rows are among the candidates: tuning can only match or beat them
+        for row in ENGINES:
+            if row["MMA"] == kind:
+                assert {k: v for k, v in row.items() if k not in ("speed", "tuned")} in quick
+        assert tuner.engine_candidates(TURING, kind, False) == []
+        # a unit with less local memory gets only the tiles that fit it
+        small = dataclasses.replace(A100, local_mem_size=32 << 10)
+        assert all(plans.local_bytes(r, size) <= 32 << 10
+                   for r in tuner.engine_candidates(small, kind, False))
+
+
+@pytest.fixture
+def db(tmp_path, monkeypatch):
+    from test_tuning import write_db
+    path = tmp_path / "tuning.json"
+    monkeypatch.setenv("CLNN_TUNING_DB", str(path))
+    yield lambda entries: write_db(path, entries)
+    tuning._db_cache["mtime"] = None
+
+
+def test_tuned_engine_rows_serve_their_format_only(db, precision):
+    """A TF32 winner is filed under "tf32" and serves float32 products only while TF32
+    is allowed; an exact-float32 winner never serves a TF32 product; float16 winners
+    serve float16; an entry under an engine key that is not that engine's row is not
+    taken."""
+    tf32 = dict(ENGINES[1], KWG=8)
+    f16 = dict(ENGINES[4], KWG=16)
+    f32 = tuning.GEMM_TABLE["vendor"][("nvidia", "GPU")][3]
+    db({tuning.db_key(H100, "tf32", "NN-square-large"): {"params": tf32},
+        tuning.db_key(H100, "tf32", "conv-wgrad-large"): {"params": tf32},
+        tuning.db_key(H100, "tf32", "NT-wide-small"): {"params": f32},
+        tuning.db_key(H100, "float32", "NT-wide-large"): {"params": f32},
+        tuning.db_key(H100, "float16", "NN-square-large"): {"params": f16}})
+    precision("highest")
+    assert "MMA" not in tuning.gemm_params(H100, 4, "float32", "NN-square-large")
+    assert tuning.gemm_params(H100, 4, "float32", "NT-wide-large") == f32
+    assert tuning.gemm_params(H100, 2, "float16", "NN-square-large") == f16
+    precision("high")
+    assert tuning.gemm_rows(H100, 4, "float32", "NN-square-large") == [tf32]
+    assert tuning.conv_rows(H100, 4, "float32", "conv-wgrad-large") == [tf32]
+    engines_and_table = tuning.gemm_rows(H100, 4, "float32", "NN-square-medium")
+    for klass in ("NT-wide-large", "NT-wide-small"):
+        assert tuning.gemm_rows(H100, 4, "float32", klass) is engines_and_table, klass
+    assert tuning.gemm_rows(H100, 2, "float16", "NN-square-large") == [f16]
+    assert tuning.gemm_rows(A100, 4, "float32", "NN-square-large")[0] == ENGINES[0]
+
+
+def test_tuning_a_format_the_device_lacks_is_refused():
+    from clnn import tuner
+    for fmt, why in (("tf32", "no tf32 matrix engines"), ("bfloat16", "unknown format")):
+        with pytest.raises(ArgumentError, match=why):
+            tuner.tune(("gemm",), quick=True, progress=False, save=False,
+                       log=lambda *a: None, formats=[fmt])
+
+
+def test_the_tuner_times_engine_rows_in_their_format(monkeypatch, db, precision):
+    """On PoCL the engine is emulated: the search runs a TF32 candidate at "high"
+    against TF32-exact operands (checked against their float64 product), files the
+    class as "tf32/...", and stores a winner only under the "tf32" key."""
+    from clnn import tuner
+    dev = clnn.device()
+    row = dict(ENGINES[2], EMULATE=True)             # the 64x64 TF32 tile
+    monkeypatch.setattr(tuner, "device_formats", lambda f: ["float32", "tf32"])
+    monkeypatch.setattr(tuner, "engine_candidates", lambda f, k, q: [row])
+    monkeypatch.setattr(tuner, "GEMM_CLASSES",
+                        {"NN-square": {"small": ((40, 72, 24), (40, 72, 24))}})
+    seen = []
+    real = tuner._check_and_time
+
+    def spy(run, read, ref, dev, repeats, tol=1e-4):
+        seen.append((tuning.get_float32_matmul_precision(), tol,
+                     tuning.forced("gemm") is not None))
+        return real(run, read, ref, dev, repeats, tol)
+    monkeypatch.setattr(tuner, "_check_and_time", spy)
+    precision("highest")
+    results = tuner.tune(("gemm",), quick=True, progress=False, log=lambda *a: None,
+                         formats=["tf32"])
+    assert list(results) == ["tf32/NN-square-small"]
+    best, gflops, table_gflops = results["tf32/NN-square-small"]
+    assert best == row and gflops > 0 and table_gflops > 0     # both passed the check
+    assert {p for p, _, _ in seen} == {"high"} and any(f for _, _, f in seen)
+    assert tuning.get_float32_matmul_precision() == "highest"  # put back
+    stored = tuning.load_db()
+    assert tuning.db_key(dev.facts, "float32", "NN-square-small") not in stored
+    if gflops > table_gflops:
+        assert stored[tuning.db_key(dev.facts, "tf32", "NN-square-small")]["params"] == row
+    else:
+        assert not stored
