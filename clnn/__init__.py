@@ -15,6 +15,7 @@ from .errors import (ArgumentError, CheckpointError, ClnnError, DeviceError, Dis
                      DTypeError,
                      KernelBuildError, OutOfDeviceMemory, ShapeError, TemplateError)
 from .programs import render
+from .profiler import profile
 from .tuning import get_float32_matmul_precision, set_float32_matmul_precision
 from .ops import *  # noqa: F401,F403 - the public ops
 from .ops import __all__ as _ops_all
@@ -72,7 +73,7 @@ def zeros(shape, dtype=np.float32, device=None):
 
 
 __all__ = ["Device", "DeviceFacts", "device", "device_of", "asarray", "empty", "zeros",
-           "render", "clear_caches", "set_float32_matmul_precision",
+           "render", "profile", "clear_caches", "set_float32_matmul_precision",
            "get_float32_matmul_precision", "ClnnError", "ShapeError", "ArgumentError",
            "CheckpointError", "DistributedError",
            "DTypeError", "DeviceError", "OutOfDeviceMemory", "KernelBuildError",

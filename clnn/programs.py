@@ -236,9 +236,13 @@ class Kernel:
                                              else tuple(local_size))
         for events in getattr(_recording, "lists", ()):
             events.append(evt)
+        for records in getattr(_recording, "profiles", ()):      # clnn.profile
+            records.append((self, tuple(global_size), evt))
         return evt
 
 
+# what the kernels this thread launches are recorded into: recorded_events' lists of
+# events, clnn.profile's lists of (kernel, global size, event)
 _recording = threading.local()
 
 
@@ -300,6 +304,7 @@ def get_kernel(device, stem, entry, params, options=()):
         raise TemplateError(f"{stem}.cl has no kernel {entry!r} for {params}",
                             template=stem, params=params)
     kern = Kernel(device, cl.Kernel(program, entry), entry, sigs[entry], params["dtype"])
+    kern.stem, kern.params = stem, params           # for clnn.profile's records
     device.kernels.put(key, kern)
     if quick is not None:
         device.kernels.put(quick, kern)

@@ -1,0 +1,89 @@
+"""Where a training step's time goes: each kernel's device time (OpenCL profiling
+events, clnn.profile) beside the step's wall time, for LeNet-5 and the MLP of
+bench_half.py, in float32 and in mixed precision (float16), on every device.
+
+    python benchmarks/profile_step.py [--device SPEC] [--steps 5] [--mlp-batch 1000]
+                                      [--lenet-batch 64] [--top 12]
+
+Per step: wall time (Python, driver and kernels), span (first kernel's start to the
+last one's end), device time (the kernels' own), idle (span minus device time: the
+device waiting for the host to launch the next kernel), launches; then the kernels,
+the most time first. A step where idle is most of the span is bound by host time per
+launch; one where device time is close to wall time is bound by its kernels. The
+float16 step is validated first against the float32 step from the same weights (loss
+to 1%), as bench_half.py does. Writes benchmarks/results/profile_step.json.
+"""
+
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+import bench_half  # noqa: E402
+
+import clnn  # noqa: E402
+from clnn import nn, optim  # noqa: E402
+
+
+def profile_case(dev, make, batch, in_shape, steps):
+    rng = np.random.default_rng(1)
+    x = clnn.asarray(rng.random((batch,) + in_shape, dtype=np.float32), device=dev)
+    y = clnn.asarray(np.eye(10, dtype=np.float32)[rng.integers(0, 10, batch)], device=dev)
+    out = {}
+    losses = {}
+    for precision in ("float32", "float16"):
+        net = make()
+        net.optimizer = optim.SGD(lr=0.0)           # the same weights every step
+        net.scaler = nn.GradScaler(init_scale=1.0)
+        # (fit keeps its batches in the step's dtype: so does this)
+        xs = x if precision == "float32" else clnn.cast(x, np.float16)
+        ys = y if precision == "float32" else clnn.cast(y, np.float16)
+
+        def step():
+            return net.train_step(xs, ys, loss="cross_entropy", precision=precision)
+        losses[precision] = float(step().get())
+        step()
+        dev.finish()
+        with clnn.profile() as prof:
+            for _ in range(steps):
+                step()
+        out[precision] = prof
+    if abs(losses["float16"] - losses["float32"]) > 1e-2 * max(1.0, losses["float32"]):
+        raise SystemExit(f"float16 step's loss {losses['float16']} is not the float32 "
+                         f"step's {losses['float32']}")
+    return out
+
+
+def main(argv=None):
+    ap = _common.arg_parser(__doc__)
+    ap.add_argument("--steps", type=int, default=5, help="steps profiled per case")
+    ap.add_argument("--mlp-batch", type=int, default=1000)
+    ap.add_argument("--lenet-batch", type=int, default=64)
+    ap.add_argument("--top", type=int, default=12, help="kernels shown per case")
+    args = ap.parse_args(argv)
+    rows = []
+    for dev in _common.devices(args.device):
+        print(f"# {dev.name}")
+        for name, make, batch, shape in (
+                ("LeNet-5 step", bench_half.lenet, args.lenet_batch, (1, 32, 32)),
+                ("MLP step", bench_half.mlp, args.mlp_batch, (2000,))):
+            for precision, prof in profile_case(dev, make, batch, shape, args.steps).items():
+                per = args.steps
+                print(f"\n## {name}, batch {batch}, {precision}")
+                print(prof.table(top=args.top, per=per))
+                rows.append({"device": dev.name, "case": name, "batch": batch,
+                             "precision": precision, "wall_ms": 1e3 * prof.wall_s / per,
+                             "span_ms": 1e3 * prof.span_s / per,
+                             "device_ms": 1e3 * prof.device_s / per,
+                             "idle_ms": 1e3 * prof.idle_s / per,
+                             "launches": prof.launches / per,
+                             "kernels": [{"kernel": k, "launches": n / per,
+                                          "device_ms": 1e3 * t / per}
+                                         for k, n, t in prof.summary()]})
+    print(f"results: {_common.write_json('profile_step', {'rows': rows}, args.json)}")
+
+
+if __name__ == "__main__":
+    main()
