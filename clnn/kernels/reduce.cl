@@ -8,6 +8,13 @@
 ##              inp    "real" (input is real_t) | "acc" (input is acc_t partial sums)
 ##              outp   "real" | "acc" (write acc_t partials for a second stage)
 ##              wg     0: clnn_reduce, a work-item per output (CPUs)
+##              lanes  (clnn_reduce) 1, or L > 1 for rows that are contiguous (rs == 1,
+##                     inner == 1): L partial results side by side, which a CPU's
+##                     compiler turns into vector operations
+##              span   (clnn_reduce) 1, or S > 1: a work-item reduces S neighbouring
+##                     outputs along inner (columns: S contiguous loads per r)
+##              stream (clnn_reduce) a work-item per chunk of rows, adding whole rows
+##                     into partial results (long columns on CPUs)
 ##                     (LX, LY): clnn_reduce_wg, a work-group of LX x LY per LX outputs (GPUs)
 ## Used by clnn/ops/reduce.py (sum, mean, max, dot, nrm2), clnn/ops/bias.py (bias_grad)
 ## and, on GPUs, clnn/ops/gemm.py (gemv).
@@ -37,7 +44,8 @@
 % elif op == "max":
 #define CLNN_INIT ((acc_t)(-INFINITY))
 // NaN wins, as in numpy: once acc is NaN, v > acc is false and acc stays NaN.
-#define CLNN_OP(acc, v) (((v) > (acc) || isnan(v)) ? (v) : (acc))
+// (v != v is isnan(v) in a form compilers vectorise)
+#define CLNN_OP(acc, v) (((v) > (acc) || (v) != (v)) ? (v) : (acc))
 % else:
 <% raise ValueError("unknown op " + op) %>
 % endif
@@ -84,21 +92,122 @@ __kernel void clnn_reduce(const int outer, const int R, const int inner, const i
                           __global const ${in_t} *y, const int y_off,
                           __global ${out_t} *out, const int out_off)
 {
+% if stream:
+<% assert outp == "acc" and final == "none", "the streaming form writes partial results" %>
+    // columns on a CPU, in chunks of rows: work-item (o, g) adds the rows of its chunk
+    // into the partial results out[(o * chunks + g) * inner + i] for every i, a row at a
+    // time, so its reads stream through memory as numpy's do (a work-item walking down
+    // a column touches a new cache line, and soon a new page, at every step); each
+    // output still folds r0, r0 + 1, ... in order, and a second launch the chunks
+    const int total = outer * chunks;
+    for (int w = (int)get_global_id(0); w < total; w += (int)get_global_size(0)) {
+        const int g = w % chunks, o = w / chunks;
+        const int r0 = g * chunk_len, r1 = min(R, r0 + chunk_len);
+        __global acc_t *acc = out + out_off + w * inner;
+        for (int i = 0; i < inner; ++i)
+            acc[i] = CLNN_INIT;
+        for (int r = r0; r < r1; ++r) {
+            const int k0 = o * os + r * rs;
+            for (int i = 0; i < inner; ++i) {
+                const acc_t v = ${mapped("k0 + i", "r")};
+                acc[i] = CLNN_OP(acc[i], v);
+            }
+        }
+    }
+% elif span > 1:
+    // ${span} neighbouring outputs (columns) per work-item: each step along r loads
+    // ${span} contiguous elements, one per output, and each output is still folded in
+    // the order r0, r0 + 1, ... (the same bits as one work-item per output)
+    const int ni = (inner + ${span - 1}) / ${span};
+    const int total = outer * chunks * ni;
+    for (int w = (int)get_global_id(0); w < total; w += (int)get_global_size(0)) {
+        const int i0 = w % ni * ${span};
+        const int g = (w / ni) % chunks;
+        const int o = w / (ni * chunks);
+        const int r0 = g * chunk_len;
+        const int r1 = min(R, r0 + chunk_len);
+        if (i0 + ${span} <= inner) {
+            acc_t part[${span}];
+#pragma unroll
+            for (int j = 0; j < ${span}; ++j)
+                part[j] = CLNN_INIT;
+            for (int r = r0; r < r1; ++r) {
+                const int k0 = o * os + r * rs + i0;
+#pragma unroll
+                for (int j = 0; j < ${span}; ++j) {
+                    const acc_t v = ${mapped("k0 + j", "r")};
+                    part[j] = CLNN_OP(part[j], v);
+                }
+            }
+            for (int j = 0; j < ${span}; ++j) {
+                acc_t acc = part[j];
+                const int wo = (o * chunks + g) * inner + i0 + j;
+${finish("acc", "wo")}
+            }
+        } else {
+            for (int i = i0; i < inner; ++i) {          // the last, partial span
+                acc_t acc = CLNN_INIT;
+                for (int r = r0; r < r1; ++r) {
+                    const int k = o * os + r * rs + i;
+                    const acc_t v = ${mapped("k", "r")};
+                    acc = CLNN_OP(acc, v);
+                }
+                const int wo = (o * chunks + g) * inner + i;
+${finish("acc", "wo")}
+            }
+        }
+    }
+% else:
     const int total = outer * chunks * inner;
     for (int w = (int)get_global_id(0); w < total; w += (int)get_global_size(0)) {
+%   if lanes == 1:
         const int i = w % inner;
+%   endif
         const int g = (w / inner) % chunks;
         const int o = w / (inner * chunks);
         const int r0 = g * chunk_len;
         const int r1 = min(R, r0 + chunk_len);
         acc_t acc = CLNN_INIT;
+% if lanes > 1:
+        // a contiguous row (the routine launches this form only for rs == 1 and
+        // inner == 1): element r0 + L t + j goes to partial result j, so the L
+        // chains are independent (one vector instruction each step, where a single
+        // chain waits for every addition), and they meet in a fixed tree: the order
+        // is the same on every run
+        acc_t part[${lanes}];
+#pragma unroll
+        for (int j = 0; j < ${lanes}; ++j)
+            part[j] = CLNN_INIT;
+        int r = r0;
+        for (; r + ${lanes} <= r1; r += ${lanes}) {
+            const int k0 = o * os + r;
+#pragma unroll
+            for (int j = 0; j < ${lanes}; ++j) {
+                const acc_t v = ${mapped("k0 + j", "r + j")};
+                part[j] = CLNN_OP(part[j], v);
+            }
+        }
+%   for s in [lanes >> (j + 1) for j in range(lanes.bit_length() - 1)]:
+#pragma unroll
+        for (int j = 0; j < ${s}; ++j)
+            part[j] = CLNN_OP(part[j], part[j + ${s}]);
+%   endfor
+        acc = part[0];
+        for (; r < r1; ++r) {
+            const int k = o * os + r;
+            const acc_t v = ${mapped("k", "r")};
+            acc = CLNN_OP(acc, v);
+        }
+% else:
         for (int r = r0; r < r1; ++r) {
             const int k = o * os + r * rs + i;
             const acc_t v = ${mapped("k", "r")};
             acc = CLNN_OP(acc, v);
         }
+% endif
 ${finish("acc", "w")}
     }
+% endif
 }
 % else:
 <% LX, LY = wg %>

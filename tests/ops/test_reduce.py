@@ -68,6 +68,35 @@ def test_axes_with_work_group_kernels(dev, shape):
             assert np.array_equal(clnn.max(X, axis=axis).get(), x.max(axis))
 
 
+@pytest.mark.parametrize("shape", [(3, 37, 13), (2, 300, 8), (1, 1000, 70), (5, 40, 9),
+                                   (2, 1537, 11), (4, 33, 1), (1, 4099, 1), (2, 31, 1)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["float32", "float16"])
+def test_the_cpu_kernels_vector_forms(dev, shape, dtype):
+    """The CPU kernel's forms for a contiguous row (8 partial results side by side,
+    with a tail), for columns (8 neighbouring outputs a work-item, with a partial last
+    span) and for long columns (chunks of 256 rows or more, streamed a row at a time),
+    forced on any device; NaN wins max wherever it falls."""
+    from clnn import tuning
+    x = RNG.standard_normal(shape).astype(dtype)
+    x64 = x.astype(np.float64)
+    X = guarded_input(dev, x)
+    with tuning.override("reduce", {"wg": False}):
+        for axis in range(3):
+            out = Guarded(dev, x64.sum(axis).shape, dtype)
+            clnn.sum(X, axis=axis, out=out.view)
+            assert_close(out.check(), x64.sum(axis), dtype, k=shape[axis],
+                         scale=np.abs(x64).sum(axis), ulps=2)
+            assert np.array_equal(clnn.max(X, axis=axis).get(), x.max(axis))
+        y = x.copy()
+        y[0, shape[1] // 2, -1] = np.nan            # in a row's lanes or tail
+        y[-1, -1, 0] = -np.inf
+        Y = clnn.asarray(y)
+        for axis in range(3):
+            got, want = clnn.max(Y, axis=axis).get(), np.max(y, axis=axis)
+            assert np.array_equal(np.isnan(got), np.isnan(want)), axis
+            assert np.array_equal(got[~np.isnan(got)], want[~np.isnan(want)]), axis
+
+
 def test_long_axis_is_split_and_still_exact(dev, kernels):
     # 3 rows of 200003: the split into chunks and the second pass must cover every element
     x = RNG.standard_normal((3, 200003)).astype(np.float32)
