@@ -21,11 +21,15 @@
 ##          "local": clnn_gemm_tiled, clnn_gemm_splitk.
 ## Used by clnn/ops/gemm.py (and, through it, dense and convolution layers).
 <%include file="_common.cl"/>
-<%include file="_activation.cl" args="act=act"/>
 <%
     t = dict(tuning)
     VW = t.get("VW", 1)
+    # the CPU kernel's vector epilogue takes the activation on a vector of VW where it
+    # calls math built-ins (PoCL calls the scalar forms once per element)
+    vec_act = variant == "reg" and VW in (2, 4, 8) and conv in ("none", "wgrad") and \
+        act in ("sigmoid", "tanh", "elu", "softplus")
 %>
+<%include file="_activation.cl" args="act=act, vector=VW if vec_act else 0"/>
 //
 // Layouts are row-major with a leading dimension (row stride, in elements) and an
 // element offset per operand, so blocks of rows or columns of bigger matrices work:
@@ -299,7 +303,9 @@ inline void clnn_epilogue_v(__global real_t *c, const int idx, const int m, cons
 %   elif bias == "one":
     v += (vec_t)(CLNN_LOAD(bias, 0));
 %   endif
-%   if act != "none":
+%   if vec_act:
+    v = clnn_f${VW}(v, act_p, act_q);
+%   elif act != "none":
 %     for j in range(VW):
     v.s${comps[j]} = clnn_f(v.s${comps[j]}, act_p, act_q);
 %     endfor
