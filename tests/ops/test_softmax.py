@@ -38,6 +38,30 @@ def test_softmax_large_inputs_do_not_overflow(dev, kernels):
     assert np.all(np.isfinite(clnn.log_softmax(clnn.asarray(z)).get()[:, 1:2]))
 
 
+@pytest.mark.parametrize("cols", [16, 45])
+def test_wide_rows_with_extremes(dev, cols, kernels):
+    """Rows long enough for the CPU's vectors of 8 (and their tails): huge values do not
+    overflow, -inf gets probability 0, and a NaN anywhere makes its row NaN, in the
+    vectors or the tail alike."""
+    z = (RNG.standard_normal((6, cols)) * 3).astype(np.float32)
+    z[0, 3] = 1e4
+    z[1, :] = -1e4
+    z[1, cols - 1] = 3e4
+    z[2, 5] = -np.inf
+    z[3, 2] = np.nan
+    z[4, cols - 1] = np.nan
+    got = clnn.softmax(clnn.asarray(z)).get()
+    logp = clnn.log_softmax(clnn.asarray(z)).get()
+    assert np.all(np.isnan(got[3:5])) and np.all(np.isnan(logp[3:5]))
+    ok = [0, 1, 2, 5]
+    want = log_softmax_ref(z[ok])
+    assert_close(got[ok], np.exp(want), np.float32, k=cols)
+    assert got[2, 5] == 0 and logp[2, 5] == -np.inf
+    fin = np.isfinite(want)
+    assert_close(logp[ok][fin], want[fin], np.float32, k=cols,
+                 scale=np.maximum(np.abs(want[fin]), 1.0))
+
+
 @pytest.mark.parametrize("shape,axis", [((3, 4, 5), 0), ((3, 4, 5), 1), ((2, 7, 1, 33), 1),
                                         ((5,), 0), ((), None), ((4, 0, 3), 2),
                                         ((2, 3, 37), -2)],
