@@ -117,8 +117,12 @@ def reduce3(dev, dt, x, shape3, out, *, op="sum", map="x", final="none", post=1.
         kern = programs.get_kernel(dev, "reduce", "clnn_reduce",
                                    dict(params, dtype=programs.dtype_name(dt), lanes=lanes,
                                         span=span))
-        wg = min(64, dev.facts.max_work_group_size)
         total = outer * n_chunks * -(-inner // span)
+        # work-groups of 64, or of 1 where that would leave cores idle (a sum's 64
+        # chunks were one work-group: one core of every CPU; a second local size is one
+        # more build of the kernel, and PoCL runs a work-group of 1 with little overhead)
+        wg = min(64, dev.facts.max_work_group_size) \
+            if total >= 256 * dev.facts.compute_units else 1
         return kern((-(-total // wg) * wg,), (wg,), **common)
 
     if gpu:
