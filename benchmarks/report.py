@@ -2,8 +2,8 @@
 
     python benchmarks/report.py [--results benchmarks/results]
 
-Reads bench_gemm.json, bench_mlp.json, bench_lenet.json, bench_conv.json and
-bench_tutorial.json (whichever exist) and writes
+Reads bench_gemm.json, bench_mlp.json, bench_lenet.json, bench_conv.json,
+bench_tutorial.json and bench_ops.json (whichever exist) and writes
 report.md, gemm.png and conv.png beside them.
 """
 
@@ -66,6 +66,21 @@ def tutorial_table(data):
     return "\n".join(lines)
 
 
+def ops_table(data):
+    refs = [r for r in ("numpy", "torch_cpu", "torch_cuda")
+            if any(f"{r}_GBps" in row for row in data["rows"])]
+    lines = ["| device | op | clnn GB/s | " + " | ".join(f"{r} GB/s" for r in refs) + " | "
+             + " | ".join(f"clnn / {r}" for r in refs) + " |",
+             "|" + "---|" * (3 + 2 * len(refs))]
+    for row in data["rows"]:
+        cells = [f"{row[f'{r}_GBps']:.1f}" if f"{r}_GBps" in row else "" for r in refs]
+        ratios = [f"{row['clnn_GBps'] / row[f'{r}_GBps']:.2f}" if f"{r}_GBps" in row
+                  else "" for r in refs]
+        lines.append(f"| {row['device']} | {row['op']} | {row['clnn_GBps']:.1f} | "
+                     + " | ".join(cells + ratios) + " |")
+    return "\n".join(lines)
+
+
 def step_table(data):
     lines = ["| library | seconds per step |", "|---|---|"]
     lines += [f"| {k} | {v:.3f} |" for k, v in data["step_seconds"].items()]
@@ -113,15 +128,18 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=RESULTS)
     args = ap.parse_args(argv)
-    gemm, mlp, lenet, conv, tutorial = (_load(args.results, n) for n in (
-        "bench_gemm", "bench_mlp", "bench_lenet", "bench_conv", "bench_tutorial"))
+    gemm, mlp, lenet, conv, tutorial, ops = (_load(args.results, n) for n in (
+        "bench_gemm", "bench_mlp", "bench_lenet", "bench_conv", "bench_tutorial",
+        "bench_ops"))
     parts = ["# clnn benchmark report"]
     for title, data, table in (("GEMM, float32 GFLOP/s", gemm, gemm_table),
                                ("MLP training step", mlp, step_table),
                                ("LeNet-5 training step", lenet, step_table),
                                ("Convolution", conv, conv_table),
                                ("The tutorial's step (10000-5000-1000-10)", tutorial,
-                                tutorial_table)):
+                                tutorial_table),
+                               ("Memory-bound ops (GB/s read + written)", ops,
+                                ops_table)):
         if data:
             parts += [f"## {title}", f"{data.get('date', '')}, "
                       f"{data.get('machine', {}).get('blas', '')}", table(data)]

@@ -20,8 +20,13 @@ def test_report_from_result_files(tmp_path):
     tutorial = {"runs": [{"device": "dev", "batch": 10, "step_ms": {
         "PyTorch CUDA": 40.0, "clnn": 50.0, "clnn, 4 GiB pool budget": None},
         "pool_peak_bytes": 2**30}]}
+    ops = {"rows": [{"device": "dev", "op": "relu", "clnn_GBps": 20.0, "numpy_GBps": 10.0,
+                     "torch_cpu_GBps": 40.0},
+                    {"device": "gpu", "op": "sum", "clnn_GBps": 1500.0, "numpy_GBps": 15.0,
+                     "torch_cuda_GBps": 2000.0}]}
     for name, data in (("bench_gemm", gemm), ("bench_mlp", mlp), ("bench_conv", conv),
-                       ("bench_lenet", lenet), ("bench_tutorial", tutorial)):
+                       ("bench_lenet", lenet), ("bench_tutorial", tutorial),
+                       ("bench_ops", ops)):
         (tmp_path / f"{name}.json").write_text(json.dumps(data))
     report.main(["--results", str(tmp_path)])
     text = (tmp_path / "report.md").read_text()
@@ -30,4 +35,6 @@ def test_report_from_result_files(tmp_path):
     assert "## LeNet-5 training step" in text and "| clnn (dev) | 0.008 |" in text
     assert "| dev | 10 | clnn | 50.0 | 1.00 |" in text
     assert "| dev | 10 | clnn, 4 GiB pool budget | did not fit | |" in text
+    assert "| dev | relu | 20.0 | 10.0 | 40.0 |  | 2.00 | 0.50 |  |" in text
+    assert "| gpu | sum | 1500.0 | 15.0 |  | 2000.0 | 100.00 |  | 0.75 |" in text
     assert (tmp_path / "gemm.png").exists() and (tmp_path / "conv.png").exists()
