@@ -33,12 +33,13 @@ from . import programs
 @dataclasses.dataclass(frozen=True)
 class KernelRecord:
     """One launch: the kernel's name (``entry``, with its tile for GEMM rows: see
-    ``label``), its template and parameters, its global size and its profiled times in
-    nanoseconds on the device's clock."""
+    ``label``), its template and parameters, its global and local sizes (None: the
+    driver's choice) and its profiled times in nanoseconds on the device's clock."""
     entry: str
     stem: str
     params: dict
     global_size: tuple
+    local_size: tuple
     queued_ns: int
     start_ns: int
     end_ns: int
@@ -71,11 +72,12 @@ class Profile:
 
     def _finish(self):
         if self._launches:
-            cl.wait_for_events([evt for _, _, evt in self._launches])
+            cl.wait_for_events([evt for *_, evt in self._launches])
         self.records = [KernelRecord(k.entry, getattr(k, "stem", "?"),
                                      dict(getattr(k, "params", {})), gs,
+                                     None if ls is None else tuple(ls),
                                      evt.profile.queued, evt.profile.start, evt.profile.end)
-                        for k, gs, evt in self._launches]
+                        for k, gs, ls, evt in self._launches]
         self._launches = []
 
     @property

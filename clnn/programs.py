@@ -237,12 +237,12 @@ class Kernel:
         for events in getattr(_recording, "lists", ()):
             events.append(evt)
         for records in getattr(_recording, "profiles", ()):      # clnn.profile
-            records.append((self, tuple(global_size), evt))
+            records.append((self, tuple(global_size), local_size, evt))
         return evt
 
 
 # what the kernels this thread launches are recorded into: recorded_events' lists of
-# events, clnn.profile's lists of (kernel, global size, event)
+# events, clnn.profile's lists of (kernel, global size, local size, event)
 _recording = threading.local()
 
 

@@ -26,6 +26,9 @@ def test_a_block_records_each_launch_with_its_times(dev):
     for r in prof.records:
         assert r.queued_ns <= r.start_ns <= r.end_ns and r.seconds >= 0
         assert all(isinstance(n, int) and n > 0 for n in r.global_size)
+        if r.local_size is not None:
+            assert len(r.local_size) == len(r.global_size)
+            assert all(g % l == 0 for g, l in zip(r.global_size, r.local_size))
     # an in-order queue: each kernel starts after the one before it ends
     for a, b in zip(prof.records, prof.records[1:]):
         assert b.start_ns >= a.end_ns
@@ -63,7 +66,8 @@ def test_nothing_outside_the_block_or_from_other_threads(dev):
 
 def test_labels_tell_dtypes_and_tiles_apart():
     def rec(params):
-        return KernelRecord("clnn_gemm_tiled", "gemm", params, (64, 1, 1), 0, 1, 2)
+        return KernelRecord("clnn_gemm_tiled", "gemm", params, (64, 1, 1), (64, 1, 1), 0, 1,
+                            2)
     tile = tuning.template_tuning({"variant": "local", "MWG": 128, "NWG": 64, "KWG": 16,
                                    "MDIMC": 16, "NDIMC": 16})
     assert rec({"dtype": "float32", "tuning": tile}).label == "clnn_gemm_tiled [128x64]"
