@@ -61,6 +61,12 @@ def local_bytes(p, itemsize=4):
     # tile of A, 2 per tile of B) through local memory
     extra = 4 * (4 * p["WM"] // 16 + 2 * p["WN"] // 8) * threads(p) \
         if p.get("EMULATE") else 0
+    if p.get("MMA") == "f16" and p.get("LDSM"):
+        # plain halves, rows padded by 8 halves: rows of k, or rows of m (n) holding k,
+        # whichever way the operand is stored (the larger of the two here)
+        k = p["KWG"]
+        return 2 * 2 * sum(max(k * (w + 8), w * (k + 8)) for w in (p["MWG"], p["NWG"])) \
+            + extra
     if p.get("MMA") == "f16":        # halves, rows of words padded by 8 words
         return 2 * p["KWG"] * (p["MWG"] + p["NWG"] + 16) * 2 + extra
     pad = 8 if p.get("MMA") == "tf32" else 4

@@ -99,8 +99,11 @@ def engine_candidates(facts, kind, quick):
             continue
         row = {"variant": "local", "MMA": kind, "MWG": mwg, "NWG": nwg, "KWG": kwg,
                "MDIMC": threads // 16, "NDIMC": 16, "WM": wm, "WN": wn}
-        if not tuning.gemm_problems(row, facts, itemsize):
-            out.append(row)
+        # float16 also with ldmatrix and tiles of plain halves (LDSM): not yet timed on
+        # a GPU, so only a search can pick them
+        for r in [row] + ([dict(row, LDSM=True)] if kind == "f16" else []):
+            if not tuning.gemm_problems(r, facts, itemsize):
+                out.append(r)
     return out
 
 

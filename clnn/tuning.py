@@ -174,7 +174,7 @@ _KEYS = {"reg": ("MWI", "NWI", "VW", "WGM"),
 # parameters a row may leave out, with their defaults
 _OPTIONAL = {"local": {"VWM": 1, "VWN": 1}}
 # parameters passed to the template only when a row has them
-_EXTRA = {"local": ("MMA", "WM", "WN", "EMULATE")}
+_EXTRA = {"local": ("MMA", "WM", "WN", "EMULATE", "LDSM")}
 MMA_KINDS = {"tf32": (8, 4), "f16": (16, 2)}      # K of one mma.sync, the item size it serves
 
 
@@ -275,6 +275,10 @@ def _mma_problems(p, facts, itemsize):
         probs.append("MMA rows read local memory per fragment: VWM = VWN = 1")
     if itemsize != size:
         probs.append(f"{kind} engines serve {size}-byte elements, not {itemsize}")
+    if not isinstance(p.get("LDSM", False), bool):
+        probs.append("LDSM must be true or false")
+    elif p.get("LDSM") and (kind != "f16" or wn % 16):
+        probs.append("LDSM (ldmatrix) serves float16 engines with WN a multiple of 16")
     if not isinstance(p.get("EMULATE", False), bool):
         probs.append("EMULATE must be true or false")
     elif facts is not None and facts.nv_compute_capability < 80 and not p.get("EMULATE"):

@@ -51,12 +51,29 @@ def test_every_engine_row_fits_the_h100_and_no_other_device():
     ({"WM": 24}, "multiple of 16"), ({"WN": 12}, "multiple of 16 and WN of 8"),
     ({"MDIMC": 4}, "32 work-items"), ({"KWG": 12}, "KWG must be a multiple"),
     ({"VWM": 2}, "VWM = VWN = 1"), ({"MMA": "bf16"}, "MMA must be one of"),
-    ({"WM": None}, "warp blocks"), ({"speed": 20}, "speed")])
+    ({"WM": None}, "warp blocks"), ({"speed": 20}, "speed"),
+    ({"LDSM": True}, "LDSM (ldmatrix) serves float16"), ({"LDSM": 1}, "true or false")])
 def test_engine_row_constraints(change, why):
     row = dict(next(r for r in ENGINES if r["MMA"] == "tf32"), **change)
     row = {k: v for k, v in row.items() if v is not None}
     probs = tuning.gemm_problems(row, H100, 4)
     assert any(why in p for p in probs), probs
+
+
+def test_ldmatrix_rows_fit_and_take_their_local_memory():
+    """LDSM rows keep plain halves: rows of k, or rows of m (n) holding k, each padded by
+    8 halves; the planner counts the larger layout, and every candidate fits an H100."""
+    assert tuning.gemm_problems(LDSM, H100, 2) == []
+    assert any("WN a multiple of 16" in p
+               for p in tuning.gemm_problems(dict(LDSM, WN=8, MDIMC=32), H100, 2))
+    k, m, n = LDSM["KWG"], LDSM["MWG"], LDSM["NWG"]
+    assert plans.local_bytes(LDSM, 2) == 4 * (max(k * (m + 8), m * (k + 8)) +
+                                              max(k * (n + 8), n * (k + 8)))
+    from clnn import tuner
+    ldsm = [r for r in tuner.engine_candidates(H100, "f16", False) if r.get("LDSM")]
+    assert ldsm and all(plans.local_bytes(r, 2) <= H100.local_mem_size for r in ldsm)
+    assert not any(r.get("LDSM") for r in tuner.engine_candidates(H100, "tf32", False))
+    assert not any(r.get("LDSM") for r in ENGINES)     # untimed: the table has none
 
 
 def test_the_precision_switch(precision, monkeypatch):
@@ -147,8 +164,12 @@ def test_a_ten_column_product_keeps_a_tile_that_fits(precision):
     assert plan.params["NWG"] <= 64
 
 
+# a float16 row with ldmatrix (LDSM), which the tuner searches but the table lacks
+LDSM = dict(ENGINES[5], LDSM=True)
+
+
 def engine_variants(emulate=False):
-    for i, row in enumerate(ENGINES):
+    for i, row in enumerate(ENGINES + [LDSM]):
         row = dict(row, EMULATE=True) if emulate else row
         dtype = "float32" if row["MMA"] == "tf32" else "float16"
         for conv, ta, tb, vec, partial in (
@@ -161,7 +182,8 @@ def engine_variants(emulate=False):
                       "conv": conv, "vec": vec, "vec_c": False, "partial": partial,
                       "tuning": tuning.template_tuning(row, dtype)}
             yield pytest.param(params, id=f"{row['MMA']}-{i}-{conv}-{int(ta)}{int(tb)}-v{vec}"
-                               f"{'-partial' if partial else ''}")
+                               f"{'-partial' if partial else ''}"
+                               f"{'-ldsm' if row.get('LDSM') else ''}")
 
 
 @gate("clang", CLANG is not None)
@@ -172,6 +194,7 @@ def test_engine_kernels_compile_for_nvptx(params):
     no warnings."""
     source = programs.render("gemm", params)
     assert "mma.sync.aligned" in source
+    assert ("ldmatrix.sync.aligned" in source) == ("LDSM" in dict(params["tuning"]))
     cmd = [CLANG, "-x", "cl", "-fsyntax-only", "-target", "nvptx64-nvidia-cuda",
            "-cl-std=CL1.2", "-cl-no-stdinc", "-Xclang", "-finclude-default-header",
            "-Xclang", "-cl-ext=-cl_khr_fp64,-cl_khr_fp16", "-Wall", "-Werror", "-"]

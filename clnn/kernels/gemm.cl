@@ -446,6 +446,20 @@ __kernel void clnn_gemv(const int M, const int K, const acc_t alpha, const acc_t
         # float16: local memory holds halves, a 32-bit word per (k pair, row) as the
         # fragments want them: LDA and LDB count words, the same 8 modulo 32 for both
         LDA, LDB = MWG + 8, NWG + 8
+    # LDSM (float16 engines): tiles kept as plain halves, each operand in the layout its
+    # global loads run along (an operand stored along k in rows of m or n that hold k,
+    # else in rows of k), so a work-item stores its GV elements as one vector; rows
+    # padded by 8 halves (16 bytes: the 8 rows one ldmatrix reads start 4 banks apart);
+    # fragments loaded by ldmatrix (.trans from rows of k). RS* are the rows' lengths in
+    # halves, SZ* a buffer's
+    LDSM = MMA == "f16" and bool(t.get("LDSM"))
+    if LDSM:
+        if WN % 16:
+            raise ValueError("LDSM loads B fragments two n-blocks at a time: WN % 16 == 0")
+        RSA = KWG + 8 if a_kfast else MWG + 8
+        RSB = KWG + 8 if b_kfast else NWG + 8
+        SZA = MWG * RSA if a_kfast else KWG * RSA
+        SZB = NWG * RSB if b_kfast else KWG * RSB
     LVA = max(VWM, 1 if a_kfast else GVA)   # widest vector access to a_lm
     LVB = max(VWN, 1 if b_kfast else GVB)
     # (tiles that MDIMC * VWM or NDIMC * VWN do not divide stop at the #error below)
@@ -482,6 +496,8 @@ __kernel void clnn_gemv(const int M, const int K, const acc_t alpha, const acc_t
     g = dict(NT=NT, KWG=KWG, MWG=MWG, NWG=NWG, GVA=GVA, GVB=GVB, LA=LA, LB=LB, TA=TA, TB=TB,
              a_tab=a_tab, b_tab=b_tab, a_kfast=a_kfast, b_kfast=b_kfast, DC=DC, comp=comp,
              loadv=loadv, vt=vt, MMA=MMA)
+    if LDSM:
+        g.update(RSA=RSA, RSB=RSB, SZA=SZA, SZB=SZB)
 %>
 // ---- tuning parameters (local variant)
 #define MWG ${MWG}    // rows of C per work-group tile
@@ -538,6 +554,48 @@ inline float clnn_tf32(const float x)
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};" \
                  : "+f"(d##_0), "+f"(d##_1), "+f"(d##_2), "+f"(d##_3) \
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+%     endif
+%     if LDSM:
+// ldmatrix (LDSM rows): the warp loads four 8 x 8 matrices of halves from local memory,
+// lane l giving the address of row l % 8 of matrix l / 8 (16 contiguous bytes); lane l
+// receives in register j the halves (l / 4, 2 (l % 4) + {0, 1}) of matrix j, or with
+// .trans (2 (l % 4) + {0, 1}, l / 4): exactly an mma fragment register, from rows of k
+// (.trans) or from rows of m or n that hold k. The address is the row's offset in the
+// local (shared) window, which a __local pointer converted to an integer is.
+%       if not EMULATE:
+#define CLNN_LDSM_ASM(r, base, idx, trans) \
+    __asm__ __volatile__("ldmatrix.sync.aligned.m8n8.x4" trans ".shared.b16 " \
+                 "{%0,%1,%2,%3}, [%4];" \
+                 : "=r"(r##_0), "=r"(r##_1), "=r"(r##_2), "=r"(r##_3) \
+                 : "r"((uint)(size_t)((base) + (idx))))
+#define CLNN_LDSM(r, base, idx) CLNN_LDSM_ASM(r, base, idx, "")
+#define CLNN_LDSM_T(r, base, idx) CLNN_LDSM_ASM(r, base, idx, ".trans")
+%       else:
+// emulated: the lanes' row addresses (as indices from base) go through local memory,
+// and each lane reads what ldmatrix would give it from the rows that the lanes named
+inline uint4 clnn_ldsm_emulated(__local uint *warp_exchange, const int lane, const int xr,
+                                __local const ushort *base, const int idx, const int trans)
+{
+    barrier(CLK_LOCAL_MEM_FENCE);                  // the previous reads are done
+    warp_exchange[lane * xr] = (uint)idx;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    uint r[4];
+    for (int j = 0; j < 4; ++j) {
+        const uint r0 = warp_exchange[(8 * j + (trans ? 2 * (lane % 4) : lane / 4)) * xr];
+        const uint r1 = trans ? warp_exchange[(8 * j + 2 * (lane % 4) + 1) * xr] : r0;
+        const uint lo = base[trans ? r0 + lane / 4 : r0 + 2 * (lane % 4)];
+        const uint hi = base[trans ? r1 + lane / 4 : r0 + 2 * (lane % 4) + 1];
+        r[j] = lo | (hi << 16);
+    }
+    return (uint4)(r[0], r[1], r[2], r[3]);
+}
+#define CLNN_LDSM_EMU(r, base, idx, trans) { \
+    const uint4 v_ = clnn_ldsm_emulated(mma_exchange + (tid - lane) * CLNN_XR, lane, \
+                                        CLNN_XR, base, idx, trans); \
+    r##_0 = v_.s0; r##_1 = v_.s1; r##_2 = v_.s2; r##_3 = v_.s3; }
+#define CLNN_LDSM(r, base, idx) CLNN_LDSM_EMU(r, base, idx, 0)
+#define CLNN_LDSM_T(r, base, idx) CLNN_LDSM_EMU(r, base, idx, 1)
+%       endif
 %     endif
 %   endif
 %   if EMULATE:
@@ -763,6 +821,46 @@ ${matrix_load(f"rb{l}", GVB, "b", "k", "n", "ldb", "kend", "N", guarded, g)}
 % endfor
 </%def>
 
+<%def name="store_ldsm(buf, g, X)">
+<%
+    # one operand's tile (X = "A" or "B") as the LDSM rows keep it: plain halves, rows
+    # of m (n) holding k for an operand stored along k, else rows of k
+    NT, KWG, TX, L, GV = g["NT"], g["KWG"], g["T" + X], g["L" + X], g["GV" + X]
+    kfast, comp = g["a_kfast" if X == "A" else "b_kfast"], g["comp"]
+    reg, lm = ("ra", "a_lmh") if X == "A" else ("rb", "b_lmh")
+    RS, SZ = g["RS" + X], g["SZ" + X]
+    WX = g["MWG"] if X == "A" else g["NWG"]
+    tab = X == "B" and g["b_tab"]
+    DC, NWG = g["DC"], g["NWG"]
+%>
+% for l in range(L):
+        {
+%   if not tab or (TX % NT and l == L - 1):
+            const int idx = tid + ${l * NT};
+%   endif
+%   if TX % NT and l == L - 1:
+            if (idx < ${TX})
+%   endif
+            {
+%   if tab:
+                const int k = ${f"tid / {NWG} + {l * (NT // NWG)}" if DC == 1 else f"{l // DC}"};
+                const int n = ${f"tid % {NWG}" if DC == 1 else f"tid + {(l % DC) * NT}"};
+                __local half *dst = (__local half *)(${lm} + ${buf} * ${SZ} + k * ${RS} + n);
+%   elif kfast:
+                __local half *dst = (__local half *)(${lm} + ${buf} * ${SZ} + idx / ${KWG // GV} * ${RS} + idx % ${KWG // GV} * ${GV});
+%   else:
+                __local half *dst = (__local half *)(${lm} + ${buf} * ${SZ} + idx / ${WX // GV} * ${RS} + idx % ${WX // GV} * ${GV});
+%   endif
+%   if GV == 1 or tab:
+                CLNN_HALF_STORE_AT(__local, ${reg}${l}, dst, 0);
+%   else:
+                CLNN_HALF_STOREV_AT(__local, ${GV}, ${reg}${l}, dst);
+%   endif
+            }
+        }
+% endfor
+</%def>
+
 <%def name="store_local(buf, g)">
 <%
     # a def sees only its arguments and the template's parameters: unpack the tiling
@@ -836,7 +934,13 @@ void clnn_gemm_tiled(const int M, const int N, const int K, const int splits,
                      __global ${"acc_t" if partial else "real_t"} *c, const int4 c_desc${conv_sig})
 {
     // operand descriptors: (element offset, leading dimension, batch stride, unused)
-% if MMA == "f16":
+% if LDSM:
+    // two buffers of each tile, as halves (16-byte aligned: ldmatrix reads 16-byte rows)
+    __local uint4 a_lmq[${2 * SZA // 8}];
+    __local uint4 b_lmq[${2 * SZB // 8}];
+    __local ushort *a_lmh = (__local ushort *)a_lmq;
+    __local ushort *b_lmh = (__local ushort *)b_lmq;
+% elif MMA == "f16":
     // two buffers of KWG / 2 rows of words, each two halves: (k, k + 1) of one row of op(A)
     __local uint a_lmw[${KWG * LDA}];
     __local uint b_lmw[${KWG * LDB}];
@@ -873,6 +977,7 @@ void clnn_gemm_tiled(const int M, const int N, const int K, const int splits,
     const int lane = tid % 32, warp = tid / 32;
 %   if EMULATE:
     __local uint mma_exchange[${(4 * MT + 2 * NTL) * NT}];
+#define CLNN_XR ${4 * MT + 2 * NTL}
 %   endif
     const int grp = lane / 4, t4 = lane % 4;
     const int wm0 = warp / ${WARPS_N} * ${WM}, wn0 = warp % ${WARPS_N} * ${WN};
@@ -904,7 +1009,7 @@ ${load_a(False, g)}
 ${load_a(True, g)}
         }
 ${to_tf32(g)}
-${store_half_pairs(0, g, "A") + store_half_pairs(0, g, "B") if MMA == "f16" else store_local(0, g)}
+${store_ldsm(0, g, "A") + store_ldsm(0, g, "B") if LDSM else store_half_pairs(0, g, "A") + store_half_pairs(0, g, "B") if MMA == "f16" else store_local(0, g)}
         barrier(CLK_LOCAL_MEM_FENCE);
     }
     for (int step = 0; step < steps; ++step) {
@@ -918,7 +1023,25 @@ ${load_a(True, g)}
             }
         }
 % if MMA != "none":
-%   if MMA == "f16":
+%   if LDSM:
+        // this lane's row of each ldmatrix: matrices (m 0-7, k 0-7), (m 8-15, k 0-7),
+        // (m 0-7, k 8-15), (m 8-15, k 8-15) of A; (k 0-7, n 0-7), (k 8-15, n 0-7),
+        // (k 0-7, n 8-15), (k 8-15, n 8-15) of B, the four registers of a fragment of A
+        // and two fragments of B (lane l gives row l % 8 of matrix l / 8)
+        const int q8 = lane % 8, qa = lane / 8 % 2, qb = lane / 16;
+        __local const ushort *a_h = a_lmh + buf * ${SZA};
+        __local const ushort *b_h = b_lmh + buf * ${SZB};
+%     if a_kfast:
+        const int a_row = (wm0 + q8 + 8 * qa) * ${RSA} + 8 * qb;     // rows of m, + kk
+%     else:
+        const int a_row = (q8 + 8 * qb) * ${RSA} + wm0 + 8 * qa;     // rows of k, + kk rows
+%     endif
+%     if b_kfast:
+        const int b_row = (wn0 + q8 + 8 * qb) * ${RSB} + 8 * qa;     // rows of n, + kk
+%     else:
+        const int b_row = (q8 + 8 * qa) * ${RSB} + wn0 + 8 * qb;     // rows of k, + kk rows
+%     endif
+%   elif MMA == "f16":
         __local const uint *a_w = a_lmw + buf * ${KWG // 2} * CLNN_LDA + wm0 + grp;
         __local const uint *b_w = b_lmw + buf * ${KWG // 2} * CLNN_LDB + wn0 + grp;
 %   else:
@@ -935,6 +1058,27 @@ ${load_a(True, g)}
 %     endfor
 %     for j in range(NTL):
             const uint ${", ".join(f"b{j}_{r} = as_uint(b_s[(kk + t4 + {4 * r}) * CLNN_LDB + {8 * j}])" for r in range(2))};
+%     endfor
+%   elif LDSM:
+            uint ${", ".join(f"a{i}_{r}" for i in range(MT) for r in range(4))};
+            uint ${", ".join(f"b{j}_{r}" for j in range(NTL) for r in range(2))};
+%     for i in range(MT):
+%       if a_kfast:
+            CLNN_LDSM(a${i}, a_h, a_row + ${16 * i} * ${RSA} + kk);
+%       else:
+            CLNN_LDSM_T(a${i}, a_h, a_row + kk * ${RSA} + ${16 * i});
+%       endif
+%     endfor
+%     for j in range(0, NTL, 2):
+            {
+                uint bq_0, bq_1, bq_2, bq_3;
+%       if b_kfast:
+                CLNN_LDSM(bq, b_h, b_row + ${8 * j} * ${RSB} + kk);
+%       else:
+                CLNN_LDSM_T(bq, b_h, b_row + kk * ${RSB} + ${8 * j});
+%       endif
+                b${j}_0 = bq_0; b${j}_1 = bq_1; b${j + 1}_0 = bq_2; b${j + 1}_1 = bq_3;
+            }
 %     endfor
 %   else:
 %     for i in range(MT):
@@ -1001,7 +1145,7 @@ ${load_a(True, g)}
 % endif
         if (step + 1 < steps) {
 ${to_tf32(g)}
-${store_half_pairs("(buf ^ 1)", g, "A") + store_half_pairs("(buf ^ 1)", g, "B") if MMA == "f16" else store_local("(buf ^ 1)", g)}
+${store_ldsm("(buf ^ 1)", g, "A") + store_ldsm("(buf ^ 1)", g, "B") if LDSM else store_half_pairs("(buf ^ 1)", g, "A") + store_half_pairs("(buf ^ 1)", g, "B") if MMA == "f16" else store_local("(buf ^ 1)", g)}
         }
         // the next step overwrites the buffer that others may still be reading
         barrier(CLK_LOCAL_MEM_FENCE);

@@ -214,3 +214,28 @@ def check_conv(dev, kind, row, geom):
         err = np.abs(g.astype(np.float64) - r)
         bd = bound(dt, s, r, k, stored=True)
         assert np.all(err <= bd), f"{kind} {name} {geom}: max error/bound {np.max(err / bd):.3g}"
+
+
+def ldsm_row(dev):
+    """A float16 row with ldmatrix and tiles of plain halves (LDSM): not in the table
+    (not yet timed on a GPU; the tuner searches such rows), real where the device has
+    the engines, emulated elsewhere (the emulation reads what ldmatrix would give each
+    lane from the row addresses the lanes pass, so the addresses are checked too)."""
+    row = {"variant": "local", "MMA": "f16", "MWG": 64, "NWG": 64, "KWG": 32, "MDIMC": 8,
+           "NDIMC": 16, "WM": 32, "WN": 32, "LDSM": True}
+    return row if tuning.mma_rows(dev.facts, "f16") else dict(row, EMULATE=True)
+
+
+def test_ldmatrix_rows(dev):
+    """Each operand layout (rows of k, or rows of m and n holding k: the four
+    transposes), tile edges, split-K and the convolution loaders."""
+    row = ldsm_row(dev)
+    for ta in (False, True):
+        for tb in (False, True):
+            check(dev, "f16", row, 37, 45, 70, ta, tb, alpha=1.0 if ta else -0.5,
+                  beta=0.5 if tb else 0.0, bias=ta, act="relu" if tb else None)
+    check(dev, "f16", row, 67, 61, 75, False, False, alpha=1.0, beta=0.0, bias=False,
+          act=None)
+    check(dev, "f16", dict(row, KSPLIT=3), 33, 17, 301, True, False, alpha=1.0,
+          beta=-1.5, bias=True, act=None)
+    check_conv(dev, "f16", row, (2, 3, 9, 11, 17, 3, 2, 1))
