@@ -4,6 +4,9 @@ float16 and float32 through PyTorch CUDA on the same GPU, in one run.
 
     python benchmarks/bench_engines.py [--device gpu] [--sizes 1024,2048,4096,8192] [--each-row]
 
+--each-row also times every engine row of the table forced, in kernel time, and the
+float16 rows once more with ldmatrix (LDSM), which only the tuner picks until timed.
+
 TF32 is what clnn.set_float32_matmul_precision("high") turns on, float16 what a float16
 GEMM takes. Each product is checked first against numpy's float64 product of the same
 operands, with the format's bound (TF32: operands rounded to 10 mantissa bits; float16:
@@ -56,14 +59,19 @@ def each_row(dev, sizes, repeats, rng):
             b = rng.standard_normal((n, n), dtype=np.float32).astype(dt)
             A, B = clnn.asarray(a, device=dev), clnn.asarray(b, device=dev)
             C = clnn.empty((n, n), dt, device=dev)
-            for r in tuning.mma_rows(dev.facts, kind):
+            rows = list(tuning.mma_rows(dev.facts, kind))
+            # the float16 rows again with ldmatrix (LDSM: not yet timed, not in the table)
+            rows += [dict(r, LDSM=True) for r in rows if kind == "f16" and
+                     not tuning.gemm_problems(dict(r, LDSM=True), dev.facts, 2)]
+            for r in rows:
                 def run(r=r):
                     with tuning.override("gemm", dict(r, KSPLIT=1)):
                         clnn.gemm(A, B, out=C)
                 run()
                 check("clnn", C.get(), a, b, False, False,
                       "tf32" if kind == "tf32" else "float16")
-                tile = f"{r['MWG']}x{r['NWG']}x{r['KWG']} warps {r['WM']}x{r['WN']}"
+                tile = f"{r['MWG']}x{r['NWG']}x{r['KWG']} warps {r['WM']}x{r['WN']}" \
+                    + (" ldmatrix" if r.get("LDSM") else "")
                 tf = 2 * n ** 3 / median_kernel_time(run, dev, repeats) / 1e12
                 out.append({"shape": f"{n}^3", "row": tile, "format": kind, "tflops": tf})
                 print(f"{n:5d}^3 {kind:5s} {tile:28s} {tf:7.1f}", flush=True)
