@@ -115,6 +115,12 @@ class Device:
                          budget=_default_budget(self.facts),
                          exact=os.environ.get("CLNN_POOL_EXACT", "") not in ("", "0"))
         self.kernels = KernelCache()
+        # one program build at a time on this device (programs.get_kernel): threads that
+        # ask for the same new kernel build it once, and no driver's compiler is entered
+        # from two threads at once (a four-thread launch test crashed its process on an
+        # H100; thread-safe builds are what the OpenCL spec promises, not what every
+        # compiler delivers)
+        self.build_lock = threading.Lock()
         # the dtypes this device computes in (every op checks its arrays against it)
         self._supported = {t for t in SUPPORTED_DTYPES if self.supports(t)}
         # constant device data that ops rebuild per shape otherwise (the convolution

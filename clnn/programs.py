@@ -295,17 +295,21 @@ def get_kernel(device, stem, entry, params, options=()):
             device.kernels.put(quick, kern)
         return kern
     prg_key = (stem, None, _freeze(params), options)
-    cached = device.kernels.get(prg_key)
-    if cached is None:
-        cached = _build(device, stem, params, options)
-        device.kernels.put(prg_key, cached)
-    program, sigs = cached
-    if entry not in sigs:
-        raise TemplateError(f"{stem}.cl has no kernel {entry!r} for {params}",
-                            template=stem, params=params)
-    kern = Kernel(device, cl.Kernel(program, entry), entry, sigs[entry], params["dtype"])
-    kern.stem, kern.params = stem, params           # for clnn.profile's records
-    device.kernels.put(key, kern)
+    with device.build_lock:        # (see Device: one build at a time, each once)
+        kern = device.kernels.get(key)          # another thread may have made it
+        if kern is None:
+            cached = device.kernels.get(prg_key)
+            if cached is None:
+                cached = _build(device, stem, params, options)
+                device.kernels.put(prg_key, cached)
+            program, sigs = cached
+            if entry not in sigs:
+                raise TemplateError(f"{stem}.cl has no kernel {entry!r} for {params}",
+                                    template=stem, params=params)
+            kern = Kernel(device, cl.Kernel(program, entry), entry, sigs[entry],
+                          params["dtype"])
+            kern.stem, kern.params = stem, params           # for clnn.profile's records
+            device.kernels.put(key, kern)
     if quick is not None:
         device.kernels.put(quick, kern)
     return kern

@@ -54,6 +54,41 @@ def test_cache_hits_and_clear(dev):
     assert programs.get_kernel(dev, "elementwise", "clnn_scale", params) is not k1
 
 
+def test_threads_asking_for_a_new_kernel_build_it_once(dev, monkeypatch):
+    """Eight threads ask for the same kernel nobody has built, at the same moment: one
+    build (on the device's build lock), one Kernel object for all of them, and never
+    two builds running at once."""
+    import threading
+    builds, running, overlap = [], [0], []
+    real = programs._build
+
+    def counting(*a):
+        running[0] += 1
+        overlap.append(running[0])
+        try:
+            builds.append(a[1])
+            return real(*a)
+        finally:
+            running[0] -= 1
+    monkeypatch.setattr(programs, "_build", counting)
+    # (the cache is cleared first: the kernel is new to this process's cache)
+    clnn.clear_caches()
+    params = {"dtype": "float32", "op": "act", "act": "softplus", "src": "z",
+              "inplace": ""}
+    start, got = threading.Barrier(8), []
+
+    def ask():
+        start.wait()
+        got.append(programs.get_kernel(dev, "elementwise", "clnn_act_backward", params))
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 8 and all(k is got[0] for k in got)
+    assert builds == ["elementwise"] and max(overlap) == 1
+
+
 def test_cache_is_bounded():
     cache = programs.KernelCache(maxsize=3)
     for i in range(10):
