@@ -212,6 +212,22 @@ def step_benchmark(args, make_net, torch_model, x, y, loss, lr, momentum, flops,
         key = f"clnn ({dev.name})"
         result["step_seconds"][key] = t
         print(f"{key}: {1e3 * t:.2f} ms per step ({flops / t / 1e9:.1f} GFLOP/s)")
+        # replayed steps (what fit runs): checked first to give bitwise the weights of
+        # plain steps from the same start, then timed
+        pair = [make_net(dev), make_net(dev)]
+        for _ in range(3):
+            for i, other in enumerate(pair):
+                other.train_step(X, Y, lr, momentum, loss, replay=i == 1)
+        if not all(np.array_equal(p.get(), q.get())
+                   for p, q in zip(pair[0].parameters(), pair[1].parameters())):
+            raise SystemExit("replayed steps differ from plain steps")
+        rnet = pair[1]
+        t_rep = median_time(lambda: rnet.train_step(X, Y, lr, momentum, loss, replay=True),
+                            args.repeats, warmup=2, sync=dev.finish)
+        result["step_seconds"][f"{key}, replayed"] = t_rep
+        print(f"{key}, replayed (fit's steps): {1e3 * t_rep:.2f} ms per step "
+              f"({flops / t_rep / 1e9:.1f} GFLOP/s)")
+        del pair, rnet
         # The step computes gradients into buffers, then updates (the hook's place).
         # The update alone bounds what fusing it into the gradient GEMMs (the
         # tutorial's path, which had no gradient to hand to a hook) could save.

@@ -228,22 +228,54 @@ class Kernel:
         for i in self._buffers:              # an Array's buffer (offsets are arguments)
             v = values[i]
             values[i] = getattr(v, "base_data", v)
+        global_size = tuple(global_size)
+        local_size = None if local_size is None else tuple(local_size)
+        for launches in getattr(_recording, "captures", ()):     # captured()
+            launches.append((self, global_size, local_size, values))
+        return self.launch(global_size, local_size, values)
+
+    def launch(self, global_size, local_size, values):
+        """Enqueue with the argument values as the kernel takes them (buffers, and
+        scalars of the declared types): what __call__ ends in, and what replay()
+        repeats."""
         with self._lock:
             self.cl_kernel.set_args(*values)
             evt = cl.enqueue_nd_range_kernel(self.device.queue, self.cl_kernel,
-                                             tuple(global_size),
-                                             None if local_size is None
-                                             else tuple(local_size))
+                                             global_size, local_size)
         for events in getattr(_recording, "lists", ()):
             events.append(evt)
         for records in getattr(_recording, "profiles", ()):      # clnn.profile
-            records.append((self, tuple(global_size), local_size, evt))
+            records.append((self, global_size, local_size, evt))
         return evt
 
 
 # what the kernels this thread launches are recorded into: recorded_events' lists of
-# events, clnn.profile's lists of (kernel, global size, local size, event)
+# events, clnn.profile's lists of (kernel, global size, local size, event), captured()'s
+# lists of launches
 _recording = threading.local()
+
+
+@contextlib.contextmanager
+def captured():
+    """Every launch this thread makes inside the block, as (kernel, global size, local
+    size, argument values) in a list: ``replay`` enqueues them again exactly (the same
+    buffers, offsets and scalars), without the Python that chose them. The list holds
+    the buffers, so the pool keeps them (temporaries too) for as long as it lives."""
+    outer = getattr(_recording, "captures", ())
+    launches = []
+    _recording.captures = outer + (launches,)
+    try:
+        yield launches
+    finally:
+        _recording.captures = outer
+
+
+def replay(launches):
+    """Enqueue captured launches again, in order; the last event (None for none)."""
+    evt = None
+    for kern, global_size, local_size, values in launches:
+        evt = kern.launch(global_size, local_size, values)
+    return evt
 
 
 @contextlib.contextmanager

@@ -67,6 +67,10 @@ class Layer:
     param = None
     parameter_names = ()
     stochastic = False          # takes a random key per training step (Dropout)
+    # a training step may replay this layer's kernels without running its Python: its
+    # forward and backward keep no state in Python between steps (BatchNorm counts the
+    # batch for after_step, Dropout draws a key per step; a layer says so to be replayed)
+    capturable = False
 
     def parameters(self):
         return []
@@ -111,6 +115,7 @@ class Dense(Layer):
     ``bias=False`` leaves the bias out (as PyTorch's, before a BatchNorm1d). Inputs of more than one
     axis per example, (..., in), map their last axis as PyTorch's Linear: (..., out).
     """
+    capturable = True
 
     def __init__(self, out_features, activation="sigmoid", param=None, bias=True):
         if not isinstance(out_features, (int, np.integer)) or out_features < 1:
@@ -187,6 +192,7 @@ class Conv2d(Layer):
     """a = f(conv(x, weight) + bias): weight (M, C / groups, R, S), bias (M,), on
     (C, H, W) inputs. PyTorch's ``dilation`` and ``groups`` (groups = C: depthwise);
     ``bias=False`` leaves the bias out (as PyTorch's, before a BatchNorm2d)."""
+    capturable = True
 
     def __init__(self, out_channels, kernel_size, stride=1, padding=0, activation="relu",
                  param=None, bias=True, dilation=1, groups=1):
@@ -275,6 +281,7 @@ class Conv2d(Layer):
 
 class _Pool(Layer):
     mode = None
+    capturable = True
 
     def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, **options):
         from ..ops._args import pair
@@ -342,6 +349,7 @@ class AvgPool2d(_Pool):
 
 class Flatten(Layer):
     """(C, H, W) -> (C*H*W,): a reshaped view, no copy."""
+    capturable = True
     view = True
 
     def __repr__(self):

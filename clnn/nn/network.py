@@ -56,6 +56,23 @@ class _Workspace:
         self.ones = clnn.asarray(np.ones(batch, dt), device=dev)
 
 
+class _Replay:
+    """A captured forward and backward pass: seen once (``launches`` None), then
+    captured on the next step with the same key, replayed from then on."""
+
+    def __init__(self):
+        self.launches = self.value = self.grad_scale = None
+        self.disabled = False           # capturing ran out of memory: never again
+
+
+def _ident(a):
+    """What a replayed step's kernels know of an array: its buffer, offset and layout."""
+    return (a.base_data.int_ptr, a.offset, a.shape, a.strides, a.dtype.str)
+
+
+REPLAYS = 2         # captured steps a network keeps (a full batch and the last one)
+
+
 class GradientStep:
     """What a training step's hook sees: ``params`` and their ``grads`` (tuples of
     device arrays, gradients summed over the batch; change them in place), the same as
@@ -134,6 +151,8 @@ class Sequential:
         self.optimizer = None       # a clnn.optim optimizer, set by fit or train_step
         self.scaler = None          # the GradScaler of float16 steps (amp.py)
         self._half = None           # their float16 parameters and gradients
+        self._replays = {}          # replay key -> _Replay (train_step(replay=True))
+        self._stages = {}           # fit's fixed batch buffers, for replayed steps
 
     def _flatten_parameters(self):
         """Move every parameter into one buffer, ``flat_parameters`` (each layer's
@@ -389,7 +408,8 @@ class Sequential:
         return opt
 
     def train_step(self, x, y, lr=None, momentum=None, loss="quadratic", hook=None,
-                   layer_hook=None, example_offset=0, precision=None, global_batch=None):
+                   layer_hook=None, example_offset=0, precision=None, global_batch=None,
+                   replay=False):
         """One gradient step on the batch (x, y), both device arrays already checked.
 
         The network's optimizer (``self.optimizer``; SGD when it has none) applies the
@@ -409,6 +429,17 @@ class Sequential:
         the loss gradient is multiplied by S / ``global_batch`` (the examples of the
         whole global batch, default this batch's: the same factor on every rank), so
         the float16 gradients are S times the batch mean's, as PyTorch's.
+
+        ``replay=True``: the forward and backward passes' kernels are captured on the
+        second step with the same arrays and settings and replayed on every later one
+        (the same kernels, buffers and arguments, bitwise the same results), without
+        the Python that checks arguments and picks kernels: most of a small network's
+        step time on a GPU. Only networks whose layers all allow it (Dense, Conv2d,
+        pooling, Flatten: no Python state between steps), float32 steps, loss
+        "quadratic" or "cross_entropy", no ``layer_hook`` and no tuning override; the
+        optimizer's update, ``hook`` and the layers' after-step work run as usual. The
+        returned loss array is then the same array every step: read it (or add it up,
+        as fit does) before the next step. Elsewhere ``replay`` changes nothing.
 
         Returns the batch loss of the forward pass (a 0-d device array). Allocates
         nothing once the workspace for this batch size exists.
@@ -433,9 +464,11 @@ class Sequential:
                 x = self._cast_batch(ws, "x", x)
             if y.dtype.kind == "f" and y.dtype != np.float16:
                 y = self._cast_batch(ws, "y", y)
+        key = self._replay_key(x, y, loss, batch) if replay and not half and \
+            layer_hook is None else None
         with self._bound(views):
-            value, grad_scale = self._forward_backward(ws, x, y, loss, grads, scale,
-                                                       layer_hook, example_offset, half)
+            value, grad_scale = self._replayed(key, ws, x, y, loss, grads, scale,
+                                               layer_hook, example_offset, half)
         if half:
             if flat and layer_hook is None:      # (with one, each layer's is cast)
                 clnn.cast(self._half.grads, self.dtype, out=self.flat_gradients)
@@ -450,6 +483,49 @@ class Sequential:
             hook(info)
         self._finish_step(info, half)
         return value
+
+    def _replay_key(self, x, y, loss, batch):
+        """What must match for a step to replay a captured one, or None where replay
+        does not apply (see train_step)."""
+        from .. import tuning
+        if not isinstance(loss, str) or getattr(tuning._override, "stack", None) or \
+                not all(layer.capturable for layer in self.layers) or \
+                self.flat_parameters is None:
+            return None
+        return (batch, loss, _ident(x), _ident(y), _ident(self.flat_parameters),
+                _ident(self.flat_gradients), tuning.get_float32_matmul_precision())
+
+    def _replayed(self, key, ws, x, y, loss, grads, scale, layer_hook, example_offset,
+                  half):
+        """_forward_backward, captured and replayed under ``key`` (None: just run)."""
+        from .. import programs
+        rep = self._replays.get(key) if key is not None else None
+        if rep is not None and rep.launches is not None:
+            programs.replay(rep.launches)
+            return rep.value, rep.grad_scale
+        args = (ws, x, y, loss, grads, scale, layer_hook, example_offset, half)
+        if rep is None and key is not None:     # seen once: captured next time
+            while len(self._replays) >= REPLAYS:
+                self._replays.pop(next(iter(self._replays)))
+            self._replays[key] = _Replay()
+        try:
+            if rep is None or rep.disabled:
+                return self._forward_backward(*args)
+            with programs.captured() as launches:
+                value, grad_scale = self._forward_backward(*args)
+        except clnn.OutOfDeviceMemory:
+            # captured steps hold their temporaries (and capturing, all of one step's
+            # at once): give them back and run the passes again, uncaptured (they
+            # change no weight: running them twice is safe); this key runs so from now
+            if not self._replays or (rep is not None and rep.disabled):
+                raise
+            self._replays.clear()
+            if key is not None:
+                self._replays[key] = _Replay()
+                self._replays[key].disabled = True
+            return self._forward_backward(*args)
+        rep.launches, rep.value, rep.grad_scale = launches, value, grad_scale
+        return value, grad_scale
 
     def _finish_step(self, info, half):
         """After the hook: the loss scale's check (float16 steps), the update, the
@@ -572,7 +648,8 @@ class Sequential:
 
     def fit(self, x, y, loss="quadratic", epochs=1, batch_size=32, lr=0.1, momentum=0.0,
             shuffle=True, seed=None, validation=None, progress=None, optimizer=None,
-            scheduler=None, hook=None, initial_epoch=0, callback=None, precision=None):
+            scheduler=None, hook=None, initial_epoch=0, callback=None, precision=None,
+            replay=True):
         """Mini-batch training. Returns a history: {"loss": [...], "epoch_time": [...],
         "val_loss": [...], "val_accuracy": [...]} (validation keys when given).
 
@@ -593,6 +670,11 @@ class Sequential:
         overflow) and "loss_scale" (at each epoch's end). The training and validation
         data are kept on the device in float16 and validated in float16 too (as under
         autocast), so the data and the evaluation's activations take half the memory.
+
+        ``replay`` (default True): steps replay their captured kernels where the network
+        allows it (see train_step; each batch is first copied into a buffer of its
+        size, so every step sees the same arrays): the same results, bitwise, with a
+        fraction of the host time per step.
         """
         half = amp.check_precision(precision, self)
         dt = np.float16 if half else self.dtype      # the data's dtype on the device
@@ -643,6 +725,9 @@ class Sequential:
             for _ in range(min(initial_epoch, epochs)):
                 rng.permutation(n)               # the shuffles of the epochs done
         skipped_before = self.scaler.skipped if half else 0
+        # batches go through fixed buffers where steps can replay (see train_step)
+        stage = replay and not half and isinstance(loss, str) and \
+            all(layer.capturable for layer in self.layers)
         try:
             for epoch in range(initial_epoch, epochs):
                 t0 = time.perf_counter()
@@ -657,8 +742,11 @@ class Sequential:
                 seen, shown = 0, time.perf_counter()
                 for start in range(0, n, batch_size):
                     stop = min(n, start + batch_size)
-                    value = self.train_step(xd[start:stop], yd[start:stop], loss=loss,
-                                            hook=hook, precision=precision)
+                    xb, yb = xd[start:stop], yd[start:stop]
+                    if stage:
+                        xb, yb = self._staged("x", xb), self._staged("y", yb)
+                    value = self.train_step(xb, yb, loss=loss, hook=hook,
+                                            precision=precision, replay=replay and not half)
                     clnn.axpy(float(stop - start), value, total)
                     seen += stop - start
                     if bar is not None:
@@ -686,6 +774,20 @@ class Sequential:
             if bar is not None:
                 bar.close()
         return hist
+
+    def _staged(self, name, a):
+        """``a`` copied (on the device) into this network's buffer for ``name`` and
+        its shape: a replayed step's kernels read fixed arrays."""
+        import pyopencl as cl
+        key = (name, a.shape, a.dtype.str)
+        buf = self._stages.get(key)
+        if buf is None:
+            buf = self._stages[key] = cla.empty(self.device.queue, a.shape, a.dtype,
+                                                allocator=self.device.pool)
+        if a.nbytes:
+            cl.enqueue_copy(self.device.queue, buf.base_data, a.base_data,
+                            byte_count=a.nbytes, src_offset=a.offset, dst_offset=buf.offset)
+        return buf
 
     def _check_batches(self, n, batch_size):
         """Batch statistics need two values per channel: a last batch of one example

@@ -1,0 +1,151 @@
+"""Replayed training steps (train_step(replay=True), fit's default): the kernels of a
+step's forward and backward passes, captured once and enqueued again without the
+Python that chose them, give bitwise the results of steps that run it; networks,
+losses and settings that replay cannot serve run as before."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import clnn
+from clnn import nn, optim, programs, tuning
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from test_reliability import FailAt  # noqa: E402
+
+RNG = np.random.default_rng(8)
+
+
+def lenet(dev, seed=3):
+    return nn.Sequential([nn.Conv2d(4, 3, activation="relu"), nn.MaxPool2d(2),
+                          nn.Conv2d(5, 3, padding=1, activation="tanh"), nn.AvgPool2d(2),
+                          nn.Flatten(), nn.Dense(11, "sigmoid"), nn.Dense(7, "softmax")],
+                         in_shape=(2, 13, 13), seed=seed, device=dev)
+
+
+def mlp(dev, seed=3):
+    return nn.Sequential([nn.Dense(17, "tanh"), nn.Dense(5, "softmax")], in_features=9,
+                         seed=seed, device=dev)
+
+
+def data(dev, n, in_shape, classes):
+    x = RNG.standard_normal((n,) + in_shape).astype(np.float32)
+    y = np.eye(classes, dtype=np.float32)[RNG.integers(0, classes, n)]
+    return clnn.asarray(x, device=dev), clnn.asarray(y, device=dev)
+
+
+def same_weights(a, b):
+    return all(np.array_equal(p.get(), q.get()) for p, q in zip(a.parameters(), b.parameters()))
+
+
+@pytest.mark.parametrize("make,in_shape,classes", [(lenet, (2, 13, 13), 7), (mlp, (9,), 5)],
+                         ids=["lenet", "mlp"])
+@pytest.mark.parametrize("loss", ["cross_entropy", "quadratic"])
+def test_replayed_steps_are_bitwise_the_steps(dev, make, in_shape, classes, loss):
+    """Six steps each way, the learning rate and optimizer state changing between them
+    (Adam's bias corrections, a new lr): the same losses and weights, bit for bit; and
+    from the third step on nothing of the passes' Python runs."""
+    x, y = data(dev, 6, in_shape, classes)
+    nets = [make(dev), make(dev)]
+    for net in nets:
+        net.optimizer = optim.Adam(lr=0.01)
+    losses = [[], []]
+    for step in range(6):
+        for i, net in enumerate(nets):
+            if step == 4:
+                net.optimizer.lr = 0.003
+            losses[i].append(net.train_step(x, y, loss=loss, replay=i == 1).get())
+    assert [v.tobytes() for v in losses[0]] == [v.tobytes() for v in losses[1]]
+    assert same_weights(*nets)
+    (rep,) = nets[1]._replays.values()
+    assert rep.launches and not nets[0]._replays
+    calls = []
+    real = programs.get_kernel
+
+    def counting(*a, **k):
+        calls.append(a[2])
+        return real(*a, **k)
+    try:
+        programs.get_kernel = counting
+        with clnn.profile() as prof:
+            nets[1].train_step(x, y, loss=loss, replay=True)
+    finally:
+        programs.get_kernel = real
+    # the update's kernel is chosen in Python every step; the passes' are replayed
+    assert calls == [prof.records[-1].entry] and prof.launches == len(rep.launches) + 1
+
+
+def test_fit_replays_and_gives_the_same_history(dev):
+    """fit (replay on by default) against fit with it off: shuffled batches with a
+    partial last one, three epochs, momentum: the same history and weights."""
+    x = RNG.standard_normal((23, 2, 13, 13)).astype(np.float32)
+    labels = RNG.integers(0, 7, 23)
+    results = []
+    for replay in (True, False):
+        net = lenet(dev)
+        hist = net.fit(x, labels, loss="cross_entropy", epochs=3, batch_size=8, lr=0.05,
+                       momentum=0.9, seed=5, progress=False, replay=replay)
+        results.append((net, hist))
+    (a, ha), (b, hb) = results
+    assert ha["loss"] == hb["loss"] and same_weights(a, b)
+    assert len(a._replays) == 2 and all(r.launches for r in a._replays.values())
+    assert not b._replays
+
+
+def test_what_replay_does_not_serve_runs_as_before(dev):
+    """Dropout draws a key per step and BatchNorm counts its batches in Python: such
+    networks, tuning overrides and float16 steps run every step in full."""
+    x, y = data(dev, 6, (9,), 5)
+    for make in (lambda: [nn.Dense(8, "relu"), nn.Dropout(0.5), nn.Dense(5, "softmax")],
+                 lambda: [nn.Dense(8, bias=False), nn.BatchNorm1d(8),
+                          nn.Dense(5, "softmax")]):
+        nets = [nn.Sequential(make(), in_features=9, seed=1, device=dev) for _ in range(2)]
+        for step in range(4):
+            for i, net in enumerate(nets):
+                net.train_step(x, y, 0.1, loss="cross_entropy", replay=i == 1)
+        assert same_weights(*nets) and not nets[1]._replays
+    net = mlp(dev)
+    row = tuning.gemm_params(dev.facts)
+    with tuning.override("gemm", row):
+        for _ in range(3):
+            net.train_step(x, y, 0.1, loss="cross_entropy", replay=True)
+    assert not net._replays
+    for _ in range(3):
+        net.train_step(x, y, 0.1, loss="cross_entropy", replay=True, precision="float16")
+    assert not net._replays
+
+
+def test_a_capture_that_runs_out_of_memory_falls_back(dev):
+    """Capturing holds all of a step's temporaries at once: where that does not fit,
+    the step runs again uncaptured (it changes no weight before its update) and that
+    batch shape is never captured again; the results stay those of plain steps."""
+    x, y = data(dev, 6, (2, 13, 13), 7)
+    nets = [lenet(dev), lenet(dev)]
+    nets[0].train_step(x, y, 0.1, loss="cross_entropy")
+    nets[1].train_step(x, y, 0.1, loss="cross_entropy", replay=True)    # seen once
+    pool = dev.pool
+    fail = FailAt(pool, at=3)                 # during the capture
+    pool.allocate = fail
+    try:
+        nets[1].train_step(x, y, 0.1, loss="cross_entropy", replay=True)
+    finally:
+        del pool.allocate
+    nets[0].train_step(x, y, 0.1, loss="cross_entropy")
+    assert fail.count > 3 and same_weights(*nets)
+    (rep,) = nets[1]._replays.values()
+    assert rep.disabled and rep.launches is None
+    for net in nets:
+        net.train_step(x, y, 0.1, loss="cross_entropy", replay=net is nets[1])
+    assert same_weights(*nets) and rep.launches is None
+
+
+def test_the_hook_still_sees_every_step(dev):
+    x, y = data(dev, 6, (9,), 5)
+    seen = []
+    net = mlp(dev)
+    for _ in range(4):
+        net.train_step(x, y, 0.1, loss="cross_entropy", replay=True,
+                       hook=lambda info: seen.append(float(info.flat_grads.get()[0])))
+    assert len(seen) == 4 and list(net._replays.values())[0].launches
