@@ -706,21 +706,37 @@ inline int clnn_c_index(const int m, const int j, const int ldc, const int16 *co
 % endif
 </%def>
 
+<%def name="slots(g, X)">\
+## operand X's load slots (X = "A" or "B"): work-item tid moves slot idx = tid + l * NT
+## of the tile's T elements (or vectors of them) for l = 0 .. L - 1, the last slot only
+## if it lies in the tile; the caller's body does one slot (a gathered B computes its
+## own k and column from tid, and needs idx only for that last test)
+<%
+    NT, TX, L = g["NT"], g["T" + X], g["L" + X]
+    tab = X == "B" and g["b_tab"]
+%>\
+% for l in range(L):
+        {
+%   if not tab or (TX % NT and l == L - 1):
+            const int idx = tid + ${l * NT};
+%   endif
+%   if TX % NT and l == L - 1:
+            if (idx < ${TX})
+%   endif
+            {
+${caller.body(l=l)}\
+            }
+        }
+% endfor
+</%def>\
 <%def name="load_a(guarded, g)">
 <%
     # a def sees only its arguments and the template's parameters: unpack the tiling
-    NT, KWG, MWG, NWG, GVA, GVB, LA, LB, TA, TB = (g[k] for k in (
-        "NT", "KWG", "MWG", "NWG", "GVA", "GVB", "LA", "LB", "TA", "TB"))
+    NT, KWG, MWG, NWG, GVA, GVB = (g[k] for k in ("NT", "KWG", "MWG", "NWG", "GVA", "GVB"))
     a_tab, b_tab, a_kfast, b_kfast, DC, comp, loadv, vt = (g[k] for k in (
         "a_tab", "b_tab", "a_kfast", "b_kfast", "DC", "comp", "loadv", "vt"))
 %>
-% for l in range(LA):
-        {
-            const int idx = tid + ${l * NT};
-%   if TA % NT and l == LA - 1:
-            if (idx < ${TA})
-%   endif
-            {
+<%call expr="slots(g, 'A')" args="l">\
 %   if a_kfast:
                 const int mm = idx / ${KWG // GVA}, k = k0 + idx % ${KWG // GVA} * ${GVA};
                 const int m = m0 + mm;
@@ -733,18 +749,8 @@ ${matrix_load(f"ra{l}", GVA, "a", "m", "k", "lda", "M", "kend", guarded, g)}
                 const int k = k0 + idx / ${MWG // GVA}, m = m0 + idx % ${MWG // GVA} * ${GVA};
 ${matrix_load(f"ra{l}", GVA, "a", "k", "m", "lda", "kend", "M", guarded, g)}
 %   endif
-            }
-        }
-% endfor
-% for l in range(LB):
-        {
-%   if not b_tab or (TB % NT and l == LB - 1):
-            const int idx = tid + ${l * NT};
-%   endif
-%   if TB % NT and l == LB - 1:
-            if (idx < ${TB})
-%   endif
-            {
+</%call>\
+<%call expr="slots(g, 'B')" args="l">\
 %   if b_tab:
             const int k = k0 + ${f"tid / {NWG} + {l * (NT // NWG)}" if DC == 1 else f"{l // DC}"};
             rb${l} = ${"k < kend ? " if guarded else ""}clnn_gathered(b, col${l % DC}, ktab[k], cols.sa, cols.sb)${" : (acc_t)0" if guarded else ""};
@@ -755,9 +761,7 @@ ${matrix_load(f"rb{l}", GVB, "b", "n", "k", "ldb", "N", "kend", guarded, g)}
                 const int k = k0 + idx / ${NWG // GVB}, n = n0 + idx % ${NWG // GVB} * ${GVB};
 ${matrix_load(f"rb{l}", GVB, "b", "k", "n", "ldb", "kend", "N", guarded, g)}
 %   endif
-            }
-        }
-% endfor
+</%call>\
 </%def>
 
 <%def name="to_tf32(g)">
@@ -779,7 +783,7 @@ ${matrix_load(f"rb{l}", GVB, "b", "k", "n", "ldb", "kend", "N", guarded, g)}
 <%def name="store_half_pairs(buf, g, X)">
 <%
     # one operand's tile (X = "A" or "B") as the float16 engines keep it
-    NT, KWG, TX, L, GV = g["NT"], g["KWG"], g["T" + X], g["L" + X], g["GV" + X]
+    NT, KWG, GV = g["NT"], g["KWG"], g["GV" + X]
     kfast, comp = g["a_kfast" if X == "A" else "b_kfast"], g["comp"]
     reg, lm, LD = ("ra", "a_lmw", "CLNN_LDA") if X == "A" else ("rb", "b_lmw", "CLNN_LDB")
     WX = g["MWG"] if X == "A" else g["NWG"]
@@ -788,15 +792,7 @@ ${matrix_load(f"rb{l}", GVB, "b", "k", "n", "ldb", "kend", "N", guarded, g)}
 %>
 ## element (k, m) of a tile is half k % 2 of word (k / 2, m); runs along k go out as
 ## pairs of halves (one 32-bit store), runs along m half by half
-% for l in range(L):
-        {
-%   if not tab or (TX % NT and l == L - 1):
-            const int idx = tid + ${l * NT};
-%   endif
-%   if TX % NT and l == L - 1:
-            if (idx < ${TX})
-%   endif
-            {
+<%call expr="slots(g, X)" args="l">\
 %   if tab:
                 const int k = ${f"tid / {NWG} + {l * (NT // NWG)}" if DC == 1 else f"{l // DC}"};
                 const int n = ${f"tid % {NWG}" if DC == 1 else f"tid + {(l % DC) * NT}"};
@@ -816,16 +812,14 @@ ${matrix_load(f"rb{l}", GVB, "b", "k", "n", "ldb", "kend", "N", guarded, g)}
                 CLNN_HALF_STORE_AT(__local, ${comp(f"{reg}{l}", GV, c)}, dst, ${2 * c});
 %     endfor
 %   endif
-            }
-        }
-% endfor
+</%call>\
 </%def>
 
 <%def name="store_ldsm(buf, g, X)">
 <%
     # one operand's tile (X = "A" or "B") as the LDSM rows keep it: plain halves, rows
     # of m (n) holding k for an operand stored along k, else rows of k
-    NT, KWG, TX, L, GV = g["NT"], g["KWG"], g["T" + X], g["L" + X], g["GV" + X]
+    NT, KWG, GV = g["NT"], g["KWG"], g["GV" + X]
     kfast, comp = g["a_kfast" if X == "A" else "b_kfast"], g["comp"]
     reg, lm = ("ra", "a_lmh") if X == "A" else ("rb", "b_lmh")
     RS, SZ = g["RS" + X], g["SZ" + X]
@@ -833,15 +827,7 @@ ${matrix_load(f"rb{l}", GVB, "b", "k", "n", "ldb", "kend", "N", guarded, g)}
     tab = X == "B" and g["b_tab"]
     DC, NWG = g["DC"], g["NWG"]
 %>
-% for l in range(L):
-        {
-%   if not tab or (TX % NT and l == L - 1):
-            const int idx = tid + ${l * NT};
-%   endif
-%   if TX % NT and l == L - 1:
-            if (idx < ${TX})
-%   endif
-            {
+<%call expr="slots(g, X)" args="l">\
 %   if tab:
                 const int k = ${f"tid / {NWG} + {l * (NT // NWG)}" if DC == 1 else f"{l // DC}"};
                 const int n = ${f"tid % {NWG}" if DC == 1 else f"tid + {(l % DC) * NT}"};
@@ -856,59 +842,38 @@ ${matrix_load(f"rb{l}", GVB, "b", "k", "n", "ldb", "kend", "N", guarded, g)}
 %   else:
                 CLNN_HALF_STOREV_AT(__local, ${GV}, ${reg}${l}, dst);
 %   endif
-            }
-        }
-% endfor
+</%call>\
 </%def>
 
 <%def name="store_local(buf, g)">
 <%
     # a def sees only its arguments and the template's parameters: unpack the tiling
-    NT, KWG, MWG, NWG, GVA, GVB, LA, LB, TA, TB = (g[k] for k in (
-        "NT", "KWG", "MWG", "NWG", "GVA", "GVB", "LA", "LB", "TA", "TB"))
+    NT, KWG, MWG, NWG, GVA, GVB = (g[k] for k in ("NT", "KWG", "MWG", "NWG", "GVA", "GVB"))
     a_tab, b_tab, a_kfast, b_kfast, DC, comp, loadv, vt = (g[k] for k in (
         "a_tab", "b_tab", "a_kfast", "b_kfast", "DC", "comp", "loadv", "vt"))
 %>
-% for l in range(LA):
-        {
-            const int idx = tid + ${l * NT};
-%   if TA % NT and l == LA - 1:
-            if (idx < ${TA})
-%   endif
-            {
+<%call expr="slots(g, 'A')" args="l">\
 %   if a_kfast:
                 __local acc_t *dst = a_lm + (${buf} * KWG + idx % ${KWG // GVA} * ${GVA}) * CLNN_LDA + idx / ${KWG // GVA};
-%     for g in range(GVA):
-                dst[${g} * CLNN_LDA] = ${comp(f"ra{l}", GVA, g)};
+%     for c in range(GVA):
+                dst[${c} * CLNN_LDA] = ${comp(f"ra{l}", GVA, c)};
 %     endfor
 %   else:
                 *(__local ${vt(GVA)} *)(a_lm + (${buf} * KWG + idx / ${MWG // GVA}) * CLNN_LDA + idx % ${MWG // GVA} * ${GVA}) = ra${l};
 %   endif
-            }
-        }
-% endfor
-% for l in range(LB):
-        {
-%   if not b_tab or (TB % NT and l == LB - 1):
-            const int idx = tid + ${l * NT};
-%   endif
-%   if TB % NT and l == LB - 1:
-            if (idx < ${TB})
-%   endif
-            {
+</%call>\
+<%call expr="slots(g, 'B')" args="l">\
 %   if b_tab:
             b_lm[(${buf} * KWG + ${f"tid / {NWG} + {l * (NT // NWG)}" if DC == 1 else f"{l // DC}"}) * CLNN_LDB + ${f"tid % {NWG}" if DC == 1 else f"tid + {(l % DC) * NT}"}] = rb${l};
 %   elif b_kfast:
                 __local acc_t *dst = b_lm + (${buf} * KWG + idx % ${KWG // GVB} * ${GVB}) * CLNN_LDB + idx / ${KWG // GVB};
-%     for g in range(GVB):
-                dst[${g} * CLNN_LDB] = ${comp(f"rb{l}", GVB, g)};
+%     for c in range(GVB):
+                dst[${c} * CLNN_LDB] = ${comp(f"rb{l}", GVB, c)};
 %     endfor
 %   else:
                 *(__local ${vt(GVB)} *)(b_lm + (${buf} * KWG + idx / ${NWG // GVB}) * CLNN_LDB + idx % ${NWG // GVB} * ${GVB}) = rb${l};
 %   endif
-            }
-        }
-% endfor
+</%call>\
 </%def>
 
 // Local-memory tiled GEMM for GPUs. A work-group of MDIMC x NDIMC work-items computes
