@@ -129,12 +129,10 @@ def profile():
     """Record every kernel this thread launches inside the block (see the module's
     docstring); the Profile is complete when the block exits, which waits for them."""
     prof = Profile()
-    outer = getattr(programs._recording, "profiles", ())
-    programs._recording.profiles = outer + (prof._launches,)
     t0 = time.perf_counter()
     try:
-        yield prof
+        with programs.recording("profiles", prof._launches):
+            yield prof
     finally:
-        programs._recording.profiles = outer
         prof._finish()
         prof.wall_s = time.perf_counter() - t0

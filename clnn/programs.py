@@ -256,18 +256,25 @@ _recording = threading.local()
 
 
 @contextlib.contextmanager
+def recording(kind, items=None):
+    """Record what this thread's launches inside the block give ``kind`` ("lists":
+    events, "profiles": (kernel, global size, local size, event), "captures": launches)
+    into ``items`` (a new list by default), which the block gets; blocks nest."""
+    outer = getattr(_recording, kind, ())
+    items = [] if items is None else items
+    setattr(_recording, kind, outer + (items,))
+    try:
+        yield items
+    finally:
+        setattr(_recording, kind, outer)
+
+
 def captured():
     """Every launch this thread makes inside the block, as (kernel, global size, local
     size, argument values) in a list: ``replay`` enqueues them again exactly (the same
     buffers, offsets and scalars), without the Python that chose them. The list holds
     the buffers, so the pool keeps them (temporaries too) for as long as it lives."""
-    outer = getattr(_recording, "captures", ())
-    launches = []
-    _recording.captures = outer + (launches,)
-    try:
-        yield launches
-    finally:
-        _recording.captures = outer
+    return recording("captures")
 
 
 def replay(launches):
@@ -278,18 +285,11 @@ def replay(launches):
     return evt
 
 
-@contextlib.contextmanager
 def recorded_events():
     """The events of every kernel this thread launches inside the block (nested blocks
     included), in a list: an op's device time is from the first one's profiled start
     to the last one's end (the device queues profile; the tuner times candidates so)."""
-    outer = getattr(_recording, "lists", ())
-    events = []
-    _recording.lists = outer + (events,)
-    try:
-        yield events
-    finally:
-        _recording.lists = outer
+    return recording("lists")
 
 
 def _freeze(params):
