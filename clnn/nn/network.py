@@ -435,9 +435,10 @@ class Sequential:
         (the same kernels, buffers and arguments, bitwise the same results), without
         the Python that checks arguments and picks kernels: most of a small network's
         step time on a GPU. Only networks whose layers all allow it (Dense, Conv2d,
-        pooling, Flatten: no Python state between steps), float32 steps, loss
-        "quadratic" or "cross_entropy", no ``layer_hook`` and no tuning override; the
-        optimizer's update, ``hook`` and the layers' after-step work run as usual. The
+        pooling, Flatten: no Python state between steps), loss "quadratic" or
+        "cross_entropy", no ``layer_hook`` and no tuning override (float16 steps too, a
+        capture per loss scale); the optimizer's update, ``hook``, the float16 step's
+        casts and overflow check, and the layers' after-step work run as usual. The
         returned loss array is then the same array every step: read it (or add it up,
         as fit does) before the next step. Elsewhere ``replay`` changes nothing.
 
@@ -464,7 +465,7 @@ class Sequential:
                 x = self._cast_batch(ws, "x", x)
             if y.dtype.kind == "f" and y.dtype != np.float16:
                 y = self._cast_batch(ws, "y", y)
-        key = self._replay_key(x, y, loss, batch) if replay and not half and \
+        key = self._replay_key(x, y, loss, batch, half, scale) if replay and \
             layer_hook is None else None
         with self._bound(views):
             value, grad_scale = self._replayed(key, ws, x, y, loss, grads, scale,
@@ -484,16 +485,19 @@ class Sequential:
         self._finish_step(info, half)
         return value
 
-    def _replay_key(self, x, y, loss, batch):
+    def _replay_key(self, x, y, loss, batch, half=False, scale=1.0):
         """What must match for a step to replay a captured one, or None where replay
-        does not apply (see train_step)."""
+        does not apply (see train_step). A float16 step's loss scale is part of it (the
+        loss kernel takes it): a new scale captures anew."""
         from .. import tuning
         if not isinstance(loss, str) or getattr(tuning._override, "stack", None) or \
                 not all(layer.capturable for layer in self.layers) or \
                 self.flat_parameters is None:
             return None
+        halves = (scale, _ident(self._half.params), _ident(self._half.grads)) if half \
+            else None
         return (batch, loss, _ident(x), _ident(y), _ident(self.flat_parameters),
-                _ident(self.flat_gradients), tuning.get_float32_matmul_precision())
+                _ident(self.flat_gradients), tuning.get_float32_matmul_precision(), halves)
 
     def _replayed(self, key, ws, x, y, loss, grads, scale, layer_hook, example_offset,
                   half):
@@ -726,7 +730,7 @@ class Sequential:
                 rng.permutation(n)               # the shuffles of the epochs done
         skipped_before = self.scaler.skipped if half else 0
         # batches go through fixed buffers where steps can replay (see train_step)
-        stage = replay and not half and isinstance(loss, str) and \
+        stage = replay and isinstance(loss, str) and \
             all(layer.capturable for layer in self.layers)
         try:
             for epoch in range(initial_epoch, epochs):
@@ -746,7 +750,7 @@ class Sequential:
                     if stage:
                         xb, yb = self._staged("x", xb), self._staged("y", yb)
                     value = self.train_step(xb, yb, loss=loss, hook=hook,
-                                            precision=precision, replay=replay and not half)
+                                            precision=precision, replay=replay)
                     clnn.axpy(float(stop - start), value, total)
                     seen += stop - start
                     if bar is not None:

@@ -96,7 +96,7 @@ def test_fit_replays_and_gives_the_same_history(dev):
 
 def test_what_replay_does_not_serve_runs_as_before(dev):
     """Dropout draws a key per step and BatchNorm counts its batches in Python: such
-    networks, tuning overrides and float16 steps run every step in full."""
+    networks, and steps under a tuning override, run every step in full."""
     x, y = data(dev, 6, (9,), 5)
     for make in (lambda: [nn.Dense(8, "relu"), nn.Dropout(0.5), nn.Dense(5, "softmax")],
                  lambda: [nn.Dense(8, bias=False), nn.BatchNorm1d(8),
@@ -112,9 +112,28 @@ def test_what_replay_does_not_serve_runs_as_before(dev):
         for _ in range(3):
             net.train_step(x, y, 0.1, loss="cross_entropy", replay=True)
     assert not net._replays
-    for _ in range(3):
-        net.train_step(x, y, 0.1, loss="cross_entropy", replay=True, precision="float16")
-    assert not net._replays
+
+
+def test_float16_steps_replay_a_capture_per_loss_scale(dev, monkeypatch):
+    """Mixed-precision steps replay too; the loss scale is an argument of the captured
+    loss kernel, so a new scale (growth every 3 steps here: seen, captured, replayed)
+    captures anew: the same losses, weights and scale history as plain float16 steps."""
+    replays = []
+    real = programs.replay
+    monkeypatch.setattr(programs, "replay", lambda launches: replays.append(1) or
+                        real(launches))
+    x, y = data(dev, 6, (2, 13, 13), 7)
+    nets = [lenet(dev), lenet(dev)]
+    losses = [[], []]
+    for net in nets:
+        net.scaler = nn.GradScaler(init_scale=4.0, growth_interval=3)
+    for step in range(7):
+        for i, net in enumerate(nets):
+            losses[i].append(net.train_step(x, y, 0.1, loss="cross_entropy",
+                                            precision="float16", replay=i == 1).get())
+    assert [v.tobytes() for v in losses[0]] == [v.tobytes() for v in losses[1]]
+    assert same_weights(*nets) and nets[0].scaler.scale == nets[1].scaler.scale == 16.0
+    assert len(replays) == 2              # the third step of scales 4 and 8
 
 
 def test_a_capture_that_runs_out_of_memory_falls_back(dev):
