@@ -68,8 +68,8 @@ class Layer:
     parameter_names = ()
     stochastic = False          # takes a random key per training step (Dropout)
     # a training step may replay this layer's kernels without running its Python: its
-    # forward and backward keep no state in Python between steps (BatchNorm counts the
-    # batch for after_step, Dropout draws a key per step; a layer says so to be replayed)
+    # forward and backward leave no Python state that changes from step to step (Dropout
+    # draws a key per step) beyond what step_state hands back; a layer says so
     capturable = False
 
     def parameters(self):
@@ -104,6 +104,14 @@ class Layer:
         pass
 
     def after_step(self):
+        pass
+
+    def step_state(self):
+        """The Python state a training step's forward and backward leave for
+        after_step (None: none): a replayed step, which runs neither, restores it."""
+        return None
+
+    def restore_step_state(self, state):
         pass
 
 
@@ -427,6 +435,7 @@ class _BatchNorm(Layer):
     """
     _dims = None
     batch_statistics = True     # training needs two or more values per channel
+    capturable = True           # (the batch's count for after_step: step_state)
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True,
                  activation="identity", param=None):
@@ -525,6 +534,12 @@ class _BatchNorm(Layer):
                                  dweight=grads[0] if grads else None,
                                  dbias=grads[1] if grads else None,
                                  need_dx=dx is not None)
+
+    def step_state(self):
+        return self._count
+
+    def restore_step_state(self, state):
+        self._count = state
 
     def after_step(self):
         if self._count is None:

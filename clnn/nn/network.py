@@ -61,7 +61,7 @@ class _Replay:
     captured on the next step with the same key, replayed from then on."""
 
     def __init__(self):
-        self.launches = self.value = self.grad_scale = None
+        self.launches = self.value = self.grad_scale = self.states = None
         self.disabled = False           # capturing ran out of memory: never again
 
 
@@ -434,8 +434,8 @@ class Sequential:
         second step with the same arrays and settings and replayed on every later one
         (the same kernels, buffers and arguments, bitwise the same results), without
         the Python that checks arguments and picks kernels: most of a small network's
-        step time on a GPU. Only networks whose layers all allow it (Dense, Conv2d,
-        pooling, Flatten: no Python state between steps), loss "quadratic" or
+        step time on a GPU. Only networks whose layers all allow it (all but Dropout,
+        which draws a key per step: see Layer.capturable), loss "quadratic" or
         "cross_entropy", no ``layer_hook`` and no tuning override (float16 steps too, a
         capture per loss scale); the optimizer's update, ``hook``, the float16 step's
         casts and overflow check, and the layers' after-step work run as usual. The
@@ -506,6 +506,8 @@ class Sequential:
         rep = self._replays.get(key) if key is not None else None
         if rep is not None and rep.launches is not None:
             programs.replay(rep.launches)
+            for layer, state in zip(self.layers, rep.states):
+                layer.restore_step_state(state)     # what after_step needs (BatchNorm)
             return rep.value, rep.grad_scale
         args = (ws, x, y, loss, grads, scale, layer_hook, example_offset, half)
         if rep is None and key is not None:     # seen once: captured next time
@@ -529,6 +531,7 @@ class Sequential:
                 self._replays[key].disabled = True
             return self._forward_backward(*args)
         rep.launches, rep.value, rep.grad_scale = launches, value, grad_scale
+        rep.states = [layer.step_state() for layer in self.layers]
         return value, grad_scale
 
     def _finish_step(self, info, half):

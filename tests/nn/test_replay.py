@@ -94,18 +94,40 @@ def test_fit_replays_and_gives_the_same_history(dev):
     assert not b._replays
 
 
+def test_batch_norm_replays_with_its_running_statistics(dev):
+    """BatchNorm's forward counts the batch for after_step in Python: a replayed step
+    hands the count back (step_state), so the running statistics move as in plain
+    steps, and predict after training gives the same outputs."""
+    x, y = data(dev, 6, (2, 13, 13), 7)
+
+    def make():
+        return nn.Sequential([nn.Conv2d(4, 3, bias=False), nn.BatchNorm2d(4, activation="relu"),
+                              nn.MaxPool2d(2), nn.Flatten(), nn.Dense(8, bias=False),
+                              nn.BatchNorm1d(8, momentum=None), nn.Dense(7, "softmax")],
+                             in_shape=(2, 13, 13), seed=2, device=dev)
+    nets = [make(), make()]
+    for step in range(5):
+        for i, net in enumerate(nets):
+            net.train_step(x, y, 0.1, loss="cross_entropy", replay=i == 1)
+    assert same_weights(*nets)
+    assert any(r.launches for r in nets[1]._replays.values())
+    for a, b in zip(nets[0].layers, nets[1].layers):
+        for name, v in a.state().items():
+            w = b.state()[name]
+            assert (np.array_equal(v.get(), w.get()) if hasattr(v, "get") else v == w), name
+    assert np.array_equal(nets[0].predict(x), nets[1].predict(x))
+
+
 def test_what_replay_does_not_serve_runs_as_before(dev):
-    """Dropout draws a key per step and BatchNorm counts its batches in Python: such
-    networks, and steps under a tuning override, run every step in full."""
+    """Dropout draws a key per step: such networks, and steps under a tuning override,
+    run every step in full."""
     x, y = data(dev, 6, (9,), 5)
-    for make in (lambda: [nn.Dense(8, "relu"), nn.Dropout(0.5), nn.Dense(5, "softmax")],
-                 lambda: [nn.Dense(8, bias=False), nn.BatchNorm1d(8),
-                          nn.Dense(5, "softmax")]):
-        nets = [nn.Sequential(make(), in_features=9, seed=1, device=dev) for _ in range(2)]
-        for step in range(4):
-            for i, net in enumerate(nets):
-                net.train_step(x, y, 0.1, loss="cross_entropy", replay=i == 1)
-        assert same_weights(*nets) and not nets[1]._replays
+    nets = [nn.Sequential([nn.Dense(8, "relu"), nn.Dropout(0.5), nn.Dense(5, "softmax")],
+                          in_features=9, seed=1, device=dev) for _ in range(2)]
+    for step in range(4):
+        for i, net in enumerate(nets):
+            net.train_step(x, y, 0.1, loss="cross_entropy", replay=i == 1)
+    assert same_weights(*nets) and not nets[1]._replays
     net = mlp(dev)
     row = tuning.gemm_params(dev.facts)
     with tuning.override("gemm", row):
