@@ -93,7 +93,9 @@ def reduce3(dev, dt, x, shape3, out, *, op="sum", map="x", final="none", post=1.
     # striding down its own column, 10 ms so); long columns in chunks of rows, each
     # streamed a whole row at a time (below)
     span = _LANES if not gpu and inner >= _LANES else 1
-    stream = span > 1 and R >= 2 * _MIN_CHUNK
+    # (only a few long column sets: with many, the column form has parallelism enough,
+    # and the streaming form's work-groups of one would each cost a dispatch)
+    stream = span > 1 and R >= 2 * _MIN_CHUNK and outer < 8 * dev.facts.compute_units
 
     def run(params, n_chunks, chunk_len, R_, src, src_y, dst, post_, strides_):
         common = dict(outer=outer, R=R_, inner=inner, os=strides_[0], rs=strides_[1],
