@@ -107,16 +107,16 @@ def engine_candidates(facts, kind, quick):
     return out
 
 
-def device_formats(facts):
-    """What the tuner tunes on this device: "float32", and "tf32" and "float16" where
-    the device has those matrix engines."""
-    return ["float32"] + [name for name, kind in (("tf32", "tf32"), ("float16", "f16"))
-                          if tuning.mma_rows(facts, kind)]
-
-
 # format -> (storage dtype, float32 matmul precision while tuning it, engine kind)
 FORMATS = {"float32": (np.float32, "highest", None), "tf32": (np.float32, "high", "tf32"),
            "float16": (np.float16, "highest", "f16")}
+
+
+def device_formats(facts):
+    """What the tuner tunes on this device: "float32", and "tf32" and "float16" where
+    the device has those matrix engines."""
+    return [fmt for fmt, (_, _, kind) in FORMATS.items()
+            if kind is None or tuning.mma_rows(facts, kind)]
 
 
 def conv_candidates(facts, quick):
