@@ -20,6 +20,7 @@ import time
 import zipfile
 
 import numpy as np
+import pyopencl as cl
 import pyopencl.array as cla
 
 import clnn
@@ -27,7 +28,7 @@ from ..device import device as _device
 from ..ops.xent import cross_entropy_parts
 from .. import optim
 from ..errors import ArgumentError, CheckpointError, ShapeError
-from ..ops._args import INT_MAX
+from ..ops._args import INT_MAX, dev_empty
 from ..ops.dropout import dropout_key, dropout_key_at
 from . import amp
 from .layers import Layer, from_config
@@ -485,14 +486,18 @@ class Sequential:
         self._finish_step(info, half)
         return value
 
+    def _replayable(self, loss):
+        """Whether steps with ``loss`` can replay at all: a plain loss (CrossEntropyLoss
+        options read a denominator on the host) and layers that allow it."""
+        return isinstance(loss, str) and self.flat_parameters is not None and \
+            all(layer.capturable for layer in self.layers)
+
     def _replay_key(self, x, y, loss, batch, half=False, scale=1.0):
         """What must match for a step to replay a captured one, or None where replay
         does not apply (see train_step). A float16 step's loss scale is part of it (the
         loss kernel takes it): a new scale captures anew."""
         from .. import tuning
-        if not isinstance(loss, str) or getattr(tuning._override, "stack", None) or \
-                not all(layer.capturable for layer in self.layers) or \
-                self.flat_parameters is None:
+        if not self._replayable(loss) or getattr(tuning._override, "stack", None):
             return None
         halves = (scale, _ident(self._half.params), _ident(self._half.grads)) if half \
             else None
@@ -733,8 +738,7 @@ class Sequential:
                 rng.permutation(n)               # the shuffles of the epochs done
         skipped_before = self.scaler.skipped if half else 0
         # batches go through fixed buffers where steps can replay (see train_step)
-        stage = replay and isinstance(loss, str) and \
-            all(layer.capturable for layer in self.layers)
+        stage = replay and self._replayable(loss)
         try:
             for epoch in range(initial_epoch, epochs):
                 t0 = time.perf_counter()
@@ -785,12 +789,10 @@ class Sequential:
     def _staged(self, name, a):
         """``a`` copied (on the device) into this network's buffer for ``name`` and
         its shape: a replayed step's kernels read fixed arrays."""
-        import pyopencl as cl
         key = (name, a.shape, a.dtype.str)
         buf = self._stages.get(key)
         if buf is None:
-            buf = self._stages[key] = cla.empty(self.device.queue, a.shape, a.dtype,
-                                                allocator=self.device.pool)
+            buf = self._stages[key] = dev_empty(self.device, a.shape, a.dtype)
         if a.nbytes:
             cl.enqueue_copy(self.device.queue, buf.base_data, a.base_data,
                             byte_count=a.nbytes, src_offset=a.offset, dst_offset=buf.offset)
