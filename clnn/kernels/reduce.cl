@@ -42,10 +42,12 @@
 %>
 % if inp == "real":
 #define CLNN_IN(p, i) CLNN_LOAD(p, i)
-#define CLNN_INV(p, i) CLNN_LOADV(8, (p) + (i))
 % else:
 #define CLNN_IN(p, i) ((p)[i])
-#define CLNN_INV(p, i) vload8(0, (p) + (i))
+% endif
+% if vec_in:
+// 8 elements from p[i] as a vector (float16 storage: converted at once)
+#define CLNN_INV(p, i) CLNN_LOADV(8, (p) + (i))
 % endif
 // CLNN_OP on scalars; CLNN_OPV on vectors (the CPU forms below: 8 values at a time)
 % if op == "sum":

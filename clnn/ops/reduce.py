@@ -107,15 +107,15 @@ def reduce3(dev, dt, x, shape3, out, *, op="sum", map="x", final="none", post=1.
             kern = programs.get_kernel(dev, "reduce", "clnn_reduce_wg",
                                        dict(params, dtype=programs.dtype_name(dt), wg=(lx, ly)))
             return kern((-(-inner // lx) * lx, outer * n_chunks * ly), (lx, ly), **common)
-        # a contiguous row: independent partial results side by side (a CPU's
-        # compiler makes them vector operations; one chain per work-item waited for
-        # each addition: a sum of 15M floats took 15 ms, numpy's 4)
-        lanes = _LANES if inner == 1 and strides_[1] == 1 and R_ >= 4 * _LANES else 1
         if params.get("stream"):
             # a work-item per chunk of rows, a work-group each: every core gets some
             kern = programs.get_kernel(dev, "reduce", "clnn_reduce",
                                        dict(params, dtype=programs.dtype_name(dt)))
             return kern((outer * n_chunks,), (1,), **common)
+        # a contiguous row: independent partial results side by side (a CPU's
+        # compiler makes them vector operations; one chain per work-item waited for
+        # each addition: a sum of 15M floats took 15 ms, numpy's 4)
+        lanes = _LANES if inner == 1 and strides_[1] == 1 and R_ >= 4 * _LANES else 1
         kern = programs.get_kernel(dev, "reduce", "clnn_reduce",
                                    dict(params, dtype=programs.dtype_name(dt), lanes=lanes,
                                         span=span))
