@@ -278,10 +278,12 @@ def engines():
     facts = clnn.device().facts
     rng = np.random.default_rng(5)
     checked = 0
-    # the table's rows and a float16 row with ldmatrix (LDSM, which the tuner searches)
-    ldsm = {"variant": "local", "MMA": "f16", "MWG": 64, "NWG": 64, "KWG": 32, "MDIMC": 8,
-            "NDIMC": 16, "WM": 32, "WN": 32, "LDSM": True}
-    for row in tuning.MMA_TABLE[("nvidia", "GPU")] + [ldsm]:
+    # the table's rows, and its 64x64 float16 row with ldmatrix (LDSM, which the tuner
+    # searches)
+    rows = tuning.MMA_TABLE[("nvidia", "GPU")]
+    ldsm = dict(next(r for r in rows if r["MMA"] == "f16" and r["MWG"] == r["NWG"] == 64),
+                LDSM=True)
+    for row in rows + [ldsm]:
         row = dict(row, EMULATE=True)
         dt = np.float32 if row["MMA"] == "tf32" else np.float16
         size = np.dtype(dt).itemsize

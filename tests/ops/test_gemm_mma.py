@@ -221,9 +221,7 @@ def ldsm_row(dev):
     (not yet timed on a GPU; the tuner searches such rows), real where the device has
     the engines, emulated elsewhere (the emulation reads what ldmatrix would give each
     lane from the row addresses the lanes pass, so the addresses are checked too)."""
-    row = {"variant": "local", "MMA": "f16", "MWG": 64, "NWG": 64, "KWG": 32, "MDIMC": 8,
-           "NDIMC": 16, "WM": 32, "WN": 32, "LDSM": True}
-    return row if tuning.mma_rows(dev.facts, "f16") else dict(row, EMULATE=True)
+    return dict(engine_rows(dev, "f16", every=False)[-1], LDSM=True)   # the 64x64 tile
 
 
 def test_ldmatrix_rows(dev):
