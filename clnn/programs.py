@@ -249,6 +249,37 @@ class Kernel:
         return evt
 
 
+class _BufferCopy:
+    """A device-side copy between buffers, enqueued the way a Kernel is so that what
+    records launches (captures above all: a replayed step must repeat its copies) sees
+    it too; ``copy_buffer`` makes one."""
+
+    entry = stem = "copy"
+    params = {}
+
+    def launch(self, global_size, local_size, values):
+        queue, dst, src, nbytes, src_offset, dst_offset = values
+        evt = cl.enqueue_copy(queue, dst, src, byte_count=nbytes, src_offset=src_offset,
+                              dst_offset=dst_offset)
+        for events in getattr(_recording, "lists", ()):
+            events.append(evt)
+        for records in getattr(_recording, "profiles", ()):
+            records.append((self, global_size, local_size, evt))
+        return evt
+
+
+_COPY = _BufferCopy()
+
+
+def copy_buffer(device, dst, src, nbytes, src_offset=0, dst_offset=0):
+    """Enqueue a copy of ``nbytes`` from buffer ``src`` to ``dst`` on the device's queue,
+    recorded as a launch (its "global size" is its byte count)."""
+    values = [device.queue, dst, src, int(nbytes), int(src_offset), int(dst_offset)]
+    for launches in getattr(_recording, "captures", ()):
+        launches.append((_COPY, (int(nbytes),), None, values))
+    return _COPY.launch((int(nbytes),), None, values)
+
+
 # what the kernels this thread launches are recorded into: recorded_events' lists of
 # events, clnn.profile's lists of (kernel, global size, local size, event), captured()'s
 # lists of launches

@@ -68,8 +68,9 @@ class Layer:
     parameter_names = ()
     stochastic = False          # takes a random key per training step (Dropout)
     # a training step may replay this layer's kernels without running its Python: its
-    # forward and backward leave no Python state that changes from step to step (Dropout
-    # draws a key per step) beyond what step_state hands back; a layer says so
+    # forward and backward leave no Python state that changes from step to step beyond
+    # what step_state hands back, and their kernels' arguments stay the same (except a
+    # stochastic layer's key, which the network puts into them); a layer says so
     capturable = False
 
     def parameters(self):
@@ -391,6 +392,7 @@ class Dropout(Layer):
     """
 
     stochastic = True
+    capturable = True           # (replayed steps get each step's key: Network)
 
     def __init__(self, p=0.5):
         self.p = probability(p, "dropout probability p")

@@ -63,6 +63,7 @@ class _Replay:
 
     def __init__(self):
         self.launches = self.value = self.grad_scale = self.states = None
+        self.patches = ()               # (launch, argument, layer) of dropout keys
         self.disabled = False           # capturing ran out of memory: never again
 
 
@@ -435,8 +436,9 @@ class Sequential:
         second step with the same arrays and settings and replayed on every later one
         (the same kernels, buffers and arguments, bitwise the same results), without
         the Python that checks arguments and picks kernels: most of a small network's
-        step time on a GPU. Only networks whose layers all allow it (all but Dropout,
-        which draws a key per step: see Layer.capturable), loss "quadratic" or
+        step time on a GPU. Dropout's key for the step goes into its captured
+        launches before each replay. Only networks whose layers all allow it (see
+        Layer.capturable), loss "quadratic" or
         "cross_entropy", no ``layer_hook`` and no tuning override (float16 steps too, a
         capture per loss scale); the optimizer's update, ``hook``, the float16 step's
         casts and overflow check, and the layers' after-step work run as usual. The
@@ -510,6 +512,10 @@ class Sequential:
         from .. import programs
         rep = self._replays.get(key) if key is not None else None
         if rep is not None and rep.launches is not None:
+            if rep.patches:               # this step's dropout keys into the launches
+                keys = self._dropout_keys(example_offset)
+                for launch, arg, layer in rep.patches:
+                    rep.launches[launch][3][arg] = keys[layer]
             programs.replay(rep.launches)
             for layer, state in zip(self.layers, rep.states):
                 layer.restore_step_state(state)     # what after_step needs (BatchNorm)
@@ -535,9 +541,29 @@ class Sequential:
                 self._replays[key] = _Replay()
                 self._replays[key].disabled = True
             return self._forward_backward(*args)
+        rep.patches = self._key_patches(launches, example_offset)
+        if rep.patches is None:               # a key it cannot place: never replay
+            rep.disabled = True
+            return value, grad_scale
         rep.launches, rep.value, rep.grad_scale = launches, value, grad_scale
         rep.states = [layer.step_state() for layer in self.layers]
         return value, grad_scale
+
+    def _key_patches(self, launches, example_offset):
+        """Where a captured step's dropout keys are: (launch, argument, layer) for
+        every captured dropout kernel (forward and backward), found by the key the
+        layer drew this step; None when a dropout launch has a key no layer drew."""
+        keys = self._dropout_keys(example_offset)
+        layer_of = {k: i for i, k in enumerate(keys) if k}
+        patches = []
+        for j, (kern, _, _, values) in enumerate(launches):
+            if kern.entry != "clnn_dropout":
+                continue
+            arg = kern.names.index("key")
+            if values[arg] not in layer_of:
+                return None
+            patches.append((j, arg, layer_of[values[arg]]))
+        return patches
 
     def _finish_step(self, info, half):
         """After the hook: the loss scale's check (float16 steps), the update, the
@@ -597,18 +623,15 @@ class Sequential:
         options = loss if isinstance(loss, CrossEntropyLoss) else None
         xent = loss == "cross_entropy" or options is not None
         L = len(self.layers)
+        keys = self._dropout_keys(example_offset)
         # the first layer reads the user's x and never writes it
         inputs = [x] + ws.a[:-1]
         for i, layer in enumerate(self.layers):
             if layer.view:
                 inputs[i + 1:i + 2] = [layer.forward(inputs[i])] if i + 1 < L else []
                 continue
-            key = dropout_key(self.seed, i, self.steps) if layer.stochastic else 0
-            if key and example_offset:
-                per_example = int(np.prod(inputs[i].shape[1:], dtype=np.int64))
-                key = dropout_key_at(key, example_offset * per_example)
             layer.forward(inputs[i], ws.a[i], logits=xent and i == L - 1, training=True,
-                          key=key)
+                          key=keys[i])
         grad_scale = 1.0 / batch
         if options is not None:
             # the sum and its gradient, over the labels' total weight D (from the
@@ -645,6 +668,19 @@ class Sequential:
                               out=self.flat_gradients[lo:hi])
                 layer_hook(i)
         return value, grad_scale
+
+    def _dropout_keys(self, example_offset):
+        """The key each stochastic layer (Dropout) draws its mask with at this step (0
+        for the others): from the seed, the layer and the step; shifted to this batch's
+        part of the global batch when it starts ``example_offset`` examples into it."""
+        keys = []
+        for i, layer in enumerate(self.layers):
+            key = dropout_key(self.seed, i, self.steps) if layer.stochastic else 0
+            if key and example_offset:
+                per_example = int(np.prod(layer.in_shape, dtype=np.int64))
+                key = dropout_key_at(key, example_offset * per_example)
+            keys.append(key)
+        return keys
 
     def _train_args(self, x, y, loss, lr, momentum, dtype=None):
         """The training data on the device in ``dtype`` (default the network's) and

@@ -5,7 +5,6 @@ Every routine takes ``out=``: ``None`` allocates from the device's pool, an inpu
 array computes in place, any other array of the right shape and dtype is overwritten.
 """
 
-import pyopencl as cl
 
 from .. import programs
 from ..errors import ArgumentError
@@ -217,8 +216,8 @@ def copy(x, out=None):
     out = check_out(out, x.shape, dt, dev, inputs=(x,))
     evt = None
     if x.size and (out.base_data.int_ptr, out.offset) != (x.base_data.int_ptr, x.offset):
-        evt = cl.enqueue_copy(dev.queue, out.base_data, x.base_data, byte_count=x.nbytes,
-                              src_offset=x.offset, dst_offset=out.offset)
+        evt = programs.copy_buffer(dev, out.base_data, x.base_data, x.nbytes,
+                                   src_offset=x.offset, dst_offset=out.offset)
     return done(out, evt)
 
 

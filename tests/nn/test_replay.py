@@ -118,16 +118,53 @@ def test_batch_norm_replays_with_its_running_statistics(dev):
     assert np.array_equal(nets[0].predict(x), nets[1].predict(x))
 
 
-def test_what_replay_does_not_serve_runs_as_before(dev):
-    """Dropout draws a key per step: such networks, and steps under a tuning override,
-    run every step in full."""
+@pytest.mark.parametrize("offset", [0, 3])
+def test_dropout_replays_with_each_steps_masks(dev, offset):
+    """Dropout draws a new key every step: replayed steps put it into the captured
+    forward and backward dropout kernels, so they drop what plain steps drop (a
+    Dropout with p=0 launches none); also with a batch that starts ``offset``
+    examples into a global one (data-parallel ranks). A replay that kept the
+    captured key would repeat one mask and fail this."""
     x, y = data(dev, 6, (9,), 5)
-    nets = [nn.Sequential([nn.Dense(8, "relu"), nn.Dropout(0.5), nn.Dense(5, "softmax")],
-                          in_features=9, seed=1, device=dev) for _ in range(2)]
-    for step in range(4):
+
+    def make():
+        return nn.Sequential([nn.Dense(8, "relu"), nn.Dropout(0.5), nn.Dense(6, "tanh"),
+                              nn.Dropout(0.0), nn.Dense(7, "relu"), nn.Dropout(0.3),
+                              nn.Dense(5, "softmax")], in_features=9, seed=1, device=dev)
+    nets = [make(), make()]
+    losses = [[], []]
+    for step in range(6):
         for i, net in enumerate(nets):
-            net.train_step(x, y, 0.1, loss="cross_entropy", replay=i == 1)
-    assert same_weights(*nets) and not nets[1]._replays
+            losses[i].append(net.train_step(x, y, 0.1, loss="cross_entropy",
+                                            example_offset=offset, replay=i == 1).get())
+    assert [v.tobytes() for v in losses[0]] == [v.tobytes() for v in losses[1]]
+    assert same_weights(*nets)
+    (rep,) = nets[1]._replays.values()
+    assert rep.launches and [(layer, sum(1 for p in rep.patches if p[2] == layer))
+                             for layer in (1, 3, 5)] == [(1, 2), (3, 0), (5, 2)]
+    assert len({v.tobytes() for v in losses[1][2:]}) == 4    # the masks moved
+
+
+def test_a_dropout_key_no_layer_drew_is_never_replayed(dev, monkeypatch):
+    """A captured dropout launch whose key matches no layer's key for the step (a
+    layer that drew its own) cannot be given the next step's: that step shape runs in
+    full from then on."""
+    x, y = data(dev, 6, (9,), 5)
+    net = nn.Sequential([nn.Dense(8, "relu"), nn.Dropout(0.5), nn.Dense(5, "softmax")],
+                        in_features=9, seed=1, device=dev)
+    drop = net.layers[1]
+    real = drop.forward
+    monkeypatch.setattr(drop, "forward", lambda x, out, key=0, **k: real(x, out, key=key + 1,
+                                                                          **k))
+    for _ in range(4):
+        net.train_step(x, y, 0.1, loss="cross_entropy", replay=True)
+    (rep,) = net._replays.values()
+    assert rep.disabled and rep.launches is None
+
+
+def test_what_replay_does_not_serve_runs_as_before(dev):
+    """Steps under a tuning override run every step in full."""
+    x, y = data(dev, 6, (9,), 5)
     net = mlp(dev)
     row = tuning.gemm_params(dev.facts)
     with tuning.override("gemm", row):
@@ -190,3 +227,17 @@ def test_the_hook_still_sees_every_step(dev):
         net.train_step(x, y, 0.1, loss="cross_entropy", replay=True,
                        hook=lambda info: seen.append(float(info.flat_grads.get()[0])))
     assert len(seen) == 4 and list(net._replays.values())[0].launches
+
+
+def test_captured_copies_are_replayed(dev):
+    """clnn.copy enqueues a buffer copy, not a kernel: a capture records it like a
+    launch (a Dropout with p=0 copies in both passes), so a replay repeats it."""
+    x = clnn.asarray(np.arange(10, dtype=np.float32), device=dev)
+    out = clnn.empty((10,), np.float32, dev)
+    with programs.captured() as launches:
+        clnn.copy(x[2:9], out=out[1:8])
+    assert [k.entry for k, *_ in launches] == ["copy"]
+    out.fill(0)
+    x.set(np.arange(10, 20, dtype=np.float32))
+    programs.replay(launches).wait()
+    assert np.array_equal(out.get(), [0] + list(range(12, 19)) + [0, 0])
