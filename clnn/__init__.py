@@ -32,7 +32,9 @@ def clear_caches():
     import the ones above them.)"""
     from . import plans, tuning
     from .device import open_devices
+    from .ops import _memo
     from .ops.gemm import clear_launches
+    _memo.clear()
     for dev in open_devices():
         dev.kernels.clear()
         dev.tables.clear()

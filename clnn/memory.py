@@ -18,6 +18,7 @@ no view) as free. Reusing it at once is safe because clnn has one in-order queue
 device: a kernel enqueued later cannot overtake one still reading the old contents.
 """
 
+import contextlib
 import gc
 import math
 import numbers
@@ -85,6 +86,7 @@ class Pool:
         self.peak_bytes = 0
         self.allocations = 0         # real OpenCL allocations made
         self.requests = 0
+        self._watching = threading.local()
 
     # ------------------------------------------------------------ budget
     @property
@@ -130,7 +132,23 @@ class Pool:
 
     # ------------------------------------------------------------ allocation
     def __call__(self, nbytes):
-        return self.allocate(nbytes)
+        buf = self.allocate(nbytes)
+        for requests in getattr(self._watching, "lists", ()):
+            requests.append((int(nbytes), buf))
+        return buf
+
+    @contextlib.contextmanager
+    def watching(self):
+        """Every request this thread makes of the pool inside the block, as (bytes
+        asked for, block given) in a list (clnn/ops/_memo.py plans an op's
+        temporaries with it); blocks nest."""
+        outer = getattr(self._watching, "lists", ())
+        requests = []
+        self._watching.lists = outer + (requests,)
+        try:
+            yield requests
+        finally:
+            self._watching.lists = outer
 
     def allocate(self, nbytes):
         nbytes = int(nbytes)

@@ -230,9 +230,7 @@ class Kernel:
             values[i] = getattr(v, "base_data", v)
         global_size = tuple(global_size)
         local_size = None if local_size is None else tuple(local_size)
-        for launches in getattr(_recording, "captures", ()):     # captured()
-            launches.append((self, global_size, local_size, values))
-        return self.launch(global_size, local_size, values)
+        return enqueue(self, global_size, local_size, values)
 
     def launch(self, global_size, local_size, values):
         """Enqueue with the argument values as the kernel takes them (buffers, and
@@ -275,9 +273,15 @@ def copy_buffer(device, dst, src, nbytes, src_offset=0, dst_offset=0):
     """Enqueue a copy of ``nbytes`` from buffer ``src`` to ``dst`` on the device's queue,
     recorded as a launch (its "global size" is its byte count)."""
     values = [device.queue, dst, src, int(nbytes), int(src_offset), int(dst_offset)]
-    for launches in getattr(_recording, "captures", ()):
-        launches.append((_COPY, (int(nbytes),), None, values))
-    return _COPY.launch((int(nbytes),), None, values)
+    return enqueue(_COPY, (int(nbytes),), None, values)
+
+
+def enqueue(kern, global_size, local_size, values):
+    """Launch ``kern`` (a Kernel, or a buffer copy) with argument values as it takes
+    them, recorded in the captures around it: what every launch ends in."""
+    for launches in getattr(_recording, "captures", ()):     # captured()
+        launches.append((kern, global_size, local_size, values))
+    return kern.launch(global_size, local_size, values)
 
 
 # what the kernels this thread launches are recorded into: recorded_events' lists of

@@ -433,7 +433,7 @@ def _user_db_path():
     return os.path.join(platformdirs.user_cache_dir("clnn"), "tuning.json")
 
 
-_db_cache = {"path": None, "mtime": None, "entries": {}, "checked": 0.0}
+_db_cache = {"path": None, "mtime": None, "entries": {}, "checked": 0.0, "generation": 0}
 DB_MAX_BYTES = 16 << 20      # a database with every class of a hundred devices is ~1 MB
 # Every GEMM and convolution looks its class up: the file's modification time is
 # looked at once a second at most (a stat per launch was 7 us, 14 of them a LeNet-5
@@ -479,6 +479,8 @@ def load_db():
     try:
         mtime = os.path.getmtime(path)
     except OSError:
+        if _db_cache["mtime"] != "missing" or _db_cache["path"] != path:
+            _db_cache["generation"] += 1
         _db_cache.update(path=path, mtime="missing", entries={}, checked=now)
         return {}
     if _db_cache["path"] == path and _db_cache["mtime"] == mtime:
@@ -501,8 +503,17 @@ def load_db():
             RecursionError) as exc:
         warnings.warn(f"ignoring the tuning database {path}: {exc}", RuntimeWarning)
         entries = {}
-    _db_cache.update(path=path, mtime=mtime, entries=entries, checked=now)
+    _db_cache.update(path=path, mtime=mtime, entries=entries, checked=now,
+                     generation=_db_cache["generation"] + 1)
     return entries
+
+
+def db_generation():
+    """A number that changes whenever load_db's answer may have (another file or
+    path, new contents): what op plans made from rows read from it key on
+    (clnn/ops/_memo.py)."""
+    load_db()
+    return _db_cache["generation"]
 
 
 def save_db_entries(new_entries):

@@ -18,6 +18,12 @@ from .optim import adam_step, sgd_step
 from .batchnorm import batch_norm, batch_norm_backward, update_running_stats
 from .dropout import dropout, dropout_key, dropout_key_at, dropout_mask
 from .pool import avg_pool2d, avg_pool2d_backward, max_pool2d, max_pool2d_backward
+from . import _memo
+
+# the modules whose settings decide the planned ops' launches (see _memo.watch)
+_memo.watch(*[f"clnn.ops.{m}" for m in ("_args", "elementwise", "bias", "reduce", "softmax",
+                                         "cast", "gemm", "conv", "pool", "batchnorm")],
+            "clnn.tuning", "clnn.plans", "clnn.programs", "clnn.device", "clnn.memory")
 
 __all__ = [
     "ACTIVATIONS", "activation", "activation_backward", "activation_derivative", "axpy",

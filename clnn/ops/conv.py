@@ -35,6 +35,7 @@ from .. import programs, tuning
 from ..errors import ArgumentError, ShapeError
 from ._args import (INT_MAX, check, check_out, common_device, dev_scratch, done, finite,
                     launch_size, offset, pair, scratch_cap)
+from ._memo import memoized
 from .elementwise import ACTIVATIONS, activation_parameter
 from .gemm import Operand, run_gemm, tiled_workspace
 
@@ -661,6 +662,7 @@ def _four(a, name):
     return a.reshape((1,) + tuple(a.shape))
 
 
+@memoized
 def conv2d(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, activation=None,
            activation_param=None, out=None):
     """y = activation(conv(x, w) + b), x (N, C, H, W), w (M, C / groups, R, S) ->
@@ -687,6 +689,7 @@ def conv2d(x, w, b=None, *, stride=1, padding=0, dilation=1, groups=1, activatio
     return y.reshape(y.shape[1:]) if unbatched and out is None else (out if unbatched else y)
 
 
+@memoized
 def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, groups=1,
                          out=None):
     """dx = dL/dx for y = conv2d(x, w): dy (N, M, P, Q), w (M, C / groups, R, S) -> dx
@@ -709,6 +712,7 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
         (out if unbatched else dx)
 
 
+@memoized
 def conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
                            out=None, alpha=1.0, beta=0.0):
     """dw = alpha * dL/dw + beta * out for y = conv2d(x, w): dy (N, M, P, Q), x (N, C, H, W)

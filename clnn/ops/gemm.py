@@ -16,6 +16,7 @@ from .. import plans, programs, tuning
 from ..errors import ArgumentError, ShapeError
 from ._args import (INT_MAX, as_array, check, common_device, dev_empty, dev_scratch, done,
                     finite, overlaps, scratch_cap)
+from ._memo import memoized
 from .elementwise import ACTIVATIONS, activation_parameter
 from .reduce import reduce3
 
@@ -146,6 +147,7 @@ class _Layout:
         return self.batch <= 1 or self.bstride >= (self.rows - 1) * self.ld + self.cols
 
 
+@memoized
 def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, bias=None,
          activation=None, activation_param=None):
     """out = activation(alpha * op(a) @ op(b) + beta * out + bias).

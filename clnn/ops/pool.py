@@ -6,6 +6,7 @@ from .. import programs, tuning
 from ..errors import ArgumentError, ShapeError
 from ._args import (INT_MAX, check, check_ints, check_out, common_device, dev_empty, done,
                     launch_size, offset, overlaps, pair)
+from ._memo import memoized
 
 programs.register("pool", {"mode": "max", "per": "row"},
                   lambda: [{"mode": m, "per": per} for m in ("max", "avg")
@@ -182,6 +183,7 @@ def _backward(mode, dy, x, kernel_size, stride, padding, out, dilation=1, ceil_m
     return done(out, evt)
 
 
+@memoized
 def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
                return_indices=False, out=None, indices=None):
     """Max over each window of each (N, C) plane of x (N, C, H, W), or of an unbatched
@@ -198,6 +200,7 @@ def max_pool2d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=Fal
                     indices=indices, want_indices=bool(return_indices))
 
 
+@memoized
 def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False,
                count_include_pad=True, divisor_override=None, out=None):
     """Mean over each window; PyTorch's options and divisors: padding counts unless
@@ -206,12 +209,14 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False,
                     _divisor(count_include_pad, divisor_override))
 
 
+@memoized
 def max_pool2d_backward(dy, x, kernel_size, stride=None, padding=0, dilation=1,
                         ceil_mode=False, out=None):
     """dx: dy routed to each window's (first) maximum of x. Overwrites ``out``."""
     return _backward("max", dy, x, kernel_size, stride, padding, out, dilation, ceil_mode)
 
 
+@memoized
 def avg_pool2d_backward(dy, x, kernel_size, stride=None, padding=0, ceil_mode=False,
                         count_include_pad=True, divisor_override=None, out=None):
     """dx: each window's dy over its divisor, spread over the window. Overwrites

@@ -1,0 +1,205 @@
+"""Launch plans per call shape (clnn/ops/_memo.py): from the third call with the same
+shapes, layouts and settings an op enqueues the launches it planned, with the new
+call's buffers; every result must be the op's own, every check must still hold."""
+
+import sys
+
+import numpy as np
+import pytest
+
+import clnn
+from clnn import programs, tuning
+from clnn.ops import _memo
+from conftest import Guarded, assert_close
+from reference import conv2d_backward_ref, conv2d_ref
+from test_reliability import failing
+
+RNG = np.random.default_rng(5)
+conv_module = sys.modules["clnn.ops.conv"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    clnn.clear_caches()
+    yield
+
+
+def _f32(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+class Kernels:
+    """How many kernels the block chose in Python (programs.get_kernel calls)."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        real = programs.get_kernel
+
+        def counting(*a, **k):
+            self.calls += 1
+            return real(*a, **k)
+        monkeypatch.setattr(programs, "get_kernel", counting)
+
+
+def _conv_case(dev, x, w, dy, b, stride, padding):
+    X, W, DY, B = (clnn.asarray(v, device=dev) for v in (x, w, dy, b))
+    y = clnn.conv2d(X, W, B, stride=stride, padding=padding, activation="tanh")
+    dx = clnn.conv2d_backward_data(DY, W, x.shape, stride=stride, padding=padding)
+    dw = clnn.conv2d_backward_weight(DY, X, w.shape, stride=stride, padding=padding)
+    return y.get(), dx.get(), dw.get()
+
+
+@pytest.mark.parametrize("stride,padding", [(1, 0), (2, 1)])
+def test_planned_convolutions_compute_each_calls_arrays(dev, monkeypatch, stride, padding):
+    """Five calls of the forward pass and both gradients, new arrays each time: the
+    third and later enqueue the plan (no kernel chosen in Python) and give what the
+    float64 loops give for their own inputs."""
+    N, C, H, Wd, M, R = 3, 2, 11, 7, 5, 3
+    P, Q = (H + 2 * padding - R) // stride + 1, (Wd + 2 * padding - R) // stride + 1
+    kernels = Kernels(monkeypatch)
+    for call in range(5):
+        x, w, dy, b = _f32(N, C, H, Wd), _f32(M, C, R, R), _f32(N, M, P, Q), _f32(M)
+        chosen = kernels.calls
+        y, dx, dw = _conv_case(dev, x, w, dy, b, stride, padding)
+        if call >= 2:
+            assert kernels.calls == chosen, "a planned call chose kernels"
+        st, pd = (stride, stride), (padding, padding)
+        ref = np.tanh(conv2d_ref(x, w, b, st, pd))
+        rdx, rdw = conv2d_backward_ref(dy, x, w, st, pd)
+        assert_close(y, ref, np.float32, k=C * R * R)
+        assert_close(dx, rdx, np.float32, k=M * R * R)
+        assert_close(dw, rdw, np.float32, k=N * P * Q, scale=np.abs(rdw).max() + 1)
+
+
+def test_a_planned_gemm_writes_only_its_output_and_honours_offsets(dev):
+    """out at an offset inside canaries, operands at offsets, bias, alpha and beta: the
+    planned calls write the view alone and compute with the new call's values."""
+    for call in range(4):
+        a, b, c0, bias = _f32(13, 7), _f32(11, 7), _f32(13, 11), _f32(11)
+        A, Bm = (Guarded(dev, v.shape, np.float32, fill=v).view for v in (a, b))
+        out = Guarded(dev, c0.shape, np.float32, fill=c0)
+        r = clnn.gemm(A, Bm, out.view, alpha=0.5, beta=-2.0, trans_b=True,
+                      bias=clnn.asarray(bias, device=dev))
+        assert r is out.view
+        ref = 0.5 * a.astype(np.float64) @ b.T - 2.0 * c0 + bias
+        assert_close(out.check(), ref, np.float32, k=7)
+
+
+def test_a_plan_never_serves_another_layout_or_setting(dev):
+    """What the key holds: an offset, a zero's sign, a shared buffer; each call with
+    one of them changed computes its own result."""
+    a, b = _f32(6, 5), _f32(5, 4)
+    A, Bm = clnn.asarray(a, device=dev), clnn.asarray(b, device=dev)
+    for _ in range(3):
+        clnn.gemm(A, Bm, alpha=0.0)
+    keys = len(_memo._plans)
+    clnn.gemm(A, Bm, alpha=-0.0)              # equal as floats, not as arguments
+    assert len(_memo._plans) == keys + 1
+    big = clnn.asarray(np.concatenate([np.zeros(3, np.float32), a.ravel()]), device=dev)
+    shifted = big[3:].reshape(6, 5)
+    for _ in range(3):
+        assert_close(clnn.gemm(shifted, Bm).get(), a.astype(np.float64) @ b, np.float32, k=5)
+    # an out that overlaps an input: planned calls with separate buffers must not
+    # let it through
+    sq = clnn.asarray(_f32(4, 4), device=dev)
+    for _ in range(3):
+        clnn.gemm(sq, clnn.asarray(_f32(4, 4), device=dev), clnn.empty((4, 4), np.float32, dev))
+    with pytest.raises(clnn.ShapeError):
+        clnn.gemm(sq, clnn.asarray(_f32(4, 4), device=dev), sq)
+
+
+def test_bad_input_after_planning_gets_the_ops_error(dev):
+    x = clnn.asarray(_f32(2, 3, 8, 8), device=dev)
+    w = clnn.asarray(_f32(4, 3, 3, 3), device=dev)
+    for _ in range(3):
+        clnn.conv2d(x, w)
+    with pytest.raises(clnn.ShapeError):
+        clnn.conv2d(x, clnn.asarray(_f32(4, 2, 3, 3), device=dev))
+    with pytest.raises(clnn.DTypeError):
+        clnn.conv2d(x, clnn.asarray(_f32(4, 3, 3, 3).astype(np.float64), device=dev))
+    with pytest.raises(clnn.ArgumentError):
+        clnn.conv2d(x, w, activation="nope")
+    with pytest.raises(clnn.ArgumentError):
+        clnn.conv2d(x, w, activation="leaky_relu", activation_param=float("nan"))
+
+
+def test_a_changed_setting_makes_a_new_plan(dev, monkeypatch):
+    """A module setting patched between calls (as tests force kernel paths) is never
+    served by a plan made before: the weight gradient with a 1-byte scratch cap packs
+    one image at a time, more launches than the plan's."""
+    x, dy = _f32(4, 3, 9, 9), _f32(4, 2, 7, 7)
+    X, DY = clnn.asarray(x, device=dev), clnn.asarray(dy, device=dev)
+    for _ in range(3):
+        clnn.conv2d_backward_weight(DY, X, (2, 3, 3, 3))
+    with clnn.profile() as before:
+        clnn.conv2d_backward_weight(DY, X, (2, 3, 3, 3))
+    monkeypatch.setattr(conv_module, "SCRATCH_BYTES", 1)
+    with clnn.profile() as after:
+        got = clnn.conv2d_backward_weight(DY, X, (2, 3, 3, 3)).get()
+    assert after.launches > before.launches
+    ref = conv2d_backward_ref(dy, x, np.zeros((2, 3, 3, 3)), (1, 1), (0, 0))[1]
+    assert_close(got, ref, np.float32, k=4 * 49, scale=np.abs(ref).max() + 1)
+
+
+def test_overrides_and_precision_are_part_of_the_plan(dev):
+    a, b = _f32(9, 8), _f32(8, 7)
+    A, Bm = clnn.asarray(a, device=dev), clnn.asarray(b, device=dev)
+    for _ in range(3):
+        clnn.gemm(A, Bm)
+    row = dict(tuning.GEMM_TABLE["type"]["GPU"])
+    with tuning.override("gemm", row), clnn.profile() as prof:
+        clnn.gemm(A, Bm)
+    assert any(r.entry == "clnn_gemm_tiled" for r in prof.records)
+    key = next(k for k in _memo._plans if k[0] is clnn.gemm)
+    assert key[4] == tuning.get_float32_matmul_precision()
+
+
+def test_a_failed_allocation_in_a_planned_call_writes_nothing(dev):
+    """The plan asks for all its buffers before its first launch: an allocation that
+    fails leaves the output as it was, and raises the pool's error."""
+    x = clnn.asarray(_f32(2, 3, 8, 8), device=dev)
+    w = clnn.asarray(_f32(4, 3, 3, 3), device=dev)
+    out = clnn.asarray(np.full((2, 4, 8, 8), 7, np.float32), device=dev)
+    for _ in range(3):
+        clnn.conv2d(x, w, padding=1, out=out)
+    out.fill(7)
+    with failing(dev.pool) as counter:
+        clnn.conv2d(x, w, padding=1, out=out)
+    assert counter.count > 0
+    out.fill(7)
+    for at in range(counter.count):
+        with failing(dev.pool, at), pytest.raises(clnn.OutOfDeviceMemory):
+            clnn.conv2d(x, w, padding=1, out=out)
+        assert np.all(out.get() == 7)
+
+
+def test_planned_calls_are_captured_like_any_launch(dev):
+    """A planned call inside programs.captured() (a training step's capture) is
+    recorded, and the capture's replay repeats it."""
+    x = clnn.asarray(_f32(2, 3, 8, 8), device=dev)
+    w = clnn.asarray(_f32(4, 3, 3, 3), device=dev)
+    out = clnn.empty((2, 4, 6, 6), np.float32, dev)
+    for _ in range(3):
+        clnn.max_pool2d(clnn.conv2d(x, w, out=out), 2)
+    with programs.captured() as launches:
+        y = clnn.max_pool2d(clnn.conv2d(x, w, out=out), 2)
+    assert launches
+    want = y.get()
+    x.set(_f32(2, 3, 8, 8))
+    programs.replay(launches)
+    ref = conv2d_ref(x.get(), w.get(), None, (1, 1), (0, 0)).reshape(2, 4, 3, 2, 3, 2).max(axis=(3, 5))
+    assert_close(y.get(), ref, np.float32, k=27)
+    assert not np.array_equal(y.get(), want)
+
+
+def test_unbatched_and_pooled_results_keep_their_shapes(dev):
+    x = _f32(3, 10, 10)
+    X = clnn.asarray(x, device=dev)
+    w = clnn.asarray(_f32(2, 3, 3, 3), device=dev)
+    for _ in range(4):
+        y = clnn.conv2d(X, w)
+        p = clnn.avg_pool2d(y, 2)
+        assert y.shape == (2, 8, 8) and p.shape == (2, 4, 4)
+        ref = conv2d_ref(x[None], w.get(), None, (1, 1), (0, 0))[0]
+        assert_close(y.get(), ref, np.float32, k=27)
+        assert_close(p.get(), ref.reshape(2, 4, 2, 4, 2).mean(axis=(2, 4)), np.float32, k=27)
