@@ -3,7 +3,7 @@
     python benchmarks/report.py [--results benchmarks/results]
 
 Reads bench_gemm.json, bench_mlp.json, bench_lenet.json, bench_conv.json,
-bench_tutorial.json and bench_ops.json (whichever exist) and writes
+bench_tutorial.json, bench_ops.json and bench_host.json (whichever exist) and writes
 report.md, gemm.png and conv.png beside them.
 """
 
@@ -81,6 +81,21 @@ def ops_table(data):
     return "\n".join(lines)
 
 
+def host_table(data):
+    refs = [r for r in ("torch_cpu", "torch_cuda")
+            if any(f"{r}_call_us" in row for row in data["rows"])]
+    lines = ["| device | op | enqueue | unplanned | call | kernel | "
+             + " | ".join(f"{r} call" for r in refs) + " |",
+             "|" + "---|" * (6 + len(refs))]
+    for row in data["rows"]:
+        un = row.get("unplanned_enqueue_us")
+        cells = [f"{row[f'{r}_call_us']:.1f}" if f"{r}_call_us" in row else "" for r in refs]
+        lines.append(f"| {row['device']} | {row['op']} | {row['enqueue_us']:.1f} | "
+                     f"{'' if un is None else f'{un:.1f}'} | {row['call_us']:.1f} | "
+                     f"{row['kernel_us']:.1f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def step_table(data):
     lines = ["| library | seconds per step |", "|---|---|"]
     lines += [f"| {k} | {v:.3f} |" for k, v in data["step_seconds"].items()]
@@ -128,9 +143,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", default=RESULTS)
     args = ap.parse_args(argv)
-    gemm, mlp, lenet, conv, tutorial, ops = (_load(args.results, n) for n in (
+    gemm, mlp, lenet, conv, tutorial, ops, host = (_load(args.results, n) for n in (
         "bench_gemm", "bench_mlp", "bench_lenet", "bench_conv", "bench_tutorial",
-        "bench_ops"))
+        "bench_ops", "bench_host"))
     parts = ["# clnn benchmark report"]
     for title, data, table in (("GEMM, float32 GFLOP/s", gemm, gemm_table),
                                ("MLP training step", mlp, step_table),
@@ -139,7 +154,8 @@ def main(argv=None):
                                ("The tutorial's step (10000-5000-1000-10)", tutorial,
                                 tutorial_table),
                                ("Memory-bound ops (GB/s read + written)", ops,
-                                ops_table)):
+                                ops_table),
+                               ("Host time per op (us per call)", host, host_table)):
         if data:
             parts += [f"## {title}", f"{data.get('date', '')}, "
                       f"{data.get('machine', {}).get('blas', '')}", table(data)]

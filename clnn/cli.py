@@ -57,7 +57,7 @@ def _train(args):
 
 
 def _bench(args):
-    """Run benchmarks/bench_{gemm,mlp,lenet,conv,tutorial,ops,engines}.py and report.py
+    """Run benchmarks/bench_{gemm,mlp,lenet,conv,tutorial,ops,host,engines}.py and report.py
     from a checkout."""
     import importlib.util
     import os
@@ -69,13 +69,14 @@ def _bench(args):
         return 2
     from tqdm.auto import tqdm
     names = ["bench_gemm", "bench_mlp", "bench_lenet", "bench_conv", "bench_tutorial",
-             "bench_ops",
+             "bench_ops", "bench_host",
              "bench_engines"]     # (the last says so and returns where no device has engines)
     dev = ["--device", args.device] if args.device else []
     quick = {"bench_gemm": ["--sizes", "512,1024", "--no-dense", "--repeats", "3"],
              "bench_mlp": ["--repeats", "3"], "bench_lenet": ["--repeats", "3"],
              "bench_conv": ["--repeats", "3"], "bench_tutorial": ["--repeats", "2"],
              "bench_ops": ["--scale", "0.25", "--repeats", "3"],
+             "bench_host": ["--repeats", "3", "--calls", "50"],
              "bench_engines": ["--sizes", "1024,2048", "--repeats", "3"]}
     sys.path.insert(0, folder)
     for name in tqdm(names + ["report"], unit="benchmark", disable=args.no_progress):

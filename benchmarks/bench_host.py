@@ -1,0 +1,134 @@
+"""Host time per op: what one call of a small op costs beside its kernels, on LeNet-5's
+shapes at batch 64 (its first convolution, a dense layer's GEMM, pooling, an
+activation, a softmax), clnn beside PyTorch (CPU, and CUDA where a GPU is there).
+
+    python benchmarks/bench_host.py [--device SPEC] [--repeats 5] [--calls 200]
+
+For each op, in microseconds per call: ``enqueue``, the mean of ``--calls`` calls made
+back to back without waiting (the Python and the driver's enqueue; on a CPU device the
+kernels run meanwhile on the same cores); ``call``, the median of calls each waited for
+(what bench_conv.py and a user see); ``kernel``, its kernels' span in profiling events;
+and ``unplanned``, ``enqueue`` again for the ops with launch plans
+(clnn/ops/_memo.py) called past them, which shows what the plans save in the same run.
+Each result is checked against PyTorch (or numpy) first.
+Writes benchmarks/results/bench_host.json.
+"""
+
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+
+import clnn  # noqa: E402
+
+
+def cases(rng):
+    """(name, clnn op on device arrays, its inputs, torch op on tensors, the clnn op
+    past its launch plans or None)"""
+    f = np.float32
+    x = rng.standard_normal((64, 1, 32, 32), dtype=f)
+    w = rng.standard_normal((6, 1, 5, 5), dtype=f)
+    dy = rng.standard_normal((64, 6, 28, 28), dtype=f)
+    a = rng.standard_normal((64, 400), dtype=f)
+    wd = rng.standard_normal((120, 400), dtype=f)
+    z = rng.standard_normal((64, 10), dtype=f)
+    dgrad, wgrad = clnn.conv2d_backward_data, clnn.conv2d_backward_weight
+    return [
+        ("conv2d (LeNet C1)", clnn.conv2d, (x, w),
+         lambda t, x, w: t.nn.functional.conv2d(x, w), clnn.conv2d.unplanned),
+        ("conv2d_backward_data", lambda dy, w: dgrad(dy, w, x.shape), (dy, w),
+         lambda t, dy, w: t.nn.grad.conv2d_input(x.shape, w, dy),
+         lambda dy, w: dgrad.unplanned(dy, w, x.shape)),
+        ("conv2d_backward_weight", lambda dy, x: wgrad(dy, x, w.shape), (dy, x),
+         lambda t, dy, x: t.nn.grad.conv2d_weight(x, w.shape, dy),
+         lambda dy, x: wgrad.unplanned(dy, x, w.shape)),
+        ("gemm 64x400 @ 400x120 (dense)", lambda a, b: clnn.gemm(a, b, trans_b=True),
+         (a, wd), lambda t, a, b: a @ b.T, lambda a, b: clnn.gemm.unplanned(a, b, trans_b=True)),
+        ("max_pool2d 2x2", lambda y: clnn.max_pool2d(y, 2), (dy,),
+         lambda t, y: t.nn.functional.max_pool2d(y, 2),
+         lambda y: clnn.max_pool2d.unplanned(y, 2)),
+        ("relu", clnn.relu, (dy,), lambda t, y: t.relu(y), None),
+        ("softmax 64x10", clnn.softmax, (z,), lambda t, z: t.softmax(z, 1), None),
+    ]
+
+
+def _enqueue_us(dev, fn, calls):
+    dev.finish()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t = time.perf_counter() - t0
+    dev.finish()
+    return 1e6 * t / calls
+
+
+def run(dev, torch, cuda, args):
+    rows = []
+    rng = np.random.default_rng(0)
+    for name, op, inputs, t_op, unplanned in cases(rng):
+        d = [clnn.asarray(v, device=dev) for v in inputs]
+        want = t_op(torch, *map(torch.from_numpy, inputs)).numpy() if torch else None
+        got = op(*d).get()
+        if want is not None and not np.allclose(got, want, rtol=1e-4, atol=1e-3):
+            raise SystemExit(f"clnn {name} differs from PyTorch")
+        call = lambda: op(*d)   # noqa: E731
+        for _ in range(3):      # seen, planned, replayed
+            call()
+        row = {"op": name, "device": dev.name,
+               "enqueue_us": statistics.median(_enqueue_us(dev, call, args.calls)
+                                               for _ in range(args.repeats)),
+               "call_us": 1e6 * _common.median_time(call, args.repeats * 10, warmup=2,
+                                                    sync=dev.finish)}
+        kernel = []
+        for _ in range(args.repeats):
+            with clnn.profile() as prof:
+                call()
+            kernel.append(prof.span_s)
+        row["kernel_us"] = 1e6 * statistics.median(kernel)
+        if unplanned is not None:
+            row["unplanned_enqueue_us"] = statistics.median(
+                _enqueue_us(dev, lambda: unplanned(*d), args.calls)
+                for _ in range(args.repeats))
+        tdev = cuda if cuda is not None else torch
+        if tdev is not None:
+            ts = [tdev.from_numpy(v) for v in inputs]
+            if cuda is not None:
+                ts = [t.cuda() for t in ts]
+                row["torch_cuda_call_us"] = 1e6 * _common.cuda_time(
+                    cuda, lambda: t_op(cuda, *ts), args.repeats * 10)
+            else:
+                row["torch_cpu_call_us"] = 1e6 * _common.median_time(
+                    lambda: t_op(torch, *ts), args.repeats * 10, warmup=2)
+        rows.append(row)
+    return rows
+
+
+def main(argv=None):
+    ap = _common.arg_parser(__doc__)
+    ap.add_argument("--calls", type=int, default=200, help="calls per enqueue timing")
+    args = ap.parse_args(argv)
+    torch = _common.torch_or_none()
+    cuda = _common.torch_cuda()
+    rows = []
+    for dev in _common.devices(args.device):
+        print(f"# {dev.name}")
+        ref = "torch_cpu_call_us" if dev.facts.is_cpu or cuda is None else \
+            "torch_cuda_call_us"
+        print(f"{'op':32s} {'enqueue':>8s} {'unplanned':>9s} {'call':>8s} {'kernel':>8s} "
+              f"{ref[:-8]:>10s}  (us per call)")
+        for row in run(dev, torch, None if dev.facts.is_cpu else cuda, args):
+            rows.append(row)
+            un = row.get("unplanned_enqueue_us")
+            print(f"{row['op']:32s} {row['enqueue_us']:8.1f} "
+                  f"{'-' if un is None else f'{un:.1f}':>9s} {row['call_us']:8.1f} "
+                  f"{row['kernel_us']:8.1f} {row.get(ref, float('nan')):10.1f}")
+    print(f"results: {_common.write_json('bench_host', {'rows': rows}, args.json)}")
+
+
+if __name__ == "__main__":
+    main()
