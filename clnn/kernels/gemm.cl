@@ -412,6 +412,174 @@ __kernel void clnn_gemv(const int M, const int K, const acc_t alpha, const acc_t
     }
 }
 % endif
+% if conv == "none" and not trans_a:
+<%
+    DM = 2 if trans_b else 4    # rows of C per block (a work-item loops over all of M)
+    DN = 4 if trans_b else 2    # columns of C per work-item (NN: vectors of VW columns)
+    def vload(ptr, idx):
+        """VW consecutive elements from ``ptr[idx]`` as one vector (element by element
+        in the source: PoCL makes vloadN a call; the compiler merges these loads)."""
+        if VW == 1:
+            return f"CLNN_LOAD({ptr}, {idx})"
+        return "(vec_t)(" + ", ".join(f"CLNN_LOAD({ptr}, {idx} + {j})" for j in range(VW)) + ")"
+%>
+// ---- direct (CPUs, op(A) not transposed, few rows of C: a batch of a few examples
+// through a dense layer): op(A) and op(B) are read where they lie, without packing. A
+// 64 x 2000 by 2000 x 5000 product's packing read and wrote B's 40 MB before the
+// multiply read them again; here each work-item reads its columns' part of B once and
+// keeps it in cache while it loops over every block of DM rows of C.
+%   if trans_b:
+// C(m, n) = sum_k A(m, k) B(n, k): rows of A and of B (W of a dense layer) run along k,
+// so the sums are VW lanes wide along k (lane j sums k = j mod VW), added up across the
+// lanes in a fixed order at the end, then the k past the last whole vector.
+%   else:
+// C(m, n .. n + VW) += A(m, k) * B(k, n .. n + VW): rows of B run along n.
+%   endif
+inline acc_t clnn_lanes_sum(const vec_t v)
+{
+%   if VW == 1:
+    return v;
+%   else:
+<% w = VW %>\
+%     while w > 1:
+<% half = w // 2 %>\
+    const ${acc if half == 1 else f"{acc}{half}"} h${half} = ${"v" if w == VW else f"h{w}"}.lo + ${"v" if w == VW else f"h{w}"}.hi;
+<% w = half %>\
+%     endwhile
+    return h1;
+%   endif
+}
+
+__kernel void clnn_gemm_direct(const int M, const int N, const int K,
+                               const acc_t alpha, const acc_t beta, const acc_t act_p,
+                               const acc_t act_q,
+                               __global const real_t *a, const int a_off, const int lda,
+                               const int a_bstride,
+                               __global const real_t *b, const int b_off, const int ldb,
+                               const int b_bstride,
+                               __global const real_t *bias, const int bias_off,
+                               __global real_t *c, const int c_off, const int ldc,
+                               const int c_bstride)
+{
+    const int batch = (int)get_global_id(1);
+    a += a_off + batch * a_bstride;
+    b += b_off + batch * b_bstride;
+    c += c_off + batch * c_bstride;
+    bias += bias_off;
+%   if trans_b:
+    const int n0 = (int)get_global_id(0) * ${DN};
+    if (n0 >= N)
+        return;
+    // this work-item's rows of B; past N they repeat the last one (not stored)
+%     for j in range(DN):
+    __global const real_t *b${j} = b + min(n0 + ${j}, N - 1) * ldb;
+%     endfor
+    const int kv = K / VW * VW;
+    for (int m0 = 0; m0 < M; m0 += ${DM}) {
+%     for i in range(DM):
+        __global const real_t *a${i} = a + min(m0 + ${i}, M - 1) * lda;
+%     endfor
+%     for i in range(DM):
+        vec_t ${", ".join(f"s{i}_{j} = (vec_t)(0)" for j in range(DN))};
+%     endfor
+        for (int k = 0; k < kv; k += VW) {
+%     for i in range(DM):
+            const vec_t x${i} = ${vload(f"a{i}", "k")};
+%     endfor
+%     for j in range(DN):
+            const vec_t w${j} = ${vload(f"b{j}", "k")};
+%       for i in range(DM):
+            s${i}_${j} += x${i} * w${j};
+%       endfor
+%     endfor
+        }
+%     for i in range(DM):
+%       for j in range(DN):
+        acc_t t${i}_${j} = clnn_lanes_sum(s${i}_${j});
+%       endfor
+%     endfor
+        for (int k = kv; k < K; ++k) {
+%     for i in range(DM):
+            const acc_t x${i} = CLNN_LOAD(a${i}, k);
+%     endfor
+%     for j in range(DN):
+            const acc_t w${j} = CLNN_LOAD(b${j}, k);
+%       for i in range(DM):
+            t${i}_${j} += x${i} * w${j};
+%       endfor
+%     endfor
+        }
+%     for i in range(DM):
+        if (m0 + ${i} < M) {
+%       for j in range(DN):
+            if (n0 + ${j} < N)
+                clnn_epilogue(c, (m0 + ${i}) * ldc + n0 + ${j}, m0 + ${i}, n0 + ${j}, t${i}_${j},
+                              alpha, beta, act_p, act_q, bias);
+%       endfor
+        }
+%     endfor
+    }
+%   else:
+    const int n0 = (int)get_global_id(0) * ${DN * VW};
+    if (n0 >= N)
+        return;
+    // columns past N (the last work-item's) load column N - 1 and are not stored
+    const bool whole = n0 + ${DN * VW} <= N;
+%     for v in range(DN):
+%       for j in range(VW):
+    const int n${v}_${j} = min(n0 + ${v * VW + j}, N - 1);
+%       endfor
+%     endfor
+    for (int m0 = 0; m0 < M; m0 += ${DM}) {
+%     for i in range(DM):
+        __global const real_t *a${i} = a + min(m0 + ${i}, M - 1) * lda;
+%     endfor
+%     for i in range(DM):
+        vec_t ${", ".join(f"s{i}_{v} = (vec_t)(0)" for v in range(DN))};
+%     endfor
+        if (whole) {
+            for (int k = 0; k < K; ++k) {
+                __global const real_t *bk = b + k * ldb + n0;
+%     for v in range(DN):
+                const vec_t w${v} = ${vload("bk", str(v * VW))};
+%     endfor
+%     for i in range(DM):
+                const vec_t x${i} = (vec_t)(CLNN_LOAD(a${i}, k));
+%       for v in range(DN):
+                s${i}_${v} += x${i} * w${v};
+%       endfor
+%     endfor
+            }
+        } else {
+            for (int k = 0; k < K; ++k) {
+                __global const real_t *bk = b + k * ldb;
+%     for v in range(DN):
+                const vec_t w${v} = ${"(vec_t)(" + ", ".join(f"CLNN_LOAD(bk, n{v}_{j})" for j in range(VW)) + ")" if VW > 1 else f"CLNN_LOAD(bk, n{v}_0)"};
+%     endfor
+%     for i in range(DM):
+                const vec_t x${i} = (vec_t)(CLNN_LOAD(a${i}, k));
+%       for v in range(DN):
+                s${i}_${v} += x${i} * w${v};
+%       endfor
+%     endfor
+            }
+        }
+%     for i in range(DM):
+        if (m0 + ${i} < M) {
+%       for v in range(DN):
+%         for j in range(VW):
+            if (n0 + ${v * VW + j} < N)
+                clnn_epilogue(c, (m0 + ${i}) * ldc + n0 + ${v * VW + j}, m0 + ${i},
+                              n0 + ${v * VW + j}, s${i}_${v}${f".s{comps[j]}" if VW > 1 else ""},
+                              alpha, beta, act_p, act_q, bias);
+%         endfor
+%       endfor
+        }
+%     endfor
+    }
+%   endif
+}
+% endif
 % else:
 <%
     MWG, NWG, KWG = t["MWG"], t["NWG"], t["KWG"]

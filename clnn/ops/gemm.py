@@ -233,6 +233,9 @@ def run_gemm(dev, dt, *, M, N, K, nbatch, a, b, c, alpha=1.0, beta=0.0, act="non
         prm = {"dtype": programs.dtype_name(dt), "variant": "reg", "trans_a": bool(trans_a),
                "trans_b": bool(trans_b), "act": act, "bias": bias_mode, "conv": conv,
                "tuning": tuning.template_tuning(rows[0], dt)}
+        if conv == "none" and not trans_a and \
+                M <= (DIRECT_M if dt != np.float16 else DIRECT_M_HALF):
+            return _gemm_direct(dev, prm, a, b, c, nbatch, common)
         return _gemm_packed(dev, dt, prm, rows[0], a, b, c, nbatch, common, conv_args or {})
     plan, kern, red = _tiled_launch(dev, dt, rows, M, N, K, nbatch, a, b, c, act,
                                     bias_mode, bool(trans_a), bool(trans_b), conv)
@@ -313,6 +316,28 @@ def clear_launches():
 # epilogue whose A panel alone is too big, slices of K), so a convolution never holds
 # an unrolled copy of its whole input and a big GEMM's panels stay a bounded size.
 PANEL_BYTES = 32 << 20
+
+
+# The CPU variant multiplies products of at most this many rows of C (op(A) not
+# transposed) where A and B lie, without packing them: packing a big B (a dense
+# layer's weights) for a few rows of A read and wrote all of it before the multiply
+# read it again. float16 elements are converted as they are loaded, once per block of
+# rows here (2 in a work-item's block) against once in the packing: for halves the
+# direct kernel wins only while one block covers every row.
+DIRECT_M = 16
+DIRECT_M_HALF = 2
+
+
+def _gemm_direct(dev, prm, a, b, c, nbatch, common):
+    """The CPU variant's direct kernel (gemm.cl, clnn_gemm_direct), one launch."""
+    kern = programs.get_kernel(dev, "gemm", "clnn_gemm_direct", prm)
+    vw = dict(prm["tuning"]).get("VW", 1)
+    cols = 4 if prm["trans_b"] else 2 * vw          # columns of C per work-item
+    wg = min(8, dev.facts.max_work_group_size)
+    items = -(-common["N"] // cols)
+    return kern((-(-items // wg) * wg, nbatch), (wg, 1), a=a.data, a_off=a.off, lda=a.ld,
+                a_bstride=a.bstride, b=b.data, b_off=b.off, ldb=b.ld, b_bstride=b.bstride,
+                c=c.data, c_off=c.off, ldc=c.ld, c_bstride=c.bstride, **common)
 
 
 def _gemm_packed(dev, dt, prm, params, a, b, c, nbatch, common, geometry):

@@ -4,6 +4,8 @@ Outputs live inside bigger canary-filled matrices (an offset and a row stride), 
 are row-strided views with offsets, and every tile variant is forced in turn.
 """
 
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -150,6 +152,35 @@ def test_vector_epilogue(variant, dtype):
             check_gemm(M, N, K, False, True, 1.0, 0.0, dtype, bias=(1, N), act="tanh")
             check_gemm(M, N, K, True, False, -1.5, 1.0, dtype, bias=(M, 1))
             check_gemm(M, N, K, False, False, 0.5, -1.0, dtype, bias=(), act="relu")
+
+
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("variant", ["cpu-default", "cpu-3x8-vw4", "cpu-scalar"])
+def test_direct_kernel_for_few_rows(variant, dtype):
+    """Up to DIRECT_M rows of C with op(A) not transposed, the CPU variant reads A and B
+    in place (clnn_gemm_direct, one launch): both B layouts, K past and short of a
+    whole vector, N past a work-item's columns, every bias form, beta, activations,
+    batches (B shared too); one row more takes the packed kernels."""
+    gemm_module = sys.modules["clnn.ops.gemm"]
+    top = gemm_module.DIRECT_M if dtype != np.float16 else gemm_module.DIRECT_M_HALF
+    with tuning.override("gemm", VARIANTS[variant]):
+        for M, N, K in ((1, 1, 1), (1, 37, 21), (2, 5, 8), (min(3, top), 17, 3),
+                        (top, 33, 45)):
+            for tb in (False, True):
+                with clnn.profile() as prof:
+                    check_gemm(M, N, K, False, tb, 1.0, 0.0, dtype, bias=(1, N), act="tanh")
+                    check_gemm(M, N, K, False, tb, -1.5, 1.0, dtype, bias=(M, 1))
+                    check_gemm(M, N, K, False, tb, 0.5, -1.0, dtype, bias=(), act="relu")
+                    check_gemm(M, N, K, False, tb, 1.0, 0.0, dtype, batch=3)
+                assert {r.entry for r in prof.records} == {"clnn_gemm_direct"}
+        a = RNG.standard_normal((4, 9, 6)).astype(dtype)
+        w = RNG.standard_normal((5, 6)).astype(dtype)
+        got = clnn.gemm(clnn.asarray(a), clnn.asarray(w), trans_b=True).get()
+        np.testing.assert_allclose(got, a.astype(np.float64) @ w.T, rtol=4 * eps(dtype),
+                                   atol=8 * eps(dtype))
+        with clnn.profile() as prof:
+            check_gemm(top + 1, 9, 5, False, True, 1.0, 0.0, dtype)
+        assert "clnn_gemm_direct" not in {r.entry for r in prof.records}
 
 
 @pytest.mark.parametrize("variant", ["cpu-default", "gpu-odd"])
