@@ -28,6 +28,7 @@ from ..device import device as _device
 from ..ops.xent import cross_entropy_parts
 from .. import optim
 from ..errors import ArgumentError, CheckpointError, ShapeError
+from ..ops import _memo
 from ..ops._args import INT_MAX, dev_empty
 from ..ops.dropout import dropout_key, dropout_key_at
 from . import amp
@@ -73,6 +74,17 @@ def _ident(a):
 
 
 REPLAYS = 2         # captured steps a network keeps (a full batch and the last one)
+
+
+class _InferReplay:
+    """A captured inference pass: seen once (``launches`` None), then captured with
+    its input copied into ``x`` and its output written to ``out``, replayed from then
+    on (see Sequential._run)."""
+
+    def __init__(self, bufs):
+        self.bufs = bufs                # the work buffers its launches read
+        self.launches = self.x = self.out = None
+        self.disabled = False           # capturing ran out of memory: never again
 
 
 class GradientStep:
@@ -148,6 +160,7 @@ class Sequential:
         trainable = [i for i, l in enumerate(self.layers) if l.parameters()]
         self._first_trainable = trainable[0] if trainable else len(self.layers)
         self._infer = {}            # (batch, dtype) -> two ping-pong buffers
+        self._infer_replays = {}    # replay key -> _Replay of an inference pass
         self._train = {}            # batch -> _Workspace
         self._grads = None          # per layer: a gradient buffer per parameter
         self.optimizer = None       # a clnn.optim optimizer, set by fit or train_step
@@ -305,29 +318,86 @@ class Sequential:
     def _run(self, x, logits=False):
         """The forward pass in evaluation mode on a checked device batch (the last
         layer stops before its softmax with ``logits``), in x's dtype (float16 with the
-        layers bound to their float16 copy, for a mixed-precision evaluation)."""
+        layers bound to their float16 copy, for a mixed-precision evaluation); a new
+        array.
+
+        Replayed as training steps are: the second pass with the same batch size,
+        dtype, parameter arrays and settings is captured (its input copied into a
+        fixed buffer first, its output written to a fixed one), and later passes copy
+        their input in, enqueue the captured launches and copy the output out, without
+        the Python of the layers and ops (most of a small batch's time)."""
         batch, dtype = x.shape[0], x.dtype
         key = (batch, dtype.name)
         if key not in self._infer:
+            # work buffers for two batch sizes at most (evaluate's and its last batch's)
+            while len(self._infer) >= REPLAYS:
+                old = self._infer.pop(next(iter(self._infer)))
+                self._infer_replays = {k: r for k, r in self._infer_replays.items()
+                                       if r.bufs is not old}   # (they read the old ones)
             width = max([int(np.prod(l.out_shape)) for l in self.layers[:-1] if not l.view]
                         + [1])
-            self._infer = {key: [clnn.empty((batch * width,), dtype, self.device)
-                                 for _ in range(2)]}
+            self._infer[key] = [clnn.empty((batch * width,), dtype, self.device)
+                                for _ in range(2)]
         bufs = self._infer[key]
+        rkey = self._infer_key(x, logits)
+        rep = self._infer_replays.get(rkey) if rkey is not None else None
+        if rep is None or rep.disabled:
+            if rep is None and rkey is not None:     # seen once: captured next time
+                while len(self._infer_replays) >= 2 * REPLAYS:
+                    self._infer_replays.pop(next(iter(self._infer_replays)))
+                self._infer_replays[rkey] = _InferReplay(bufs)
+            return self._forward_eval(x, bufs, logits)
+        from .. import programs
+        if rep.launches is None:
+            try:
+                rep.x = clnn.copy(x)                                      # fixed input
+                rep.out = clnn.empty((batch,) + self.out_shape, dtype, self.device)
+                with programs.captured() as launches:
+                    self._forward_eval(rep.x, bufs, logits, rep.out)
+            except clnn.OutOfDeviceMemory:
+                # (captures hold their temporaries): this key runs in full from now
+                rep.x = rep.out = None
+                rep.disabled = True
+                return self._forward_eval(x, bufs, logits)
+            rep.launches = launches
+        else:
+            clnn.copy(x, out=rep.x)
+            programs.replay(rep.launches)
+        return clnn.copy(rep.out)
+
+    def _infer_key(self, x, logits):
+        """What must match for an inference pass to replay a captured one (the
+        arrays its launches read: parameters, as bound, and layer state such as
+        running statistics), or None where it must run in full."""
+        from .. import tuning
+        if not all(layer.capturable for layer in self.layers) or \
+                getattr(tuning._override, "stack", None):
+            return None
+        arrays = [_ident(p) for p in self.parameters()]
+        for layer in self.layers:
+            arrays += [_ident(v) for v in layer.state().values() if isinstance(v, cla.Array)]
+        return (x.shape, x.dtype.str, bool(logits), tuple(arrays),
+                tuning.get_float32_matmul_precision(), _memo.epoch())
+
+    def _forward_eval(self, x, bufs, logits, out=None):
+        """The layers' forward passes in evaluation mode through the work buffers
+        ``bufs``, the last into ``out`` (a new array when None)."""
+        batch, dtype = x.shape[0], x.dtype
         h, nxt = x, 0             # nxt: the work buffer the next layer writes into
         for i, layer in enumerate(self.layers):
             shape = (batch,) + layer.out_shape
+            last = i == len(self.layers) - 1
             if layer.view:
                 h = layer.forward(h)
-                if i == len(self.layers) - 1:
-                    h = clnn.copy(h)
+                if last:
+                    h = clnn.copy(h, out=out)
                 continue
-            if i == len(self.layers) - 1:
-                out = clnn.empty(shape, dtype, self.device)
+            if last:
+                dst = out if out is not None else clnn.empty(shape, dtype, self.device)
             else:
-                out = bufs[nxt][:int(np.prod(shape))].reshape(shape)
+                dst = bufs[nxt][:int(np.prod(shape))].reshape(shape)
                 nxt = 1 - nxt
-            h = layer.forward(h, out, logits=logits)
+            h = layer.forward(h, dst, logits=logits)
         return h
 
     def predict(self, x):
@@ -504,7 +574,8 @@ class Sequential:
         halves = (scale, _ident(self._half.params), _ident(self._half.grads)) if half \
             else None
         return (batch, loss, _ident(x), _ident(y), _ident(self.flat_parameters),
-                _ident(self.flat_gradients), tuning.get_float32_matmul_precision(), halves)
+                _ident(self.flat_gradients), tuning.get_float32_matmul_precision(), halves,
+                _memo.epoch())
 
     def _replayed(self, key, ws, x, y, loss, grads, scale, layer_hook, example_offset,
                   half):

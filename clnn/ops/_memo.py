@@ -75,6 +75,13 @@ def clear():
     _Epoch.value += 1
 
 
+def epoch():
+    """The count of settings changes (see watch) and clears: what captured training
+    steps and inference passes key on too (clnn/nn/network.py), so a change of the
+    settings their kernels were chosen under captures anew."""
+    return _Epoch.value
+
+
 _SCALARS = (int, float, bool, str, type(None), np.generic)
 
 

@@ -241,3 +241,96 @@ def test_captured_copies_are_replayed(dev):
     x.set(np.arange(10, 20, dtype=np.float32))
     programs.replay(launches).wait()
     assert np.array_equal(out.get(), [0] + list(range(12, 19)) + [0, 0])
+
+
+def _plain_forward(net, x, logits=False):
+    """The inference pass without replay (what _run captures), as a numpy array."""
+    xd = net._input(x)
+    return net._forward_eval(xd, net._infer[(xd.shape[0], xd.dtype.name)], logits).get()
+
+
+def test_inference_replays_and_follows_the_weights(dev, monkeypatch):
+    """predict and __call__ replay from the third pass with a batch size: new inputs
+    each time, training steps in between (weights, BatchNorm's running statistics
+    and a Dropout, which is the identity here); bitwise what the layers' own pass
+    gives, and no kernel chosen in Python."""
+    net = nn.Sequential([nn.Conv2d(4, 3, bias=False), nn.BatchNorm2d(4, activation="relu"),
+                         nn.MaxPool2d(2), nn.Flatten(), nn.Dropout(0.3), nn.Dense(8, "tanh"),
+                         nn.Dense(7, "softmax")], in_shape=(2, 13, 13), seed=2, device=dev)
+    x, y = data(dev, 6, (2, 13, 13), 7)
+    calls = []
+    real = programs.get_kernel
+    for i in range(6):
+        xs = RNG.standard_normal((5, 2, 13, 13)).astype(np.float32)
+        if i == 4:
+            monkeypatch.setattr(programs, "get_kernel",
+                                lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+        got = net.predict(xs)
+        monkeypatch.setattr(programs, "get_kernel", real)
+        assert got.tobytes() == _plain_forward(net, xs).tobytes()
+        assert net(clnn.asarray(xs, device=dev)).get().tobytes() == got.tobytes()
+        net.train_step(x, y, 0.1, loss="cross_entropy")
+    assert calls == [] and any(r.launches for r in net._infer_replays.values())
+
+
+def test_evaluate_replays_with_the_same_results(dev):
+    """evaluate's batches (views of one array at other offsets, a shorter last batch)
+    replay their logits passes: the same loss and accuracy as passes run in full, in
+    float32 and float16."""
+    net = lenet(dev)
+    x = RNG.standard_normal((23, 2, 13, 13)).astype(np.float32)
+    labels = RNG.integers(0, 7, 23)
+    y = np.eye(7, dtype=np.float32)[labels]
+    for precision in (None, "float16"):
+        first = net.evaluate(x, y, "cross_entropy", batch_size=5, precision=precision)
+        for _ in range(2):
+            assert net.evaluate(x, y, "cross_entropy", batch_size=5,
+                                precision=precision) == first
+        assert any(r.launches for r in net._infer_replays.values())
+        plain = net._forward_eval(net._input(x[:5]), net._infer[(5, "float32")], True) \
+            if precision is None else None
+        if plain is not None:
+            replayed = net._run(net._input(x[:5]), logits=True)
+            assert replayed.get().tobytes() == plain.get().tobytes()
+
+
+def test_an_inference_capture_that_runs_out_of_memory_falls_back(dev):
+    net = lenet(dev)
+    xs = RNG.standard_normal((3, 2, 13, 13)).astype(np.float32)
+    want = net.predict(xs)
+    pool = dev.pool
+    fail = FailAt(pool, at=2)             # (0: the input's upload)
+    pool.allocate = fail
+    try:
+        got = net.predict(xs)             # the capture fails, the pass runs in full
+    finally:
+        del pool.allocate
+    assert got.tobytes() == want.tobytes()
+    (rep,) = net._infer_replays.values()
+    assert rep.disabled and rep.launches is None
+    assert net.predict(xs).tobytes() == want.tobytes()
+
+
+def test_a_changed_setting_captures_anew(dev, monkeypatch):
+    """A captured step or inference pass keeps the kernels chosen when it was captured;
+    a change of a setting those choices read (a module attribute of the ops: here the
+    CPU GEMM's limit for reading operands in place) captures anew, as clear_caches()
+    does."""
+    x, y = data(dev, 6, (9,), 5)
+    net = mlp(dev)
+    for _ in range(3):
+        net.train_step(x, y, 0.1, loss="cross_entropy", replay=True)
+        net.predict(x)
+    gemm_module = sys.modules["clnn.ops.gemm"]
+    monkeypatch.setattr(gemm_module, "DIRECT_M", 0)
+    for _ in range(3):
+        with clnn.profile() as step:
+            net.train_step(x, y, 0.1, loss="cross_entropy", replay=True)
+        with clnn.profile() as infer:
+            net.predict(x)
+    if dev.facts.is_cpu:
+        for prof in (step, infer):
+            entries = {r.entry for r in prof.records}
+            assert "clnn_gemm_packed" in entries and "clnn_gemm_direct" not in entries
+    assert any(r.launches for r in net._replays.values())
+    assert any(r.launches for r in net._infer_replays.values())
