@@ -227,6 +227,9 @@ def conv():
                         (X1, W1, B1, DY1, (1, 1), (y1, dx1, dw1))):
                     close(clnn.conv2d(xx, ww, bb, stride=st, padding=1).get(), refs[0],
                           1e-4)
+                    if not extra:     # the epilogue's activation on a vector of filters
+                        close(clnn.conv2d(xx, ww, bb, stride=st, padding=1,
+                                          activation="tanh").get(), np.tanh(refs[0]), 1e-4)
                     close(clnn.conv2d_backward_data(dyy, ww, xx.shape, stride=st,
                                                     padding=1).get(), refs[1], 1e-4)
                     close(clnn.conv2d_backward_weight(dyy, xx, ww.shape, stride=st,

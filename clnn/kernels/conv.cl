@@ -20,14 +20,18 @@
 ## data gradient (a forward pass over padded dy with the filters flipped, or dcol and
 ## col2im) and the weight gradient.
 <%include file="_common.cl"/>
-<%include file="_activation.cl" args="act=act"/>
 <%
     t = dict(tuning)
     MWI, NWI, VW = t["MWI"], t["NWI"], t["VW"]
     NVW = NWI // VW
     vec = f"{acc}{VW}" if VW > 1 else acc
     comps = "0123456789abcdef"
+    # the epilogue takes the activation on a vector of VW where it calls math built-ins
+    # (PoCL calls the scalar forms once per element: LeNet C1's tanh took 8x its
+    # convolution)
+    vec_act = not vstore and VW in (2, 4, 8) and act in ("sigmoid", "tanh", "elu", "softplus")
 %>
+<%include file="_activation.cl" args="act=act, vector=VW if vec_act else 0"/>
 //
 // ---- tuning parameters
 #define MWI ${MWI}    // rows of C per work-item, each gathered from the input
@@ -262,21 +266,38 @@ ${step()}
     if (row0 + ${i} < rows) {
 %   endif
 %   for v in range(NVW):
-%     for j in range(VW):
+%     if vec_act:
+        {
+            // (lanes past the last column hold zeros and are not stored)
+            vec_t r = alpha * c${i}_${v};
+            if (beta != (acc_t)0)
+                r += beta * (vec_t)(${", ".join(f"col0 + {v * VW + j} < cols ? CLNN_LOAD(out, oidx{i} + (col0 + {v * VW + j}) * OM) : (acc_t)0" for j in range(VW))});
+%       if bias == "col":
+            r += (vec_t)(${", ".join(f"col0 + {v * VW + j} < cols ? CLNN_LOAD(bias, col0 + {v * VW + j}) : (acc_t)0" for j in range(VW))});
+%       endif
+            r = clnn_f${VW}(r, act_p, act_q);
+%       for j in range(VW):
+            if (col0 + ${v * VW + j} < cols)
+                CLNN_STORE(r.s${comps[j]}, out, oidx${i} + (col0 + ${v * VW + j}) * OM);
+%       endfor
+        }
+%     else:
+%       for j in range(VW):
         if (col0 + ${v * VW + j} < cols) {
             const int idx = oidx${i} + (col0 + ${v * VW + j}) * OM;
             acc_t r = alpha * c${i}_${v}${f".s{comps[j]}" if VW > 1 else ""};
             if (beta != (acc_t)0)
                 r += beta * CLNN_LOAD(out, idx);
-%       if bias == "col":
+%         if bias == "col":
             r += CLNN_LOAD(bias, col0 + ${v * VW + j});
-%       endif
-%       if act != "none":
+%         endif
+%         if act != "none":
             r = clnn_f(r, act_p, act_q);
-%       endif
+%         endif
             CLNN_STORE(r, out, idx);
         }
-%     endfor
+%       endfor
+%     endif
 %   endfor
     }
 % endfor

@@ -10,8 +10,8 @@ from hypothesis import given, settings, strategies as st
 
 import clnn
 from clnn import tuning
-from conftest import Guarded, error_bound, float_dtypes, guarded_input
-from reference import conv2d_backward_ref, conv2d_ref
+from conftest import Guarded, eps, error_bound, float_dtypes, guarded_input
+from reference import conv2d_backward_ref, conv2d_ref, f_ref
 
 RNG = np.random.default_rng(31)
 conv_module = sys.modules["clnn.ops.conv"]
@@ -167,6 +167,31 @@ def test_float16_forward_copies_a_group_of_images_at_a_time(monkeypatch):
     ref = conv2d_ref(x, w, b, (2, 1), (1, 2))
     within(whole, ref, conv2d_ref(np.abs(x), np.abs(w), np.abs(b), (2, 1), (1, 2)),
            3 * 3 * 2, np.float16)
+
+
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("act", ["sigmoid", "tanh", "elu", "softplus", "leaky_relu"])
+def test_fused_activations(act, dtype):
+    """The gathered forward pass applies its activation to a vector of filters at once
+    where it calls math built-ins: LeNet's 6 filters (a vector of 8 with 2 unused
+    lanes) and 13 (two vectors, the second mostly unused), with bias and padding,
+    inside canaries; the others element by element."""
+    for M, pad in ((6, 0), (13, 1)):
+        x = RNG.standard_normal((3, 2, 9, 8)).astype(dtype)
+        w = RNG.standard_normal((M, 2, 3, 3)).astype(dtype)
+        b = RNG.standard_normal(M).astype(dtype)
+        z = conv2d_ref(x, w, b, (1, 1), (pad, pad))
+        scale = conv2d_ref(np.abs(x), np.abs(w), np.abs(b), (1, 1), (pad, pad))
+        y = Guarded(clnn.device(), z.shape, dtype)
+        clnn.conv2d(guarded_input(clnn.device(), x), guarded_input(clnn.device(), w),
+                    guarded_input(clnn.device(), b), padding=pad, out=y.view, activation=act)
+        p = 0.01 if act == "leaky_relu" else 1.0
+        ref = f_ref(act, z, p)
+        # the sum's error passes through a slope of at most 1; the activation rounds
+        bound = error_bound(dtype, 2 * 9 + 1, 4) * (scale + 1e-30) + \
+            8 * eps(dtype) * np.maximum(np.abs(ref), 1e-3)
+        got = y.check().astype(np.float64)
+        assert np.all(np.abs(got - ref) <= bound), (act, M, np.abs(got - ref).max())
 
 
 @pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
