@@ -160,7 +160,7 @@ class Sequential:
         trainable = [i for i, l in enumerate(self.layers) if l.parameters()]
         self._first_trainable = trainable[0] if trainable else len(self.layers)
         self._infer = {}            # (batch, dtype) -> two ping-pong buffers
-        self._infer_replays = {}    # replay key -> _Replay of an inference pass
+        self._infer_replays = {}    # replay key -> _InferReplay (an inference pass)
         self._train = {}            # batch -> _Workspace
         self._grads = None          # per layer: a gradient buffer per parameter
         self.optimizer = None       # a clnn.optim optimizer, set by fit or train_step
