@@ -169,13 +169,14 @@ def test_float16_forward_copies_a_group_of_images_at_a_time(monkeypatch):
            3 * 3 * 2, np.float16)
 
 
-@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
-@pytest.mark.parametrize("act", ["sigmoid", "tanh", "elu", "softplus", "leaky_relu"])
+@pytest.mark.parametrize("act,dtype", [(a, np.float32) for a in ("sigmoid", "elu", "softplus")]
+                         + [("tanh", t) for t in float_dtypes()],
+                         ids=lambda v: v if isinstance(v, str) else np.dtype(v).name)
 def test_fused_activations(act, dtype):
     """The gathered forward pass applies its activation to a vector of filters at once
     where it calls math built-ins: LeNet's 6 filters (a vector of 8 with 2 unused
     lanes) and 13 (two vectors, the second mostly unused), with bias and padding,
-    inside canaries; the others element by element."""
+    inside canaries (float64's vectors are 4 wide, float16's loads convert)."""
     for M, pad in ((6, 0), (13, 1)):
         x = RNG.standard_normal((3, 2, 9, 8)).astype(dtype)
         w = RNG.standard_normal((M, 2, 3, 3)).astype(dtype)
@@ -185,8 +186,7 @@ def test_fused_activations(act, dtype):
         y = Guarded(clnn.device(), z.shape, dtype)
         clnn.conv2d(guarded_input(clnn.device(), x), guarded_input(clnn.device(), w),
                     guarded_input(clnn.device(), b), padding=pad, out=y.view, activation=act)
-        p = 0.01 if act == "leaky_relu" else 1.0
-        ref = f_ref(act, z, p)
+        ref = f_ref(act, z, 1.0)
         # the sum's error passes through a slope of at most 1; the activation rounds
         bound = error_bound(dtype, 2 * 9 + 1, 4) * (scale + 1e-30) + \
             8 * eps(dtype) * np.maximum(np.abs(ref), 1e-3)

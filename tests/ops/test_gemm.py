@@ -154,13 +154,15 @@ def test_vector_epilogue(variant, dtype):
             check_gemm(M, N, K, False, False, 0.5, -1.0, dtype, bias=(), act="relu")
 
 
-@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
-@pytest.mark.parametrize("variant", ["cpu-default", "cpu-3x8-vw4", "cpu-scalar"])
+@pytest.mark.parametrize("variant,dtype", [("cpu-default", t) for t in float_dtypes()]
+                         + [("cpu-scalar", np.float32)],
+                         ids=lambda v: v if isinstance(v, str) else np.dtype(v).name)
 def test_direct_kernel_for_few_rows(variant, dtype):
     """Up to DIRECT_M rows of C with op(A) not transposed, the CPU variant reads A and B
     in place (clnn_gemm_direct, one launch): both B layouts, K past and short of a
     whole vector, N past a work-item's columns, every bias form, beta, activations,
-    batches (B shared too); one row more takes the packed kernels."""
+    batches (B shared too), vectors of 8 (float32, float16), 4 (float64) and 1; one
+    row more takes the packed kernels."""
     gemm_module = sys.modules["clnn.ops.gemm"]
     top = gemm_module.DIRECT_M if dtype != np.float16 else gemm_module.DIRECT_M_HALF
     with tuning.override("gemm", VARIANTS[variant]):
