@@ -91,11 +91,12 @@ def _ops():
 
 
 def _batch_norm(rng):
-    """Training forward, backward and the running statistics, with both work-group
-    sizes (64 on CPUs, 256 on GPUs) over channels of 1, 13 and 300 values."""
+    """Training forward, backward and the running statistics, with the work-group
+    sizes (1 on CPUs: a channel per work-item, planes as vectors; 64 and 256, trees)
+    over channels of 1, 13 and 300 values."""
     from unittest import mock
     bn = sys.modules["clnn.ops.batchnorm"]
-    for wg in (64, 256):
+    for wg in (1, 64, 256):
         with mock.patch.object(bn, "_wg", lambda dev, wg=wg: wg):
             for shape in ((13, 3), (3, 2, 10, 10), (1, 2, 1, 13)):
                 x = rng.standard_normal(shape).astype(np.float32) * 2 + 1

@@ -14,20 +14,30 @@ import numpy as np
 from .. import programs
 from ..errors import ArgumentError, ShapeError
 from ._args import (check, check_out, common_device, dev_scratch, done, finite, launch,
-                    offset)
+                    launch_size, offset)
 from .elementwise import ACTIVATIONS, activation_parameter
 
 programs.register("batchnorm", {"act": "identity", "wg": 64},
-                  lambda: [{"act": a, "wg": wg} for a in ACTIVATIONS for wg in (64, 256)])
+                  lambda: [{"act": a, "wg": wg} for a in ACTIVATIONS for wg in (1, 64, 256)])
 
 
 def _wg(dev):
-    """Work-items per channel: 64 on CPUs (PoCL runs a group as one loop), 256 on GPUs,
-    within the device's limit (a power of two, for the tree)."""
-    want = 64 if dev.facts.is_cpu else 256
+    """Work-items per channel: 1 on CPUs (a work-item per channel, its planes read as
+    vectors: batchnorm.cl), 256 on GPUs, within the device's limit (a power of two,
+    for the tree)."""
+    want = 1 if dev.facts.is_cpu else 256
     while want > dev.facts.max_work_group_size:
         want //= 2
     return want
+
+
+def _planes_launch(dev, N, C, HW):
+    """(global, local) of the element-wise passes (forward, data gradient): by planes
+    of HW elements on CPUs where a plane holds a vector (see batchnorm.cl), else by
+    elements."""
+    if _wg(dev) == 1 and HW >= 8:
+        return launch_size(dev, N * C, wg=8)
+    return launch_size(dev, N * C * HW)
 
 
 def _kernel(dev, dt, entry, act="identity"):
@@ -129,10 +139,11 @@ def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None,
         mean, m_off = running_mean, offset(running_mean)
         var, v_off = running_var, offset(running_var)
     w, b = (weight, bias) if affine else (x, x)
-    evt = launch(_kernel(dev, dt, "clnn_bn_forward", act), dev, x.size, C=C, HW=HW,
-                 eps=eps, p=p, q=q, affine=int(affine), x=x, x_off=offset(x), mean=mean,
-                 m_off=m_off, var=var, v_off=v_off, w=w, w_off=offset(w), b=b,
-                 b_off=offset(b), out=out, out_off=offset(out))
+    evt = _kernel(dev, dt, "clnn_bn_forward", act)(
+        *_planes_launch(dev, N, C, HW), n=x.size, C=C, HW=HW, eps=eps, p=p, q=q,
+        affine=int(affine), x=x, x_off=offset(x), mean=mean, m_off=m_off, var=var,
+        v_off=v_off, w=w, w_off=offset(w), b=b, b_off=offset(b), out=out,
+        out_off=offset(out))
     if training and running_mean is not None:         # checked above
         _update_running(dev, running_mean, running_var, stats, momentum, N * HW)
     return done(out, evt)
@@ -228,9 +239,10 @@ def batch_norm_backward(dy, x, save, weight=None, eps=1e-5, dx=None, dweight=Non
         done(dbias, evt)
     if dx is not None:
         w = weight if affine else x
-        evt = launch(_kernel(dev, dt, "clnn_bn_backward_data"), dev, x.size, C=C, HW=HW,
-                     M=N * HW, eps=eps, affine=int(affine), dy=dy, dy_off=offset(dy), x=x,
-                     x_off=offset(x), stats=save, s_off=offset(save), sums=sums,
-                     sums_off=0, w=w, w_off=offset(w), dx=dx, dx_off=offset(dx))
+        evt = _kernel(dev, dt, "clnn_bn_backward_data")(
+            *_planes_launch(dev, N, C, HW), n=x.size, C=C, HW=HW, M=N * HW, eps=eps,
+            affine=int(affine), dy=dy, dy_off=offset(dy), x=x, x_off=offset(x),
+            stats=save, s_off=offset(save), sums=sums, sums_off=0, w=w, w_off=offset(w),
+            dx=dx, dx_off=offset(dx))
         done(dx, evt)
     return dx, dweight, dbias

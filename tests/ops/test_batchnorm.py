@@ -2,6 +2,8 @@
 (and PyTorch itself when it is installed), on awkward shapes with offsets and canaries;
 the backward pass against finite differences."""
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -127,6 +129,39 @@ def test_backward(dev, shape, dtype, affine):
         assert_close(db.check(), rdb, dtype, k=M, scale=np.abs(dy).max())
     else:
         assert got[1] is None and got[2] is None
+
+
+@pytest.mark.parametrize("wg", [1, 64, 256])
+def test_every_work_group_form(dev, monkeypatch, wg):
+    """The per-channel sums as a CPU takes them (a work-item per channel, planes 8
+    at a time) and as GPUs do (trees of 64 and 256), each forced: statistics, forward
+    with a vector activation, and backward against float64, on planes shorter than,
+    equal to and past a vector."""
+    monkeypatch.setattr(sys.modules["clnn.ops.batchnorm"], "_wg", lambda dev: wg)
+    for shape in ((9, 3), (4, 2, 2, 4), (3, 5, 7, 11)):
+        x = (RNG.standard_normal(shape) * 2 + 1).astype(np.float32)
+        dy = RNG.standard_normal(shape).astype(np.float32)
+        w = RNG.uniform(0.5, 2, shape[1]).astype(np.float32)
+        b = RNG.standard_normal(shape[1]).astype(np.float32)
+        X, W = clnn.asarray(x, device=dev), clnn.asarray(w, device=dev)
+        save = clnn.empty((2, shape[1]), np.float32, device=dev)
+        out = clnn.batch_norm(X, weight=W, bias=clnn.asarray(b, device=dev), training=True,
+                              save=save, activation="tanh")
+        ax = axes(shape)
+        x64 = x.astype(np.float64)
+        mean, var = x64.mean(ax), x64.var(ax)
+        z = (x64 - per_channel(mean, shape)) / np.sqrt(per_channel(var, shape) + 1e-5)
+        ref = np.tanh(per_channel(w, shape) * z + per_channel(b, shape))
+        M = x.size // shape[1]
+        assert_close(save.get()[0], mean, np.float32, k=M, scale=np.abs(x64).max(ax))
+        assert_close(save.get()[1], var, np.float32, k=M, scale=var + mean ** 2)
+        assert_close(out.get(), ref, np.float32, k=M, scale=4)
+        dx, dw, db = clnn.batch_norm_backward(clnn.asarray(dy, device=dev), X, save, W)
+        rdx, rdw, rdb = bn_backward_ref(dy, x, w)
+        scale = np.abs(dy).max() * np.abs(w).max() / np.sqrt(var).min()
+        assert_close(dx.get(), rdx, np.float32, k=M, scale=scale)
+        assert_close(dw.get(), rdw, np.float32, k=M, scale=np.abs(dy).max() * 4)
+        assert_close(db.get(), rdb, np.float32, k=M, scale=np.abs(dy).max())
 
 
 def test_backward_matches_finite_differences(dev):
