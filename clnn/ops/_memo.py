@@ -5,7 +5,10 @@ them.
 
 A convolution's Python (checks, geometry, the tuning table, tiles, its launches' 30-odd
 arguments) took about 200 us a call where its kernels take 20-50 us on a GPU (LeNet's
-layers on an H100): most of the call. How it works, for an op wrapped with ``@memoized``:
+layers on an H100): most of the call. Wrapped: convolutions, gemm, pooling,
+batch_norm and its backward pass, bias_grad (ops of several launches or many checks;
+a single element-wise launch gains too little over the key's own cost). How it works,
+for an op wrapped with ``@memoized``:
 
 - the first call with a key runs as usual; the second runs inside
   ``programs.captured()`` and the pool's ``watching()``, and becomes a plan: each
@@ -159,7 +162,9 @@ class _Plan:
         self.results = []
         for r in (result if isinstance(result, tuple) else (result,)):
             same = [i for i, a in enumerate(arrays) if a is r]
-            if same:
+            if r is None:                   # (batch_norm_backward's missing gradients)
+                self.results.append((None, None))
+            elif same:
                 self.results.append((False, same[0]))
             elif type(r) is cla.Array and r.base_data is not None and \
                     id(r.base_data) in new and not r.events:
@@ -180,7 +185,7 @@ class _Plan:
         out = []
         for fresh, spec in self.results:
             if not fresh:
-                out.append(arrays[spec])
+                out.append(None if spec is None else arrays[spec])
                 continue
             j, shape, dtype, strides, offset, size = spec
             out.append(cla.Array(None, shape, dtype, allocator=self.pool, data=bufs[j],

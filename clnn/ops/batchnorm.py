@@ -15,6 +15,7 @@ from .. import programs
 from ..errors import ArgumentError, ShapeError
 from ._args import (check, check_out, common_device, dev_scratch, done, finite, launch,
                     launch_size, offset)
+from ._memo import memoized
 from .elementwise import ACTIVATIONS, activation_parameter
 
 programs.register("batchnorm", {"act": "identity", "wg": 64},
@@ -76,6 +77,7 @@ def _momentum(momentum, dt):
     return momentum
 
 
+@memoized
 def batch_norm(x, running_mean=None, running_var=None, weight=None, bias=None,
                training=False, momentum=0.1, eps=1e-5, activation=None,
                activation_param=None, out=None, save=None):
@@ -184,6 +186,7 @@ def _update_running(dev, running_mean, running_var, save, factor, count):
     return done(running_var, evt)
 
 
+@memoized
 def batch_norm_backward(dy, x, save, weight=None, eps=1e-5, dx=None, dweight=None,
                         dbias=None, need_dx=True):
     """Gradients of ``batch_norm`` in training mode, from dy = dL/d(normalised and

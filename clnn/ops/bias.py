@@ -8,6 +8,7 @@ import math
 
 from ._args import (check, check_out, common_device, dev_empty, done, finite, launch,
                     offset)
+from ._memo import memoized
 from .elementwise import elementwise_kernel, inplace
 from .reduce import reduce3
 from ..errors import ArgumentError, ShapeError
@@ -34,6 +35,7 @@ def bias_add(x, b, out=None):
     return done(out, evt)
 
 
+@memoized
 def bias_grad(dy, out=None, *, alpha=1.0, beta=0.0):
     """db = alpha * (dy summed over every axis but axis 1) + beta * out.
 

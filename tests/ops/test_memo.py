@@ -203,3 +203,36 @@ def test_unbatched_and_pooled_results_keep_their_shapes(dev):
         ref = conv2d_ref(x[None], w.get(), None, (1, 1), (0, 0))[0]
         assert_close(y.get(), ref, np.float32, k=27)
         assert_close(p.get(), ref.reshape(2, 4, 2, 4, 2).mean(axis=(2, 4)), np.float32, k=27)
+
+
+def test_planned_batch_norm_and_bias_gradients_match_their_ops(dev):
+    """batch_norm in training (its running statistics moved in place by every call),
+    its backward pass with and without weight (None for the missing gradients) and
+    bias_grad: planned calls give bitwise what the ops give unplanned, call after call,
+    on new arrays."""
+    C = 3
+    stats = [[clnn.zeros((C,), np.float32, dev), clnn.asarray(np.ones(C, np.float32),
+                                                              device=dev)] for _ in range(2)]
+    for call in range(4):
+        x, dy = _f32(4, C, 5, 6), _f32(4, C, 5, 6)
+        w, b = _f32(C), _f32(C)
+        X, DY, W, B = (clnn.asarray(v, device=dev) for v in (x, dy, w, b))
+        got = []
+        for op, (rm, rv) in ((clnn.batch_norm, stats[0]),
+                             (clnn.batch_norm.unplanned, stats[1])):
+            save = clnn.empty((2, C), np.float32, dev)
+            y = op(X, rm, rv, W, B, training=True, save=save, activation="relu")
+            got.append([y.get(), save.get(), rm.get(), rv.get()])
+        for a, b_ in zip(*got):
+            assert a.tobytes() == b_.tobytes()
+        save = clnn.empty((2, C), np.float32, dev)
+        clnn.batch_norm.unplanned(X, weight=W, bias=B, training=True, save=save)
+        for weight in (W, None):
+            planned = clnn.batch_norm_backward(DY, X, save, weight)
+            plain = clnn.batch_norm_backward.unplanned(DY, X, save, weight)
+            for a, b_ in zip(planned, plain):
+                assert (a is None and b_ is None) or a.get().tobytes() == b_.get().tobytes()
+        assert clnn.bias_grad(DY).get().tobytes() == \
+            clnn.bias_grad.unplanned(DY).get().tobytes()
+    assert any(isinstance(p, _memo._Plan) and len(p.results) == 3 and
+               p.results[1] == (None, None) for p in _memo._plans.values())
