@@ -537,24 +537,15 @@ __kernel void clnn_gemm_direct(const int M, const int N, const int K,
 %     for i in range(DM):
         vec_t ${", ".join(f"s{i}_{v} = (vec_t)(0)" for v in range(DN))};
 %     endfor
-        if (whole) {
+<%def name="nn_k_loop(whole)">\
             for (int k = 0; k < K; ++k) {
-                __global const real_t *bk = b + k * ldb + n0;
+                __global const real_t *bk = b + k * ldb${" + n0" if whole else ""};
 %     for v in range(DN):
+%       if whole:
                 const vec_t w${v} = ${vload("bk", str(v * VW))};
-%     endfor
-%     for i in range(DM):
-                const vec_t x${i} = (vec_t)(CLNN_LOAD(a${i}, k));
-%       for v in range(DN):
-                s${i}_${v} += x${i} * w${v};
-%       endfor
-%     endfor
-            }
-        } else {
-            for (int k = 0; k < K; ++k) {
-                __global const real_t *bk = b + k * ldb;
-%     for v in range(DN):
+%       else:
                 const vec_t w${v} = ${"(vec_t)(" + ", ".join(f"CLNN_LOAD(bk, n{v}_{j})" for j in range(VW)) + ")" if VW > 1 else f"CLNN_LOAD(bk, n{v}_0)"};
+%       endif
 %     endfor
 %     for i in range(DM):
                 const vec_t x${i} = (vec_t)(CLNN_LOAD(a${i}, k));
@@ -563,6 +554,11 @@ __kernel void clnn_gemm_direct(const int M, const int N, const int K,
 %       endfor
 %     endfor
             }
+</%def>
+        if (whole) {
+${nn_k_loop(True)}
+        } else {
+${nn_k_loop(False)}
         }
 %     for i in range(DM):
         if (m0 + ${i} < M) {
