@@ -11,11 +11,13 @@ step computes every delta and gradient first and updates the parameters last.
 """
 
 import contextlib
+import functools
 import json
 import os
 import stat
 import sys
 import tempfile
+import threading
 import time
 import zipfile
 
@@ -74,6 +76,15 @@ def _ident(a):
 
 
 REPLAYS = 2         # captured steps a network keeps (a full batch and the last one)
+
+
+def _locked(method):
+    """Run a network's method holding its lock (see Sequential.__init__)."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return run
 
 
 class _InferReplay:
@@ -159,6 +170,10 @@ class Sequential:
         self._flatten_parameters()
         trainable = [i for i, l in enumerate(self.layers) if l.parameters()]
         self._first_trainable = trainable[0] if trainable else len(self.layers)
+        # one thread at a time in a network's passes: they share work buffers,
+        # captures and staging buffers (two threads' predict calls would interleave
+        # their layers through the same buffers on the device's one queue)
+        self._lock = threading.RLock()
         self._infer = {}            # (batch, dtype) -> two ping-pong buffers
         self._infer_replays = {}    # replay key -> _InferReplay (an inference pass)
         self._train = {}            # batch -> _Workspace
@@ -307,6 +322,7 @@ class Sequential:
         return clnn.asarray(host, device=self.device)
 
     # ------------------------------------------------------------ inference
+    @_locked
     def __call__(self, x):
         """The network's output for a batch, as a device array (a new one per call).
 
@@ -479,6 +495,7 @@ class Sequential:
             opt.momentum = float(momentum)
         return opt
 
+    @_locked
     def train_step(self, x, y, lr=None, momentum=None, loss="quadratic", hook=None,
                    layer_hook=None, example_offset=0, precision=None, global_batch=None,
                    replay=False):
@@ -920,6 +937,7 @@ class Sequential:
             shape = layer.out_shape
         return n
 
+    @_locked
     def evaluate(self, x, y, loss="quadratic", batch_size=1000, precision=None):
         """(mean loss, accuracy) on (x, y); accuracy compares arg-max of output and y.
 
@@ -983,6 +1001,7 @@ class Sequential:
         return float(total.get()) / n, correct / n
 
     # ------------------------------------------------------------ persistence
+    @_locked
     def save(self, path):
         """Architecture, parameters and the optimizer (its settings, step count and
         state, so ``load`` resumes training bitwise) to an .npz file, written

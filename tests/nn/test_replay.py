@@ -334,3 +334,60 @@ def test_a_changed_setting_captures_anew(dev, monkeypatch):
             assert "clnn_gemm_packed" in entries and "clnn_gemm_direct" not in entries
     assert any(r.launches for r in net._replays.values())
     assert any(r.launches for r in net._infer_replays.values())
+
+
+def test_threads_sharing_a_network_get_their_own_results(dev):
+    """predict from several threads at once (a server's request threads) on one
+    network, replayed passes and plain ones mixed, and a training thread between
+    them: every thread gets its own input's output, as from one thread."""
+    import threading
+    net = lenet(dev)
+    inputs = [RNG.standard_normal((3, 2, 13, 13)).astype(np.float32) for _ in range(4)]
+    x, y = data(dev, 6, (2, 13, 13), 7)
+    errors = []
+
+    def serve(k):
+        try:
+            for _ in range(25):
+                with net._lock:           # (the expected output at this moment)
+                    got = net.predict(inputs[k])
+                    want = _plain_forward(net, inputs[k])
+                assert got.tobytes() == want.tobytes()
+                got = net.predict(inputs[k])        # racing the other threads
+                assert got.shape == (3, 7) and np.allclose(got.sum(1), 1, atol=1e-5)
+        except Exception as exc:      # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    def train():
+        for _ in range(10):
+            net.train_step(x, y, 0.01, loss="cross_entropy", replay=True)
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)           # threads take turns inside a pass
+    try:
+        threads = [threading.Thread(target=serve, args=(k,)) for k in range(4)]
+        threads.append(threading.Thread(target=train))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+    assert not errors, errors[0]
+    # with the weights still, threads racing each other get exactly their outputs
+    want = [net.predict(v) for v in inputs]
+    results = {}
+
+    def race(k):
+        results[k] = [net.predict(inputs[k]).tobytes() for _ in range(30)]
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=race, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
+    for k in range(4):
+        assert set(results[k]) == {want[k].tobytes()}
