@@ -172,8 +172,10 @@ def test_direct_kernel_for_few_rows(variant, dtype):
                 with clnn.profile() as prof:
                     check_gemm(M, N, K, False, tb, 1.0, 0.0, dtype, bias=(1, N), act="tanh")
                     check_gemm(M, N, K, False, tb, -1.5, 1.0, dtype, bias=(M, 1))
-                    check_gemm(M, N, K, False, tb, 0.5, -1.0, dtype, bias=(), act="relu")
-                    check_gemm(M, N, K, False, tb, 1.0, 0.0, dtype, batch=3)
+                    if dtype != np.float16:        # (float16 builds slowly: two forms)
+                        check_gemm(M, N, K, False, tb, 0.5, -1.0, dtype, bias=(),
+                                   act="relu")
+                        check_gemm(M, N, K, False, tb, 1.0, 0.0, dtype, batch=3)
                 assert {r.entry for r in prof.records} == {"clnn_gemm_direct"}
         a = RNG.standard_normal((4, 9, 6)).astype(dtype)
         w = RNG.standard_normal((5, 6)).astype(dtype)
