@@ -17,7 +17,9 @@ for an op wrapped with ``@memoized``:
   table) stood;
 - later calls with the key ask the pool for the same sizes in the same order (so an
   allocation fails before anything is enqueued, as in the op), put the buffers into
-  the argument values and enqueue the launches.
+  the argument values and enqueue the launches. They hold every temporary until the
+  launches are enqueued, where the op may have let one go before asking for the next:
+  a planned call can need a little more of the pool at once than the op did.
 
 What the key holds decides every check the op makes and every choice of kernel: each
 array's shape, strides, dtype, offset and queue, which arrays share a buffer (overlap
