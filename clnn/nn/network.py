@@ -385,15 +385,13 @@ class Sequential:
         """What must match for an inference pass to replay a captured one (the
         arrays its launches read: parameters, as bound, and layer state such as
         running statistics), or None where it must run in full."""
-        from .. import tuning
-        if not all(layer.capturable for layer in self.layers) or \
-                getattr(tuning._override, "stack", None):
+        settings = _memo.settings(self.device)
+        if not all(layer.capturable for layer in self.layers) or settings is None:
             return None
         arrays = [_ident(p) for p in self.parameters()]
         for layer in self.layers:
             arrays += [_ident(v) for v in layer.state().values() if isinstance(v, cla.Array)]
-        return (x.shape, x.dtype.str, bool(logits), tuple(arrays),
-                tuning.get_float32_matmul_precision(), _memo.epoch())
+        return (x.shape, x.dtype.str, bool(logits), tuple(arrays), settings)
 
     def _forward_eval(self, x, bufs, logits, out=None):
         """The layers' forward passes in evaluation mode through the work buffers
@@ -585,14 +583,13 @@ class Sequential:
         """What must match for a step to replay a captured one, or None where replay
         does not apply (see train_step). A float16 step's loss scale is part of it (the
         loss kernel takes it): a new scale captures anew."""
-        from .. import tuning
-        if not self._replayable(loss) or getattr(tuning._override, "stack", None):
+        settings = _memo.settings(self.device)
+        if not self._replayable(loss) or settings is None:
             return None
         halves = (scale, _ident(self._half.params), _ident(self._half.grads)) if half \
             else None
         return (batch, loss, _ident(x), _ident(y), _ident(self.flat_parameters),
-                _ident(self.flat_gradients), tuning.get_float32_matmul_precision(), halves,
-                _memo.epoch())
+                _ident(self.flat_gradients), halves, settings)
 
     def _replayed(self, key, ws, x, y, loss, grads, scale, layer_hook, example_offset,
                   half):

@@ -80,11 +80,17 @@ def clear():
     _Epoch.value += 1
 
 
-def epoch():
-    """The count of settings changes (see watch) and clears: what captured training
-    steps and inference passes key on too (clnn/nn/network.py), so a change of the
-    settings their kernels were chosen under captures anew."""
-    return _Epoch.value
+def settings(dev):
+    """What decides the kernels an op chooses on ``dev`` besides its arguments: the
+    count of settings changes (see watch) and clears, the pool budget (scratch caps),
+    the float32 matmul precision and the tuning database's generation; None while a
+    tuning override is in force (nothing is planned or captured then). Plans key on
+    it, and so do captured training steps and inference passes (clnn/nn/network.py),
+    which a change of these settings captures anew."""
+    if getattr(tuning._override, "stack", None):
+        return None
+    return (_Epoch.value, dev.pool.budget, tuning.get_float32_matmul_precision(),
+            tuning.db_generation())
 
 
 _SCALARS = (int, float, bool, str, type(None), np.generic)
@@ -109,29 +115,28 @@ def _value_key(v, arrays):
 
 
 def _key(fn, args, kwargs):
-    """(key, argument arrays), or (None, None) where the call cannot be planned."""
-    stack = getattr(tuning._override, "stack", None)
-    if stack:
-        return None, None
+    """(key, argument arrays, device), or Nones where the call cannot be planned."""
     arrays = []
     try:
         parts = [_value_key(v, arrays) for v in args]
         parts += [(k, _value_key(kwargs[k], arrays)) for k in sorted(kwargs)]
     except KeyError:
-        return None, None
+        return None, None, None
     if not arrays:
-        return None, None
-    # which arrays share a buffer (an overlap check's outcome), and the device
+        return None, None, None
+    dev = device_of(arrays[0])
+    now = settings(dev)
+    if now is None:
+        return None, None, None
+    # which arrays share a buffer (an overlap check's outcome)
     bufs = [a.base_data for a in arrays]
     shared = tuple(next(j for j, c in enumerate(bufs) if c is b) for b in bufs)
-    dev = device_of(arrays[0])
-    key = (fn, _Epoch.value, dev, dev.pool.budget, tuning.get_float32_matmul_precision(),
-           tuning.db_generation(), shared, tuple(parts))
+    key = (fn, dev, now, shared, tuple(parts))
     try:
         hash(key)
     except TypeError:
-        return None, None
-    return key, arrays
+        return None, None, None
+    return key, arrays, dev
 
 
 class _Plan:
@@ -200,7 +205,7 @@ def memoized(fn):
     """Wrap an op so that calls with a key it has run twice replay its launches."""
     @functools.wraps(fn)
     def op(*args, **kwargs):
-        key, arrays = _key(op, args, kwargs)
+        key, arrays, dev = _key(op, args, kwargs)
         if key is None:
             return fn(*args, **kwargs)
         plan = _plans.get(key)
@@ -214,7 +219,6 @@ def memoized(fn):
             return fn(*args, **kwargs)
         if plan is not _SEEN:
             return plan.run(arrays)
-        dev = device_of(arrays[0])
         with programs.captured() as launches, dev.pool.watching() as requests:
             result = fn(*args, **kwargs)
         try:

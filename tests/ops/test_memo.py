@@ -151,7 +151,8 @@ def test_overrides_and_precision_are_part_of_the_plan(dev):
         clnn.gemm(A, Bm)
     assert any(r.entry == "clnn_gemm_tiled" for r in prof.records)
     key = next(k for k in _memo._plans if k[0] is clnn.gemm)
-    assert key[4] == tuning.get_float32_matmul_precision()
+    assert _memo.settings(dev)[2] == tuning.get_float32_matmul_precision() and \
+        key[2] == _memo.settings(dev)
 
 
 def test_a_failed_allocation_in_a_planned_call_writes_nothing(dev):
