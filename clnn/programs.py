@@ -240,11 +240,7 @@ class Kernel:
             self.cl_kernel.set_args(*values)
             evt = cl.enqueue_nd_range_kernel(self.device.queue, self.cl_kernel,
                                              global_size, local_size)
-        for events in getattr(_recording, "lists", ()):
-            events.append(evt)
-        for records in getattr(_recording, "profiles", ()):      # clnn.profile
-            records.append((self, global_size, local_size, evt))
-        return evt
+        return _recorded(self, global_size, local_size, evt)
 
 
 class _BufferCopy:
@@ -259,11 +255,17 @@ class _BufferCopy:
         queue, dst, src, nbytes, src_offset, dst_offset = values
         evt = cl.enqueue_copy(queue, dst, src, byte_count=nbytes, src_offset=src_offset,
                               dst_offset=dst_offset)
-        for events in getattr(_recording, "lists", ()):
-            events.append(evt)
-        for records in getattr(_recording, "profiles", ()):
-            records.append((self, global_size, local_size, evt))
-        return evt
+        return _recorded(self, global_size, local_size, evt)
+
+
+def _recorded(kern, global_size, local_size, evt):
+    """``evt``, the event of a launch just enqueued, after it went into this thread's
+    event lists (recorded_events) and profiles (clnn.profile)."""
+    for events in getattr(_recording, "lists", ()):
+        events.append(evt)
+    for records in getattr(_recording, "profiles", ()):
+        records.append((kern, global_size, local_size, evt))
+    return evt
 
 
 _COPY = _BufferCopy()

@@ -22,7 +22,6 @@ import time
 import zipfile
 
 import numpy as np
-import pyopencl as cl
 import pyopencl.array as cla
 
 import clnn
@@ -914,10 +913,7 @@ class Sequential:
         buf = self._stages.get(key)
         if buf is None:
             buf = self._stages[key] = dev_empty(self.device, a.shape, a.dtype)
-        if a.nbytes:
-            cl.enqueue_copy(self.device.queue, buf.base_data, a.base_data,
-                            byte_count=a.nbytes, src_offset=a.offset, dst_offset=buf.offset)
-        return buf
+        return clnn.copy(a, out=buf)
 
     def _check_batches(self, n, batch_size):
         """Batch statistics need two values per channel: a last batch of one example
