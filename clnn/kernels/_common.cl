@@ -25,6 +25,12 @@ typedef ${acc} acc_t;
 // CLNN_LOADV(n, p) / CLNN_STOREV(n, v, p): n (2, 4 or 8) consecutive elements at p as
 // an acc_t vector, and back
 
+// clnn_lanes_sumN(v): the N lanes of partial sums kept side by side (CPU loops), added
+// up in a fixed order: halves meet, (j, j + N / 2), until one is left
+inline acc_t clnn_lanes_sum2(const ${acc}2 v) { return v.lo + v.hi; }
+inline acc_t clnn_lanes_sum4(const ${acc}4 v) { return clnn_lanes_sum2(v.lo + v.hi); }
+inline acc_t clnn_lanes_sum8(const ${acc}8 v) { return clnn_lanes_sum4(v.lo + v.hi); }
+
 // CLNN_FOR_EACH(i, n): every i in [0, n) once, over any global size. A GPU strides by
 // the grid (neighbouring work-items touch neighbouring elements: coalesced); a CPU runs
 // a work-group as a loop over its work-items, so there each takes one contiguous chunk

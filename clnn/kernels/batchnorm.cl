@@ -10,7 +10,6 @@
 // element m = n * HW + p of channel c lies at n * C * HW + c * HW + p
 #define CLNN_AT(m) (((m) / HW) * (C * HW) + c * HW + (m) % HW)
 <% acc8 = f"{acc}8" %>
-% if wg == 1:
 // CPUs (wg = 1). A work-group of 64 per channel with a tree between barriers is a
 // GPU's shape; PoCL runs a group as loops split at each barrier, and the element
 // index's division per element kept it from vectorising (3.5 GB/s forward, 1.8 for
@@ -19,13 +18,6 @@
 // time (8 partial sums side by side, added up in a fixed order at the end), and the
 // element-wise passes take whole planes, whose channel (so mean, scale and shift) is
 // one per plane. Inputs with planes shorter than 8 (BatchNorm1d) take the tails.
-inline acc_t clnn_sum8(const ${acc8} v)
-{
-    const ${acc}4 h4 = v.lo + v.hi;
-    const ${acc}2 h2 = h4.lo + h4.hi;
-    return h2.lo + h2.hi;
-}
-% endif
 
 <%def name="tree(buf)">
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -59,7 +51,7 @@ void clnn_bn_stats(const int N, const int C, const int HW,
         for (; j < HW; ++j)
             s1 += CLNN_LOAD(px, j);
     }
-    const acc_t mean = (clnn_sum8(s8) + s1) / M;
+    const acc_t mean = (clnn_lanes_sum8(s8) + s1) / M;
     s8 = (${acc8})0;
     s1 = (acc_t)0;
     for (int n = 0; n < N; ++n) {
@@ -75,7 +67,7 @@ void clnn_bn_stats(const int N, const int C, const int HW,
         }
     }
     stats[s_off + c] = mean;
-    stats[s_off + C + c] = (clnn_sum8(s8) + s1) / M;
+    stats[s_off + C + c] = (clnn_lanes_sum8(s8) + s1) / M;
 % else:
     __local acc_t part[${wg}];
     const int c = (int)get_group_id(0), l = (int)get_local_id(0);
@@ -175,8 +167,8 @@ void clnn_bn_backward_sums(const int N, const int C, const int HW, const acc_t e
             ax1 += d * (CLNN_LOAD(px, j) - mean);
         }
     }
-    const acc_t sum_dy = clnn_sum8(a8) + a1;
-    const acc_t sum_dyx = (clnn_sum8(ax8) + ax1) / sqrt(stats[s_off + C + c] + eps);
+    const acc_t sum_dy = clnn_lanes_sum8(a8) + a1;
+    const acc_t sum_dyx = (clnn_lanes_sum8(ax8) + ax1) / sqrt(stats[s_off + C + c] + eps);
     sums[sums_off + c] = sum_dy;
     sums[sums_off + C + c] = sum_dyx;
     if (affine) {

@@ -435,20 +435,11 @@ __kernel void clnn_gemv(const int M, const int K, const acc_t alpha, const acc_t
 %   else:
 // C(m, n .. n + VW) += A(m, k) * B(k, n .. n + VW): rows of B run along n.
 %   endif
-inline acc_t clnn_lanes_sum(const vec_t v)
-{
-%   if VW == 1:
-    return v;
+%   if VW > 1:
+#define CLNN_LANES_SUM(v) clnn_lanes_sum${VW}(v)
 %   else:
-<% w = VW %>\
-%     while w > 1:
-<% half = w // 2 %>\
-    const ${acc if half == 1 else f"{acc}{half}"} h${half} = ${"v" if w == VW else f"h{w}"}.lo + ${"v" if w == VW else f"h{w}"}.hi;
-<% w = half %>\
-%     endwhile
-    return h1;
+#define CLNN_LANES_SUM(v) (v)
 %   endif
-}
 
 __kernel void clnn_gemm_direct(const int M, const int N, const int K,
                                const acc_t alpha, const acc_t beta, const acc_t act_p,
@@ -495,7 +486,7 @@ __kernel void clnn_gemm_direct(const int M, const int N, const int K,
         }
 %     for i in range(DM):
 %       for j in range(DN):
-        acc_t t${i}_${j} = clnn_lanes_sum(s${i}_${j});
+        acc_t t${i}_${j} = CLNN_LANES_SUM(s${i}_${j});
 %       endfor
 %     endfor
         for (int k = kv; k < K; ++k) {
