@@ -59,6 +59,11 @@ _CTYPES = {
     "float16": ("half", "float"),      # half storage, float arithmetic
 }
 
+# the activations whose functions call OpenCL math built-ins (exp, tanh, expm1, log1p):
+# PoCL links those as calls, so kernels for CPUs call them on vectors (every template
+# sees this as ``math_acts``: _activation.cl's vector forms, and who takes them)
+MATH_ACTIVATIONS = ("sigmoid", "tanh", "elu", "softplus")
+
 
 _NAMES = {np.dtype(n): n for n in _CTYPES}
 
@@ -132,7 +137,7 @@ def render(stem, params):
     """The OpenCL C source of template ``stem`` for ``params`` (dtype defaults to float32)."""
     params = full_params(stem, params)
     real, acc = _CTYPES[params["dtype"]]
-    ctx = dict(params, real=real, acc=acc)
+    ctx = dict(params, real=real, acc=acc, math_acts=MATH_ACTIVATIONS)
     try:
         tmpl = _lookup.get_template(f"{stem}.cl")
         return tmpl.render(**ctx)

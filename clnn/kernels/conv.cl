@@ -29,7 +29,7 @@
     # the epilogue takes the activation on a vector of VW where it calls math built-ins
     # (PoCL calls the scalar forms once per element: LeNet C1's tanh took 8x its
     # convolution)
-    vec_act = not vstore and VW in (2, 4, 8) and act in ("sigmoid", "tanh", "elu", "softplus")
+    vec_act = not vstore and VW in (2, 4, 8) and act in math_acts
 %>
 <%include file="_activation.cl" args="act=act, vector=VW if vec_act else 0"/>
 //

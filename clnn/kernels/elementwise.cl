@@ -32,7 +32,7 @@
     # which functions call math built-ins (exp, tanh, ...): on CPUs those run on vectors;
     # the others' loops the compiler vectorises by itself, and faster (relu: 25 GB/s
     # so, 19 through float8)
-    math_f = act in ("sigmoid", "tanh", "elu", "softplus")
+    math_f = act in math_acts
     math_df = math_f and (src == "z" or act == "softplus")
 %>
 ## each(vector, scalar, on): the statements for element i (scalar) over every i; on

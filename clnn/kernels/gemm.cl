@@ -27,7 +27,7 @@
     # the CPU kernel's vector epilogue takes the activation on a vector of VW where it
     # calls math built-ins (PoCL calls the scalar forms once per element)
     vec_act = variant == "reg" and VW in (2, 4, 8) and conv in ("none", "wgrad") and \
-        act in ("sigmoid", "tanh", "elu", "softplus")
+        act in math_acts
 %>
 <%include file="_activation.cl" args="act=act, vector=VW if vec_act else 0"/>
 //
