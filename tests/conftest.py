@@ -4,7 +4,9 @@ The device comes from CLNN_TEST_DEVICE (default "pocl", the driver-free CPU devi
 """
 
 import os
+import sys
 import tempfile
+import threading
 import zlib
 
 import numpy as np
@@ -51,6 +53,22 @@ def kernels(request):
         return
     with tuning.override("reduce", {"wg": True}), tuning.override("rows", {"wg": True}):
         yield request.param
+
+
+def race(*targets):
+    """Run the callables ``targets`` in threads of their own at once, with the
+    interpreter switching threads every microsecond (so they take turns inside each
+    other's launches and passes), and wait for all of them."""
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=t) for t in targets]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(switch)
 
 
 def float_dtypes(dev_=None):

@@ -4,11 +4,11 @@ launches, checked checkpoints and tuning databases. Each numbered test is a
 regression test for the item of the same number in the reliability issue."""
 
 import contextlib
+import functools
 import json
 import os
 import stat
 import sys
-import threading
 from unittest import mock
 
 import numpy as np
@@ -19,7 +19,7 @@ import pytest
 import clnn
 from clnn import nn, tuning
 
-from conftest import Guarded
+from conftest import Guarded, race
 from reference import conv2d_backward_ref, conv2d_ref
 
 conv_module = sys.modules["clnn.ops.conv"]
@@ -109,16 +109,7 @@ def test_3_launches_from_many_threads_keep_their_arguments(dev):
             got = clnn.hadamard(x, y).get()
             if not np.array_equal(got, want):
                 errors.append((t, i))
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-    finally:
-        sys.setswitchinterval(old)
+    race(*(functools.partial(work, t) for t in range(4)))
     assert not errors, f"{len(errors)} launches computed with another thread's arrays"
 
 

@@ -3,6 +3,7 @@ step's forward and backward passes, captured once and enqueued again without the
 Python that chose them, give bitwise the results of steps that run it; networks,
 losses and settings that replay cannot serve run as before."""
 
+import functools
 import os
 import sys
 
@@ -13,6 +14,7 @@ import clnn
 from clnn import nn, optim, programs, tuning
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from conftest import race  # noqa: E402
 from test_reliability import FailAt  # noqa: E402
 
 RNG = np.random.default_rng(8)
@@ -340,7 +342,6 @@ def test_threads_sharing_a_network_get_their_own_results(dev):
     """predict from several threads at once (a server's request threads) on one
     network, replayed passes and plain ones mixed, and a training thread between
     them: every thread gets its own input's output, as from one thread."""
-    import threading
     net = lenet(dev)
     inputs = [RNG.standard_normal((3, 2, 13, 13)).astype(np.float32) for _ in range(4)]
     x, y = data(dev, 6, (2, 13, 13), 7)
@@ -362,32 +363,14 @@ def test_threads_sharing_a_network_get_their_own_results(dev):
         for _ in range(10):
             net.train_step(x, y, 0.01, loss="cross_entropy", replay=True)
 
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)           # threads take turns inside a pass
-    try:
-        threads = [threading.Thread(target=serve, args=(k,)) for k in range(4)]
-        threads.append(threading.Thread(target=train))
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(switch)
+    race(*(functools.partial(serve, k) for k in range(4)), train)
     assert not errors, errors[0]
     # with the weights still, threads racing each other get exactly their outputs
     want = [net.predict(v) for v in inputs]
     results = {}
 
-    def race(k):
+    def predict_all(k):
         results[k] = [net.predict(inputs[k]).tobytes() for _ in range(30)]
-    sys.setswitchinterval(1e-6)
-    try:
-        threads = [threading.Thread(target=race, args=(k,)) for k in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(switch)
+    race(*(functools.partial(predict_all, k) for k in range(4)))
     for k in range(4):
         assert set(results[k]) == {want[k].tobytes()}
