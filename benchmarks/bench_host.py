@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
 import clnn  # noqa: E402
+from clnn.tuner import median_kernel_time  # noqa: E402
 
 
 def cases(rng):
@@ -57,14 +58,17 @@ def cases(rng):
     ]
 
 
-def _enqueue_us(dev, fn, calls):
-    dev.finish()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t = time.perf_counter() - t0
-    dev.finish()
-    return 1e6 * t / calls
+def _enqueue_us(dev, fn, calls, repeats):
+    """Median over ``repeats`` of the µs per call of ``calls`` calls made back to back."""
+    times = []
+    for _ in range(repeats):
+        dev.finish()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append(1e6 * (time.perf_counter() - t0) / calls)
+        dev.finish()
+    return statistics.median(times)
 
 
 def run(dev, torch, cuda, args):
@@ -80,20 +84,13 @@ def run(dev, torch, cuda, args):
         for _ in range(3):      # seen, planned, replayed
             call()
         row = {"op": name, "device": dev.name,
-               "enqueue_us": statistics.median(_enqueue_us(dev, call, args.calls)
-                                               for _ in range(args.repeats)),
+               "enqueue_us": _enqueue_us(dev, call, args.calls, args.repeats),
                "call_us": 1e6 * _common.median_time(call, args.repeats * 10, warmup=2,
-                                                    sync=dev.finish)}
-        kernel = []
-        for _ in range(args.repeats):
-            with clnn.profile() as prof:
-                call()
-            kernel.append(prof.span_s)
-        row["kernel_us"] = 1e6 * statistics.median(kernel)
+                                                    sync=dev.finish),
+               "kernel_us": 1e6 * median_kernel_time(call, dev, args.repeats)}
         if unplanned is not None:
-            row["unplanned_enqueue_us"] = statistics.median(
-                _enqueue_us(dev, lambda: unplanned(*d), args.calls)
-                for _ in range(args.repeats))
+            row["unplanned_enqueue_us"] = _enqueue_us(dev, lambda: unplanned(*d),
+                                                      args.calls, args.repeats)
         tdev = cuda if cuda is not None else torch
         if tdev is not None:
             ts = [tdev.from_numpy(v) for v in inputs]

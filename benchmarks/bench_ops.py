@@ -15,7 +15,6 @@ Writes benchmarks/results/bench_ops.json.
 """
 
 import os
-import statistics
 import sys
 
 import numpy as np
@@ -24,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
 import clnn  # noqa: E402
+from clnn.tuner import median_kernel_time  # noqa: E402
 
 
 def _softmax(z):
@@ -75,14 +75,10 @@ def run_case(dev, torch, cuda, name, shape, op, ref_op, t_op, nbytes, sums, repe
     xd = clnn.asarray(x, device=dev)
     _check(name, op(xd).get(), ref_op(x.astype(np.float64)), x, sums)
     wall = _common.median_time(lambda: op(xd), repeats, warmup=2, sync=dev.finish)
-    kernel = []
-    for _ in range(repeats):
-        with clnn.profile() as prof:
-            op(xd)
-        kernel.append(prof.span_s)
+    kernel = median_kernel_time(lambda: op(xd), dev, repeats)
     row = {"op": name, "shape": list(shape), "bytes": nbytes,
            "clnn_GBps": nbytes / wall / 1e9,
-           "clnn_kernel_GBps": nbytes / statistics.median(kernel) / 1e9,
+           "clnn_kernel_GBps": nbytes / kernel / 1e9,
            "numpy_GBps": nbytes / _common.median_time(lambda: ref_op(x), repeats,
                                                        warmup=1) / 1e9}
     if torch is not None:
