@@ -65,6 +65,14 @@ _CTYPES = {
 MATH_ACTIVATIONS = ("sigmoid", "tanh", "elu", "softplus")
 
 
+# acc_t lanes of the vectors that kernels' CPU code computes on (``cpu_lanes`` in every
+# template): 256 bits, 8 floats or 4 doubles. Never 512: PoCL 3.0 compiles for an
+# AVX-512 Zen 4 as for a Zen 3, where a 512-bit vector passed to a function (a built-in
+# such as select or exp on double8) "changes the ABI"; after a build that warns so,
+# building another program with the same kernel names in the process gave one with no
+# kernels (clCreateKernel: INVALID_KERNEL_NAME), which broke float64 there.
+CPU_LANES = {"float": 8, "double": 4}
+
 _NAMES = {np.dtype(n): n for n in _CTYPES}
 
 
@@ -121,6 +129,17 @@ _lookup = TemplateLookup(directories=[KERNEL_DIR], strict_undefined=True,
                          input_encoding="utf-8", output_encoding=None)
 
 
+def variant_for(params, dtype):
+    """A registered variant's ``params`` as the ops build it in ``dtype`` (what the
+    gates render): tile widths (VW) count float32 lanes, so a float64 build has half
+    as many (tuning.template_tuning, conv.py)."""
+    p = dict(params, dtype=dtype)
+    t = dict(p.get("tuning", ()))
+    if np.dtype(dtype).itemsize == 8 and t.get("VW", 1) > 1:
+        p["tuning"] = tuple(sorted(dict(t, VW=t["VW"] // 2).items()))
+    return p
+
+
 def full_params(stem, params):
     """``params`` over the template's registered defaults, with a canonical dtype name.
 
@@ -137,7 +156,8 @@ def render(stem, params):
     """The OpenCL C source of template ``stem`` for ``params`` (dtype defaults to float32)."""
     params = full_params(stem, params)
     real, acc = _CTYPES[params["dtype"]]
-    ctx = dict(params, real=real, acc=acc, math_acts=MATH_ACTIVATIONS)
+    ctx = dict(params, real=real, acc=acc, math_acts=MATH_ACTIVATIONS,
+               cpu_lanes=CPU_LANES[acc])
     try:
         tmpl = _lookup.get_template(f"{stem}.cl")
         return tmpl.render(**ctx)

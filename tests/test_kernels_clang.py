@@ -22,7 +22,8 @@ def variants():
     for stem, (_, make) in sorted(programs.registered().items()):
         for i, params in enumerate(make()):
             for dtype in DTYPES:
-                yield pytest.param(stem, dict(params, dtype=dtype), id=f"{stem}-{i}-{dtype}")
+                yield pytest.param(stem, programs.variant_for(params, dtype),
+                                   id=f"{stem}-{i}-{dtype}")
 
 
 def extensions(*dtypes):
@@ -54,7 +55,8 @@ def cpu_variants():
     for stem, (_, make) in sorted(programs.registered().items()):
         for i, params in enumerate(list(make())[:1] if stem != "cast" else make()):
             for dtype in DTYPES:
-                yield pytest.param(stem, dict(params, dtype=dtype), id=f"{stem}-{i}-{dtype}")
+                yield pytest.param(stem, programs.variant_for(params, dtype),
+                                   id=f"{stem}-{i}-{dtype}")
 
 
 @gate("clang", CLANG is not None)

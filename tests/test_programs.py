@@ -20,6 +20,28 @@ def test_render_is_complete_and_typed():
     assert "cl_khr" not in f32 and "#define MWI" in f32
 
 
+def test_cpu_code_keeps_to_256_bit_vectors():
+    """No kernel the library builds puts a 512-bit vector (double8, double16, float16)
+    in its code for a CPU: PoCL 3.0 compiles for an AVX-512 Zen 4 as for a Zen 3, a
+    512-bit argument there "changes the ABI", and after such a build the next program
+    with the same kernel names had none (INVALID_KERNEL_NAME: float64 activations,
+    pooling, softmax and BatchNorm failed on those machines). The GEMM and convolution
+    tiles as the ops pass them (programs.variant_for)."""
+    import re
+    wide = re.compile(r"\b(double8|double16|float16)\b")   # (int16 kernel arguments: fine)
+    bad = []
+    for stem, (_, make) in sorted(programs.registered().items()):
+        for params in make():
+            for dtype in ("float32", "float64"):
+                p = programs.variant_for(params, dtype)
+                code = "\n".join(line.split("//")[0]
+                                 for line in programs.render(stem, p).splitlines())
+                hit = wide.search(code)
+                if hit:
+                    bad.append((stem, p, hit.group(0)))
+    assert not bad, bad[:5]
+
+
 def test_render_error_carries_params_and_traceback():
     with pytest.raises(clnn.TemplateError) as e:
         programs.render("elementwise", {"act": "swish"})

@@ -29,7 +29,9 @@ typedef ${acc} acc_t;
 // up in a fixed order: halves meet, (j, j + N / 2), until one is left
 inline acc_t clnn_lanes_sum2(const ${acc}2 v) { return v.lo + v.hi; }
 inline acc_t clnn_lanes_sum4(const ${acc}4 v) { return clnn_lanes_sum2(v.lo + v.hi); }
+% if cpu_lanes >= 8:
 inline acc_t clnn_lanes_sum8(const ${acc}8 v) { return clnn_lanes_sum4(v.lo + v.hi); }
+% endif
 
 // CLNN_FOR_EACH(i, n): every i in [0, n) once, over any global size. A GPU strides by
 // the grid (neighbouring work-items touch neighbouring elements: coalesced); a CPU runs

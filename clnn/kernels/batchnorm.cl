@@ -6,18 +6,18 @@
 ## Used by clnn/ops/batchnorm.py. Statistics (mean, biased variance) and the running
 ## statistics are kept in acc_t, the arithmetic type (float32 for float16 storage).
 <%include file="_common.cl"/>
-<%include file="_activation.cl" args="act=act, vector=8 if wg == 1 else 0"/>
+<%include file="_activation.cl" args="act=act, vector=cpu_lanes if wg == 1 else 0"/>
 // element m = n * HW + p of channel c lies at n * C * HW + c * HW + p
 #define CLNN_AT(m) (((m) / HW) * (C * HW) + c * HW + (m) % HW)
-<% acc8 = f"{acc}8" %>
+<% accv = f"{acc}{cpu_lanes}" %>
 // CPUs (wg = 1). A work-group of 64 per channel with a tree between barriers is a
 // GPU's shape; PoCL runs a group as loops split at each barrier, and the element
 // index's division per element kept it from vectorising (3.5 GB/s forward, 1.8 for
 // the statistics, on a 32 x 64 x 56 x 56 batch). Here a work-item takes a whole
-// channel for the sums, walking each image's plane of HW contiguous elements 8 at a
-// time (8 partial sums side by side, added up in a fixed order at the end), and the
-// element-wise passes take whole planes, whose channel (so mean, scale and shift) is
-// one per plane. Inputs with planes shorter than 8 (BatchNorm1d) take the tails.
+// channel for the sums, walking each image's plane of HW contiguous elements ${cpu_lanes} at
+// a time (${cpu_lanes} partial sums side by side, added up in a fixed order at the end), and
+// the element-wise passes take whole planes, whose channel (so mean, scale and shift) is
+// one per plane. Inputs with planes shorter than ${cpu_lanes} (BatchNorm1d) take the tails.
 
 <%def name="tree(buf)">
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -41,25 +41,25 @@ void clnn_bn_stats(const int N, const int C, const int HW,
 % if wg == 1:
     const int c = (int)get_group_id(0);
     const acc_t M = (acc_t)(N * HW);
-    ${acc8} s8 = (${acc8})0;
+    ${accv} sv = (${accv})0;
     acc_t s1 = (acc_t)0;
     for (int n = 0; n < N; ++n) {
         __global const real_t *px = x + x_off + (n * C + c) * HW;
         int j = 0;
-        for (; j + 8 <= HW; j += 8)
-            s8 += CLNN_LOADV(8, px + j);
+        for (; j + ${cpu_lanes} <= HW; j += ${cpu_lanes})
+            sv += CLNN_LOADV(${cpu_lanes}, px + j);
         for (; j < HW; ++j)
             s1 += CLNN_LOAD(px, j);
     }
-    const acc_t mean = (clnn_lanes_sum8(s8) + s1) / M;
-    s8 = (${acc8})0;
+    const acc_t mean = (clnn_lanes_sum${cpu_lanes}(sv) + s1) / M;
+    sv = (${accv})0;
     s1 = (acc_t)0;
     for (int n = 0; n < N; ++n) {
         __global const real_t *px = x + x_off + (n * C + c) * HW;
         int j = 0;
-        for (; j + 8 <= HW; j += 8) {
-            const ${acc8} d = CLNN_LOADV(8, px + j) - mean;
-            s8 += d * d;
+        for (; j + ${cpu_lanes} <= HW; j += ${cpu_lanes}) {
+            const ${accv} d = CLNN_LOADV(${cpu_lanes}, px + j) - mean;
+            sv += d * d;
         }
         for (; j < HW; ++j) {
             const acc_t d = CLNN_LOAD(px, j) - mean;
@@ -67,7 +67,7 @@ void clnn_bn_stats(const int N, const int C, const int HW,
         }
     }
     stats[s_off + c] = mean;
-    stats[s_off + C + c] = (clnn_lanes_sum8(s8) + s1) / M;
+    stats[s_off + C + c] = (clnn_lanes_sum${cpu_lanes}(sv) + s1) / M;
 % else:
     __local acc_t part[${wg}];
     const int c = (int)get_group_id(0), l = (int)get_local_id(0);
@@ -106,7 +106,7 @@ __kernel void clnn_bn_forward(const int n, const int C, const int HW, const acc_
                               __global real_t *out, const int out_off)
 {
 % if wg == 1:
-    if (HW >= 8) {               // (CPUs: a plane of one channel per step, see above)
+    if (HW >= ${cpu_lanes}) {               // (CPUs: a plane of one channel per step, see above)
         CLNN_FOR_EACH(t, n / HW) {
             const int c = t % C;
             const acc_t m = mean[m_off + c], inv = (acc_t)1 / sqrt(var[v_off + c] + eps);
@@ -115,8 +115,8 @@ __kernel void clnn_bn_forward(const int n, const int C, const int HW, const acc_
             __global const real_t *px = x + x_off + t * HW;
             __global real_t *po = out + out_off + t * HW;
             int j = 0;
-            for (; j + 8 <= HW; j += 8)
-                CLNN_STOREV(8, clnn_f8(g * ((CLNN_LOADV(8, px + j) - m) * inv) + sh, p, q),
+            for (; j + ${cpu_lanes} <= HW; j += ${cpu_lanes})
+                CLNN_STOREV(${cpu_lanes}, clnn_f${cpu_lanes}(g * ((CLNN_LOADV(${cpu_lanes}, px + j) - m) * inv) + sh, p, q),
                             po + j);
             for (; j < HW; ++j)
                 CLNN_STORE(clnn_f(g * ((CLNN_LOAD(px, j) - m) * inv) + sh, p, q), po, j);
@@ -150,16 +150,16 @@ void clnn_bn_backward_sums(const int N, const int C, const int HW, const acc_t e
 % if wg == 1:
     const int c = (int)get_group_id(0);
     const acc_t mean = stats[s_off + c];
-    ${acc8} a8 = (${acc8})0, ax8 = (${acc8})0;
+    ${accv} av = (${accv})0, axv = (${accv})0;
     acc_t a1 = (acc_t)0, ax1 = (acc_t)0;
     for (int n = 0; n < N; ++n) {
         __global const real_t *pd = dy + dy_off + (n * C + c) * HW;
         __global const real_t *px = x + x_off + (n * C + c) * HW;
         int j = 0;
-        for (; j + 8 <= HW; j += 8) {
-            const ${acc8} d = CLNN_LOADV(8, pd + j);
-            a8 += d;
-            ax8 += d * (CLNN_LOADV(8, px + j) - mean);
+        for (; j + ${cpu_lanes} <= HW; j += ${cpu_lanes}) {
+            const ${accv} d = CLNN_LOADV(${cpu_lanes}, pd + j);
+            av += d;
+            axv += d * (CLNN_LOADV(${cpu_lanes}, px + j) - mean);
         }
         for (; j < HW; ++j) {
             const acc_t d = CLNN_LOAD(pd, j);
@@ -167,8 +167,8 @@ void clnn_bn_backward_sums(const int N, const int C, const int HW, const acc_t e
             ax1 += d * (CLNN_LOAD(px, j) - mean);
         }
     }
-    const acc_t sum_dy = clnn_lanes_sum8(a8) + a1;
-    const acc_t sum_dyx = (clnn_lanes_sum8(ax8) + ax1) / sqrt(stats[s_off + C + c] + eps);
+    const acc_t sum_dy = clnn_lanes_sum${cpu_lanes}(av) + a1;
+    const acc_t sum_dyx = (clnn_lanes_sum${cpu_lanes}(axv) + ax1) / sqrt(stats[s_off + C + c] + eps);
     sums[sums_off + c] = sum_dy;
     sums[sums_off + C + c] = sum_dyx;
     if (affine) {
@@ -223,7 +223,7 @@ __kernel void clnn_bn_backward_data(const int n, const int C, const int HW, cons
                                     __global real_t *dx, const int dx_off)
 {
 % if wg == 1:
-    if (HW >= 8) {               // (CPUs: a plane of one channel per step, see above)
+    if (HW >= ${cpu_lanes}) {               // (CPUs: a plane of one channel per step, see above)
         CLNN_FOR_EACH(t, n / HW) {
             const int c = t % C;
             const acc_t invstd = (acc_t)1 / sqrt(stats[s_off + C + c] + eps);
@@ -235,9 +235,9 @@ __kernel void clnn_bn_backward_data(const int n, const int C, const int HW, cons
             __global const real_t *px = x + x_off + t * HW;
             __global real_t *po = dx + dx_off + t * HW;
             int j = 0;
-            for (; j + 8 <= HW; j += 8) {
-                const ${acc8} xhat = (CLNN_LOADV(8, px + j) - mean) * invstd;
-                CLNN_STOREV(8, g * (CLNN_LOADV(8, pd + j) - mdy - xhat * mdyx), po + j);
+            for (; j + ${cpu_lanes} <= HW; j += ${cpu_lanes}) {
+                const ${accv} xhat = (CLNN_LOADV(${cpu_lanes}, px + j) - mean) * invstd;
+                CLNN_STOREV(${cpu_lanes}, g * (CLNN_LOADV(${cpu_lanes}, pd + j) - mdy - xhat * mdyx), po + j);
             }
             for (; j < HW; ++j) {
                 const acc_t xhat = (CLNN_LOAD(px, j) - mean) * invstd;

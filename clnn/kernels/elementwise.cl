@@ -27,7 +27,7 @@
 //   clnn_act_derivative:  out = f'(z), computed from ${"z" if src == "z" else "a = f(z)"}
 //   clnn_act_backward:    out = dy * f'(z), the backprop step dz = dy (.) f'(z)
 //
-<%include file="_activation.cl" args="act=act, derivative_from=src, vector=8"/>
+<%include file="_activation.cl" args="act=act, derivative_from=src, vector=cpu_lanes"/>
 <%
     # which functions call math built-ins (exp, tanh, ...): on CPUs those run on vectors;
     # the others' loops the compiler vectorises by itself, and faster (relu: 25 GB/s
@@ -36,18 +36,18 @@
     math_df = math_f and (src == "z" or act == "softplus")
 %>
 ## each(vector, scalar, on): the statements for element i (scalar) over every i; on
-## CPUs, where on, first for the 8 elements from i (vector) over the whole vectors,
-## then the last n % 8
+## CPUs, where on, first for the `cpu_lanes` (8; 4 doubles) elements from i (vector) over
+## the whole vectors, then the last n % cpu_lanes
 <%def name="each(vector, scalar, on)">
 % if on:
 #ifdef CLNN_CPU
-    // CPUs: 8 elements at a time, so the math built-ins run in their vector forms
+    // CPUs: ${cpu_lanes} elements at a time, so the math built-ins run in their vector forms
     // (PoCL calls its scalar tanh once per element: 1 GB/s; its tanh on float8, 8)
-    CLNN_FOR_EACH(v, n / 8) {
-        const int i = v * 8;
+    CLNN_FOR_EACH(v, n / ${cpu_lanes}) {
+        const int i = v * ${cpu_lanes};
         ${vector}
     }
-    for (int i = n / 8 * 8 + (int)get_global_id(0); i < n; i += (int)get_global_size(0)) {
+    for (int i = n / ${cpu_lanes} * ${cpu_lanes} + (int)get_global_id(0); i < n; i += (int)get_global_size(0)) {
         ${scalar}
     }
 #else
@@ -65,7 +65,7 @@ __kernel void clnn_act_forward(const int n, const acc_t p, const acc_t q,
                                __global real_t *out, const int out_off)
 {
     __global real_t *o = ${dst("z")};
-${each("CLNN_STOREV(8, clnn_f8(CLNN_LOADV(8, z + z_off + i), p, q), o + i);",
+${each(f"CLNN_STOREV({cpu_lanes}, clnn_f{cpu_lanes}(CLNN_LOADV({cpu_lanes}, z + z_off + i), p, q), o + i);",
        "CLNN_STORE(clnn_f(CLNN_LOAD(z, z_off + i), p, q), o, i);", math_f)}
 }
 
@@ -74,7 +74,7 @@ __kernel void clnn_act_derivative(const int n, const acc_t p, const acc_t q,
                                   __global real_t *out, const int out_off)
 {
     __global real_t *o = ${dst("src")};
-${each("CLNN_STOREV(8, clnn_df8(CLNN_LOADV(8, src + src_off + i), p, q), o + i);",
+${each(f"CLNN_STOREV({cpu_lanes}, clnn_df{cpu_lanes}(CLNN_LOADV({cpu_lanes}, src + src_off + i), p, q), o + i);",
        "CLNN_STORE(clnn_df(CLNN_LOAD(src, src_off + i), p, q), o, i);", math_df)}
 }
 
@@ -84,8 +84,8 @@ __kernel void clnn_act_backward(const int n, const acc_t p, const acc_t q,
                                 __global real_t *out, const int out_off)
 {
     __global real_t *o = ${dst("dy", "src")};
-${each("CLNN_STOREV(8, CLNN_LOADV(8, dy + dy_off + i) * "
-       "clnn_df8(CLNN_LOADV(8, src + src_off + i), p, q), o + i);",
+${each(f"CLNN_STOREV({cpu_lanes}, CLNN_LOADV({cpu_lanes}, dy + dy_off + i) * "
+       f"clnn_df{cpu_lanes}(CLNN_LOADV({cpu_lanes}, src + src_off + i), p, q), o + i);",
        "CLNN_STORE(CLNN_LOAD(dy, dy_off + i) * clnn_df(CLNN_LOAD(src, src_off + i), p, q), o, i);",
        math_df)}
 }

@@ -231,6 +231,28 @@ ${gather_one()}
     v4, v8 = f"{acc}4", f"{acc}8"
     m4 = "long4" if dtype == "float64" else "int4"      # what comparing two v4 gives
 %>
+## load8(t, ptr): t_e and t_o, the even and odd ones of the 8 elements at ptr (as one
+## vector of 8 where that is 256 bits, else as two of 4: see programs.CPU_LANES);
+## store8(ptr, a, b): a.s0, b.s0, a.s1, b.s1, ... a.s3, b.s3 to the 8 elements at ptr
+<%def name="load8(t, ptr)">
+% if cpu_lanes == 8:
+        const ${v8} ${t} = CLNN_LOADV(8, ${ptr});
+        const ${v4} ${t}_e = ${t}.even, ${t}_o = ${t}.odd;
+% else:
+        const ${v4} ${t}_l = CLNN_LOADV(4, ${ptr}), ${t}_h = CLNN_LOADV(4, ${ptr} + 4);
+        const ${v4} ${t}_e = (${v4})(${t}_l.even, ${t}_h.even);
+        const ${v4} ${t}_o = (${v4})(${t}_l.odd, ${t}_h.odd);
+% endif
+</%def>
+<%def name="store8(ptr, a, b)">
+% if cpu_lanes == 8:
+        CLNN_STOREV(8, (${v8})(${a}.s0, ${b}.s0, ${a}.s1, ${b}.s1, ${a}.s2, ${b}.s2, ${a}.s3, ${b}.s3),
+                    ${ptr});
+% else:
+        CLNN_STOREV(4, (${v4})(${a}.s0, ${b}.s0, ${a}.s1, ${b}.s1), ${ptr});
+        CLNN_STOREV(4, (${v4})(${a}.s2, ${b}.s2, ${a}.s3, ${b}.s3), ${ptr} + 4);
+% endif
+</%def>
 // ---- 2x2 windows, stride 2, no padding (LeNet's pooling, and most CNNs'): a
 // work-item per 4 windows along a row, loading the two rows of x under them as vectors
 // of 8 and storing vectors, so PoCL does not have to vectorise across work-items (its
@@ -263,11 +285,12 @@ __kernel void clnn_pool22_forward(const int planes, const int H, const int W, co
     const int plane = row / P, p = row - plane * P;
     const int i0 = x_off + plane * H * W + 2 * p * W + 2 * q0;
     if (q0 + 4 <= Q) {
-        const ${v8} t = CLNN_LOADV(8, x + i0), u = CLNN_LOADV(8, x + i0 + W);
-        ${v4} v = t.even;                 // select(a, b, m): b where m, else a
-        v = select(v, t.odd, clnn_beats4(t.odd, v));
-        v = select(v, u.even, clnn_beats4(u.even, v));
-        v = select(v, u.odd, clnn_beats4(u.odd, v));
+${load8("t", "x + i0")}\
+${load8("u", "x + i0 + W")}\
+        ${v4} v = t_e;                    // select(a, b, m): b where m, else a
+        v = select(v, t_o, clnn_beats4(t_o, v));
+        v = select(v, u_e, clnn_beats4(u_e, v));
+        v = select(v, u_o, clnn_beats4(u_o, v));
         CLNN_STOREV(4, v, y + y_off + row * Q + q0);
         return;
     }
@@ -300,22 +323,21 @@ __kernel void clnn_pool22_backward(const int planes, const int H, const int W, c
     const int plane = row / P2, p = row - plane * P2;
     const int at = plane * H * W + 2 * p * W + 2 * q0;
     if (p < P && q0 + 4 <= Q) {
-        const ${v8} t = CLNN_LOADV(8, x + x_off + at), u = CLNN_LOADV(8, x + x_off + at + W);
+${load8("t", "x + x_off + at")}\
+${load8("u", "x + x_off + at + W")}\
         const ${v4} g = CLNN_LOADV(4, dy + dy_off + (plane * P + p) * Q + q0);
-        ${m4} m = clnn_beats4(t.odd, t.even);
-        ${v4} v = select(t.even, t.odd, m);
+        ${m4} m = clnn_beats4(t_o, t_e);
+        ${v4} v = select(t_e, t_o, m);
         ${m4} best = select((${m4})(0), (${m4})(1), m);
-        m = clnn_beats4(u.even, v);
-        v = select(v, u.even, m);
+        m = clnn_beats4(u_e, v);
+        v = select(v, u_e, m);
         best = select(best, (${m4})(2), m);
-        best = select(best, (${m4})(3), clnn_beats4(u.odd, v));
+        best = select(best, (${m4})(3), clnn_beats4(u_o, v));
         const ${v4} z = (${v4})(0);
         const ${v4} r0 = select(z, g, best == 0), r1 = select(z, g, best == 1);
         const ${v4} r2 = select(z, g, best == 2), r3 = select(z, g, best == 3);
-        CLNN_STOREV(8, (${v8})(r0.s0, r1.s0, r0.s1, r1.s1, r0.s2, r1.s2, r0.s3, r1.s3),
-                    dx + dx_off + at);
-        CLNN_STOREV(8, (${v8})(r2.s0, r3.s0, r2.s1, r3.s1, r2.s2, r3.s2, r2.s3, r3.s3),
-                    dx + dx_off + at + W);
+${store8("dx + dx_off + at", "r0", "r1")}\
+${store8("dx + dx_off + at + W", "r2", "r3")}\
         return;
     }
     for (int q = q0; q < min(q0 + 4, Q2); ++q) {

@@ -113,7 +113,9 @@ CLNN_INV(x, x_off + ${k}) * CLNN_IN(y, y_off + ${r})\
 </%def>
 % if map == "sq":
 inline acc_t clnn_sq(const acc_t v) { return v * v; }
+%   if vec_in:
 inline ${V} clnn_sq8(const ${V} v) { return v * v; }
+%   endif
 % endif
 
 % if not wg:

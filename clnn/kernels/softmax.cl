@@ -29,26 +29,35 @@ inline void clnn_row_stats(__global const real_t *x, const int base, const int c
 }
 
 #ifdef CLNN_CPU
-// A contiguous row on a CPU, 8 elements at a time, so exp runs in its vector form
+// A contiguous row on a CPU, ${cpu_lanes} elements at a time, so exp runs in its vector form
 // (PoCL calls the scalar one once per element): the max and the sum of exponentials
-// in 8 lanes, folded in a fixed order, then the last cols % 8 elements.
-<% v8 = acc + "8" %>
-inline void clnn_row_stats8(__global const real_t *x, const int base, const int cols,
-                            acc_t *m_out, acc_t *lse_out)
+// in ${cpu_lanes} lanes, folded in a fixed order (neighbouring lanes first), then the last
+// cols % ${cpu_lanes} elements.
+<%
+    L = cpu_lanes
+    vL = f"{acc}{L}"
+    def fold(v, op, lo=0, n=L):
+        # lanes lo .. lo + n - 1 of v, neighbours first: ((s0 op s1) op (s2 op s3)) ...
+        if n == 1:
+            return f"{v}.s{lo}"
+        a, b = fold(v, op, lo, n // 2), fold(v, op, lo + n // 2, n // 2)
+        return f"{op}({a}, {b})" if op else f"({a} + {b})"
+%>
+inline void clnn_row_stats_v(__global const real_t *x, const int base, const int cols,
+                             acc_t *m_out, acc_t *lse_out)
 {
-    const int c8 = cols / 8 * 8;
-    ${v8} mv = (${v8})(-INFINITY);
-    for (int j = 0; j < c8; j += 8)
-        mv = fmax(mv, CLNN_LOADV(8, x + base + j));
-    acc_t m = fmax(fmax(fmax(mv.s0, mv.s1), fmax(mv.s2, mv.s3)),
-                   fmax(fmax(mv.s4, mv.s5), fmax(mv.s6, mv.s7)));
-    for (int j = c8; j < cols; ++j)
+    const int cv = cols / ${L} * ${L};
+    ${vL} mv = (${vL})(-INFINITY);
+    for (int j = 0; j < cv; j += ${L})
+        mv = fmax(mv, CLNN_LOADV(${L}, x + base + j));
+    acc_t m = ${fold("mv", "fmax")};
+    for (int j = cv; j < cols; ++j)
         m = fmax(m, CLNN_LOAD(x, base + j));
-    ${v8} sv = (${v8})0;
-    for (int j = 0; j < c8; j += 8)
-        sv += exp(CLNN_LOADV(8, x + base + j) - m);
-    acc_t s = ((sv.s0 + sv.s1) + (sv.s2 + sv.s3)) + ((sv.s4 + sv.s5) + (sv.s6 + sv.s7));
-    for (int j = c8; j < cols; ++j)
+    ${vL} sv = (${vL})0;
+    for (int j = 0; j < cv; j += ${L})
+        sv += exp(CLNN_LOADV(${L}, x + base + j) - m);
+    acc_t s = ${fold("sv", None)};
+    for (int j = cv; j < cols; ++j)
         s += exp(CLNN_LOAD(x, base + j) - m);
     *m_out = m;
     *lse_out = log(s);
@@ -64,14 +73,14 @@ __kernel void ${entry}(const int rows, const int cols, const int inner,
         const int base = (r / inner) * cols * inner + r % inner;
         acc_t m, lse;
 #ifdef CLNN_CPU
-        if (inner == 1 && cols >= 16) {       // a contiguous row: vectors of 8
-            clnn_row_stats8(x, x_off + base, cols, &m, &lse);
-            const int c8 = cols / 8 * 8;
-            for (int j = 0; j < c8; j += 8) {
-                const ${acc}8 v = CLNN_LOADV(8, x + x_off + base + j);
-                CLNN_STOREV(8, ${value}, out + out_off + base + j);
+        if (inner == 1 && cols >= 16) {       // a contiguous row: vectors of ${cpu_lanes}
+            clnn_row_stats_v(x, x_off + base, cols, &m, &lse);
+            const int cv = cols / ${cpu_lanes} * ${cpu_lanes};
+            for (int j = 0; j < cv; j += ${cpu_lanes}) {
+                const ${acc}${cpu_lanes} v = CLNN_LOADV(${cpu_lanes}, x + x_off + base + j);
+                CLNN_STOREV(${cpu_lanes}, ${value}, out + out_off + base + j);
             }
-            for (int j = c8; j < cols; ++j) {
+            for (int j = cv; j < cols; ++j) {
                 const acc_t v = CLNN_LOAD(x, x_off + base + j);
                 CLNN_STORE(${value}, out, out_off + base + j);
             }
