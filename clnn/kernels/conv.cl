@@ -30,6 +30,9 @@
     # (PoCL calls the scalar forms once per element: LeNet C1's tanh took 8x its
     # convolution)
     vec_act = not vstore and VW in (2, 4, 8) and act in math_acts
+    if VW > cpu_lanes:      # VW counts float32 lanes: conv.py halves it for float64
+        raise ValueError(f"VW={VW} vectors of {acc} are wider than 256 bits "
+                         f"(programs.CPU_LANES)")
 %>
 <%include file="_activation.cl" args="act=act, vector=VW if vec_act else 0"/>
 //

@@ -165,6 +165,9 @@ inline acc_t clnn_unrolled_xt(__global const real_t *x, const int k, const int j
     NVW = t["NWI"] // VW
     rvec = f"{acc}{VW}" if VW > 1 else acc
     comps = "0123456789abcdef"
+    if VW > cpu_lanes:      # VW counts float32 lanes: tuning.template_tuning halves it
+        raise ValueError(f"VW={VW} vectors of {acc} are wider than 256 bits "
+                         f"(programs.CPU_LANES)")
 %>
 // ---- packing: the CPU variant first copies A and B into panels, like BLIS does.
 // A panel holds MWI rows of op(A) interleaved along k, a B panel NWI columns of op(B),

@@ -44,6 +44,14 @@ programs.register("convd", {"act": "none", "wg": 64},
                            for wg in (64, 256)])
 
 _TILES = ((("MWI", 10), ("NWI", 16), ("VW", 8)), (("MWI", 5), ("NWI", 8), ("VW", 8)))
+
+
+def _helper(dt, **params):
+    """conv.cl's parameters for its helper kernels (padding, col2im): the default tiles,
+    as the gathered kernel's are, as wide in bytes for every dtype."""
+    return programs.variant_for(dict(params, tuning=_TILES[0]), programs.dtype_name(dt))
+
+
 programs.register(
     "conv", {"padded": False, "line": False, "vstore": False, "act": "none", "bias": "none",
              "x_acc": False, "tuning": _TILES[0]},
@@ -163,8 +171,7 @@ def _dgrad_col2im(dev, dt, p, dy, w, out, C, H, W, M, P, Q, R, S, st, pd):
     group = max(1, min(N, scratch_cap(dev, SCRATCH_BYTES) // (P * Q * ld * acc.itemsize)))
     dcol = dev_scratch(dev, group * P * Q * ld, acc)
     scratch = _gather_scratch(dev, dt, CRS, M, nwi)
-    col2im = programs.get_kernel(dev, "conv", "clnn_conv_col2im",
-                                 {"dtype": programs.dtype_name(dt)})
+    col2im = programs.get_kernel(dev, "conv", "clnn_conv_col2im", _helper(dt))
     for n0 in range(0, N, group):
         g = min(group, N - n0)
         _run_gather(dev, dt, p, x=dy, x_off=offset(dy) + n0 * M * P * Q, H=P, W=Q, ph=0,
@@ -239,8 +246,7 @@ def _tiled_dgrad_col2im(dev, dt, rows, dy, w, out, C, H, W, M, P, Q, R, S, st, p
     # must not depend on the budget
     group = max(1, min(N, SCRATCH_BYTES // (CRS * PQ * dt.itemsize)))
     dcol = dev_scratch(dev, group * CRS * PQ, dt)
-    col2im = programs.get_kernel(dev, "conv", "clnn_conv_col2im_t",
-                                 {"dtype": programs.dtype_name(dt)})
+    col2im = programs.get_kernel(dev, "conv", "clnn_conv_col2im_t", _helper(dt))
 
     def gemm_args(n0):
         g = min(group, N - n0)
@@ -421,8 +427,7 @@ def _pad_input(dev, dt, x, images, H, W, ph, pw, into=None):
             nbytes > scratch_cap(dev, PAD_BYTES):
         return x, offset(x), H, W, ph, pw, None
     xp = into if into is not None else dev_scratch(dev, images * Hp * Wp, acc)
-    pad = programs.get_kernel(dev, "conv", "clnn_conv_pad",
-                              {"dtype": programs.dtype_name(dt), "x_acc": acc != dt})
+    pad = programs.get_kernel(dev, "conv", "clnn_conv_pad", _helper(dt, x_acc=acc != dt))
     rows = images * Hp
     pad((-(-rows // 64) * 64,), (64,), rows=rows, H=H, W=W, ph=ph, pw=pw, x=x,
         x_off=offset(x), xp=xp)

@@ -460,8 +460,10 @@ def gemv(a, x, y=None, *, alpha=1.0, beta=0.0, trans_a=False):
         # MNIST epochs of 0.44 s against 0.51 s).
         gemm(a, x.reshape(K, 1), out=y.reshape(M, 1), alpha=alpha, beta=beta, trans_a=True)
         return y
-    kern = programs.get_kernel(dev, "gemm", "clnn_gemv", {"dtype": programs.dtype_name(dt),
-                                                          "trans_a": bool(trans_a)})
+    # (the CPU variant's program, whose tiles are as wide in bytes for every dtype)
+    kern = programs.get_kernel(dev, "gemm", "clnn_gemv", {
+        "dtype": programs.dtype_name(dt), "trans_a": bool(trans_a),
+        "tuning": tuning.template_tuning(tuning.GEMM_TABLE["type"]["CPU"], dt)})
     wg = min(64, dev.facts.max_work_group_size)
     groups = max(1, min(-(-M // wg), dev.facts.compute_units * 64))
     evt = kern((groups * wg,), (wg,), M=M, K=K, alpha=alpha, beta=beta, a=a, a_off=A.off,
