@@ -10,6 +10,7 @@ Arrays are ``pyopencl.array.Array`` allocated from the device's bounded pool:
 import numpy as np
 import pyopencl.array as cla
 
+from .device import BFLOAT16 as bfloat16  # ml_dtypes' numpy dtype: clnn.asarray(a, dtype=clnn.bfloat16)
 from .device import Device, DeviceFacts, device, device_of
 from .errors import (ArgumentError, CheckpointError, ClnnError, DeviceError, DistributedError,
                      DTypeError,

@@ -12,6 +12,7 @@ import os
 import threading
 from dataclasses import dataclass, asdict
 
+import ml_dtypes
 import numpy as np
 import pyopencl as cl
 
@@ -27,7 +28,11 @@ _POCL_PLATFORM = "portable computing language"
 # threads free, e.g. for several processes sharing the cores).
 os.environ.setdefault("POCL_AFFINITY", "1")
 
-SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16))
+# bfloat16 is ml_dtypes' numpy dtype (the one JAX and PyTorch's numpy interop use):
+# numpy has none of its own
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16),
+                    BFLOAT16)
 
 
 @dataclass(frozen=True)
@@ -141,9 +146,9 @@ class Device:
             return True
         if dtype == np.float64:
             return self.facts.fp64
-        if dtype == np.float16:
-            # storage only (vload_half/vstore_half are core OpenCL 1.2), computed in
-            # float32: every device, with or without cl_khr_fp16
+        if dtype == np.float16 or dtype == BFLOAT16:
+            # storage only (vload_half/vstore_half are core OpenCL 1.2; bfloat16 is
+            # ushort bits), computed in float32: every device, with or without cl_khr_fp16
             return True
         return False
 
@@ -154,8 +159,8 @@ class Device:
         dtype = np.dtype(dtype)
         if dtype not in SUPPORTED_DTYPES:
             raise DTypeError(f"{what} has dtype {dtype}; clnn computes in float32, "
-                             "float64 (cl_khr_fp64) or float16 (stored as half, computed "
-                             "in float32)")
+                             "float64 (cl_khr_fp64), or float16 or bfloat16 (stored as "
+                             "such, computed in float32)")
         if not self.supports(dtype):
             raise DTypeError(f"{what} has dtype {dtype}, but {self.facts.name} lacks "
                              "cl_khr_fp64")

@@ -26,6 +26,7 @@ from mako import exceptions as mako_exceptions
 from mako.lookup import TemplateLookup
 
 from .cache import CACHE_SIZE, KernelCache  # noqa: F401 - used by tests as programs.*
+from .device import BFLOAT16
 from .errors import KernelBuildError, TemplateError
 
 KERNEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
@@ -57,7 +58,10 @@ _CTYPES = {
     "float32": ("float", "float"),
     "float64": ("double", "double"),
     "float16": ("half", "float"),      # half storage, float arithmetic
+    "bfloat16": ("ushort", "float"),   # bfloat16 bits as storage, float arithmetic
 }
+# dtypes kept only as storage: loaded to float, computed in float, stored rounded
+STORAGE_ONLY = ("float16", "bfloat16")
 
 # the activations whose functions call OpenCL math built-ins (exp, tanh, expm1, log1p):
 # PoCL links those as calls, so kernels for CPUs call them on vectors (every template
@@ -73,7 +77,7 @@ MATH_ACTIVATIONS = ("sigmoid", "tanh", "elu", "softplus")
 # kernels (clCreateKernel: INVALID_KERNEL_NAME), which broke float64 there.
 CPU_LANES = {"float": 8, "double": 4}
 
-_NAMES = {np.dtype(n): n for n in _CTYPES}
+_NAMES = {np.dtype(n): n for n in _CTYPES}    # np.dtype("bfloat16") once ml_dtypes is imported
 
 
 def dtype_name(dtype):
@@ -157,6 +161,7 @@ def render(stem, params):
     params = full_params(stem, params)
     real, acc = _CTYPES[params["dtype"]]
     ctx = dict(params, real=real, acc=acc, math_acts=MATH_ACTIVATIONS,
+               storage_only=params["dtype"] in STORAGE_ONLY,
                cpu_lanes=CPU_LANES[acc])
     try:
         tmpl = _lookup.get_template(f"{stem}.cl")
@@ -229,7 +234,8 @@ class Kernel:
         self.cl_kernel = cl_kernel
         self.entry = entry
         acc = acc_dtype(dtype).type
-        typemap = dict(_SCALARS, real_t=np.dtype(dtype).type, acc_t=acc)
+        real = np.uint16 if np.dtype(dtype) == BFLOAT16 else np.dtype(dtype).type
+        typemap = dict(_SCALARS, real_t=real, acc_t=acc)
         self.names = [n for n, _ in args]
         self.types = [None if t is None else typemap[t] for _, t in args]
         self._names = frozenset(self.names)

@@ -298,8 +298,8 @@ def set_float32_matmul_precision(precision):
     """PyTorch's switch, with its names: "highest" (the default) computes float32
     GEMMs and convolutions in float32; "high" and "medium" let them use TF32 matrix
     engines (10-bit mantissas in the products, float32 sums) where the device has them
-    (NVIDIA, compute capability 8.0 and up); clnn has no bfloat16 path, so "medium"
-    means what "high" does. Also set by the environment variable
+    (NVIDIA, compute capability 8.0 and up); "medium" means what "high" does (clnn
+    never rounds float32 operands to bfloat16: bfloat16 is a storage dtype of its own). Also set by the environment variable
     CLNN_FLOAT32_MATMUL_PRECISION, read when first needed."""
     if precision not in PRECISIONS:
         raise ArgumentError(f"float32 matmul precision must be one of "
@@ -320,11 +320,13 @@ def get_float32_matmul_precision():
 
 def mma_kind(facts, dtype):
     """The matrix engine a GEMM of ``dtype`` may use on ``facts``' device: "f16" for
-    float16, "tf32" for float32 where the precision allows it, else "none"."""
+    16-bit storage (float16, and bfloat16: the same rows and layouts, the instruction's
+    operand type .bf16), "tf32" for float32 where the precision allows it, else
+    "none"."""
     if facts.nv_compute_capability < 80:
         return "none"
     name = _dtype_name(dtype)
-    if name == "float16":
+    if name in ("float16", "bfloat16"):
         return "f16"
     if name == "float32" and get_float32_matmul_precision() != "highest":
         return "tf32"

@@ -9,6 +9,7 @@ import tempfile
 import threading
 import zlib
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -22,7 +23,7 @@ os.environ.setdefault("CLNN_TUNING_DB", os.path.join(tempfile.mkdtemp(prefix="cl
 
 import clnn  # noqa: E402
 
-CANARY = -12345.5          # exactly representable in float16, float32 and float64
+CANARY = -12352.0          # exactly representable in bfloat16, float16, float32, float64
 PAD = 17                   # canary elements on each side of a guarded output
 
 
@@ -73,7 +74,7 @@ def race(*targets):
 
 def float_dtypes(dev_=None):
     d = dev_ or clnn.device(TEST_DEVICE)
-    return [t for t in (np.float32, np.float64, np.float16) if d.supports(t)]
+    return [t for t in (np.float32, np.float64, np.float16, clnn.bfloat16) if d.supports(t)]
 
 
 class Guarded:
@@ -86,7 +87,7 @@ class Guarded:
     def __init__(self, dev, shape, dtype, fill=None):
         n = int(np.prod(shape, dtype=np.int64))
         # an int array (indices) gets the canary's integer part
-        self.canary = CANARY if np.dtype(dtype).kind == "f" else int(CANARY)
+        self.canary = CANARY if is_float(dtype) else int(CANARY)
         host = np.full(n + 2 * PAD, self.canary, dtype=dtype)
         if fill is not None:
             host[PAD:PAD + n] = np.asarray(fill, dtype=dtype).ravel()
@@ -108,8 +109,23 @@ def guarded_input(dev, a):
     return Guarded(dev, a.shape, a.dtype, fill=a).view
 
 
+def is_float(dtype):
+    return np.dtype(dtype).kind == "f" or np.dtype(dtype) == clnn.bfloat16
+
+
+def storage_only(dtype):
+    """float16 and bfloat16: stored as such, computed in float32."""
+    return np.dtype(dtype) in (np.dtype(np.float16), clnn.bfloat16)
+
+
+def f64(a):
+    """A host array as float64: numpy's testing helpers see no NaN in bfloat16 arrays
+    (ml_dtypes' dtype is not a numpy float kind), so compare them so."""
+    return np.asarray(a).astype(np.float64)
+
+
 def eps(dtype):
-    return float(np.finfo(dtype).eps)
+    return float(ml_dtypes.finfo(dtype).eps)       # numpy's finfo lacks bfloat16
 
 
 def error_bound(dtype, k=1, ulps=8):
@@ -117,9 +133,10 @@ def error_bound(dtype, k=1, ulps=8):
     of its terms: ulps * (k + 1) roundings in the arithmetic type. float16 is stored as
     half and computed in float32, so its bound is two half roundings (of the result, and
     of an intermediate some ops store) plus float32's accumulation: tight enough that a
-    kernel that computed in half (or stored a rounded partial sum too often) fails."""
-    if np.dtype(dtype) == np.float16:
-        return 2 * eps(np.float16) + ulps * (k + 1) * eps(np.float32)
+    kernel that computed in half (or stored a rounded partial sum too often) fails.
+    bfloat16 likewise, with its own (8 times coarser) epsilon."""
+    if storage_only(dtype):
+        return 2 * eps(dtype) + ulps * (k + 1) * eps(np.float32)
     return ulps * (k + 1) * eps(dtype)
 
 

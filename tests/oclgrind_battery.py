@@ -21,11 +21,13 @@ def close(got, ref, tol=1e-5):
 
 def ops():
     """Element-wise, reductions, softmax and losses; then again with the GPUs'
-    work-group kernels (reductions, rows, gemv) forced."""
+    work-group kernels (reductions, rows, gemv) forced; a few in bfloat16 both ways."""
     from clnn import tuning
     _ops()
+    _bf16_ops()
     with tuning.override("reduce", {"wg": True}), tuning.override("rows", {"wg": True}):
         _ops()
+        _bf16_ops()
         rng = np.random.default_rng(3)
         a = rng.standard_normal((37, 70)).astype(np.float32)
         v = rng.standard_normal(37).astype(np.float32)
@@ -37,6 +39,21 @@ def ops():
         cube = rng.standard_normal((3, 40, 5)).astype(np.float32)     # along axis 1
         close(clnn.softmax(clnn.asarray(cube), axis=1).get(),
               np.exp(cube) / np.exp(cube).sum(1, keepdims=True))
+
+
+def _bf16_ops():
+    """bfloat16 storage: its vector loads and stores (the reductions' rows, softmax's
+    rows on CPUs), conversions both ways, a GEMM and a loss, against float64."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((5, 300)).astype(clnn.bfloat16)
+    x64 = x.astype(np.float64)
+    X = clnn.asarray(x)
+    close(clnn.tanh(X).get(), np.tanh(x64), 1e-2)
+    close(clnn.sum(X, axis=1).get(), x64.sum(1), 5e-2)
+    close(clnn.softmax(X).get(), np.exp(x64) / np.exp(x64).sum(1, keepdims=True), 1e-2)
+    close(clnn.cast(clnn.cast(X, np.float32), clnn.bfloat16).get(), x64, 0)
+    w = rng.standard_normal((300, 7)).astype(clnn.bfloat16)
+    close(clnn.gemm(X, clnn.asarray(w)).get() / 20, x64 @ w.astype(np.float64) / 20, 1e-2)
 
 
 def _ops():
@@ -291,13 +308,16 @@ def engines():
     rows = tuning.MMA_TABLE[("nvidia", "GPU")]
     ldsm = dict(next(r for r in rows if r["MMA"] == "f16" and r["MWG"] == r["NWG"] == 64),
                 LDSM=True)
-    for row in rows + [ldsm]:
+    # and the 64x64 float16 row in bfloat16 (the same tiles, bfloat16 conversions)
+    small = next(r for r in rows if r["MMA"] == "f16" and r["MWG"] == r["NWG"] == 64)
+    runs = [(r, np.float32 if r["MMA"] == "tf32" else np.float16) for r in rows + [ldsm]]
+    for row, dt in runs + [(small, clnn.bfloat16)]:
         row = dict(row, EMULATE=True)
-        dt = np.float32 if row["MMA"] == "tf32" else np.float16
         size = np.dtype(dt).itemsize
         if tuning.gemm_problems(row, facts, size) or plans.local_bytes(row, size) > 32768:
             continue
-        tol = 1e-2 if dt == np.float16 else 2e-3
+        tol = {np.dtype(np.float32): 2e-3, np.dtype(np.float16): 1e-2,
+               clnn.bfloat16: 8e-2}[np.dtype(dt)]
         for M, N, K, ta, tb, split in ((37, 29, 40, False, False, None),
                                        (9, 70, 33, True, True, None),
                                        (20, 20, 100, False, True, 2)):
@@ -307,8 +327,9 @@ def engines():
             with tuning.override("gemm", dict(row, KSPLIT=split) if split else row):
                 got = clnn.gemm(clnn.asarray(a), clnn.asarray(b), trans_a=ta, trans_b=tb,
                                 bias=clnn.asarray(bias), activation="relu").get()
-            ref = np.maximum((a.T if ta else a).astype(np.float64) @ (b.T if tb else b)
-                             + bias, 0.0)
+            ref = np.maximum((a.T if ta else a).astype(np.float64) @
+                             (b.T if tb else b).astype(np.float64) + bias.astype(np.float64),
+                             0.0)
             close(got / np.sqrt(K), ref / np.sqrt(K), tol)
         x = rng.standard_normal((2, 3, 9, 8)).astype(dt)
         w = rng.standard_normal((5, 3, 3, 3)).astype(dt)

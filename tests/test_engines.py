@@ -100,6 +100,8 @@ def test_engines_are_chosen_only_where_allowed(precision):
     precision("highest")
     assert tuning.mma_kind(H100, np.float32) == "none"
     assert tuning.mma_kind(H100, np.float16) == "f16"       # float16 always may
+    assert tuning.mma_kind(H100, clnn.bfloat16) == "f16"    # the 16-bit rows, .bf16
+    assert tuning.gemm_rows(H100, 2, clnn.bfloat16)[0]["MMA"] == "f16"
     assert tuning.mma_kind(H100, np.float64) == "none"
     assert not any("MMA" in r for r in tuning.gemm_rows(H100, 4, np.float32))
     f16 = tuning.gemm_rows(H100, 2, np.float16)
@@ -169,21 +171,26 @@ LDSM = dict(ENGINES[5], LDSM=True)
 
 
 def engine_variants(emulate=False):
+    """Every engine row with each loader, transpose and vector width; the 16-bit rows
+    in float16, and in bfloat16 with two of them (the same kernel but for the
+    conversions and the instruction's operand type)."""
+    cases = (("none", False, False, 4, False), ("none", True, True, 4, True),
+             ("none", False, True, 1, False), ("none", True, False, 2, False),
+             ("fwd", False, False, 1, False), ("dgrad", False, False, 1, True),
+             ("wgrad", False, False, 1, True))
     for i, row in enumerate(ENGINES + [LDSM]):
         row = dict(row, EMULATE=True) if emulate else row
-        dtype = "float32" if row["MMA"] == "tf32" else "float16"
-        for conv, ta, tb, vec, partial in (
-                ("none", False, False, 4, False), ("none", True, True, 4, True),
-                ("none", False, True, 1, False), ("none", True, False, 2, False),
-                ("fwd", False, False, 1, False), ("dgrad", False, False, 1, True),
-                ("wgrad", False, False, 1, True)):
+        runs = [("float32", cases)] if row["MMA"] == "tf32" else \
+            [("float16", cases), ("bfloat16", cases[1:2] + cases[5:6])]
+        for dtype, conv, ta, tb, vec, partial in ((d,) + c for d, cs in runs for c in cs):
             params = {"dtype": dtype, "variant": "local", "trans_a": ta, "trans_b": tb,
                       "act": "relu", "bias": "row" if conv != "none" else "col",
                       "conv": conv, "vec": vec, "vec_c": False, "partial": partial,
                       "tuning": tuning.template_tuning(row, dtype)}
             yield pytest.param(params, id=f"{row['MMA']}-{i}-{conv}-{int(ta)}{int(tb)}-v{vec}"
                                f"{'-partial' if partial else ''}"
-                               f"{'-ldsm' if row.get('LDSM') else ''}")
+                               f"{'-ldsm' if row.get('LDSM') else ''}"
+                               f"{'-bf16' if dtype == 'bfloat16' else ''}")
 
 
 @gate("clang", CLANG is not None)
@@ -194,6 +201,9 @@ def test_engine_kernels_compile_for_nvptx(params):
     no warnings."""
     source = programs.render("gemm", params)
     assert "mma.sync.aligned" in source
+    operands = {"float32": ".tf32.tf32.", "float16": ".f16.f16.",
+                "bfloat16": ".bf16.bf16."}[params["dtype"]]
+    assert f"row.col.f32{operands}f32" in source
     assert ("ldmatrix.sync.aligned" in source) == ("LDSM" in dict(params["tuning"]))
     cmd = [CLANG, "-x", "cl", "-fsyntax-only", "-target", "nvptx64-nvidia-cuda",
            "-cl-std=CL1.2", "-cl-no-stdinc", "-Xclang", "-finclude-default-header",

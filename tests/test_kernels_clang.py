@@ -15,7 +15,7 @@ from clnn import programs
 from conftest import gate
 
 CLANG = shutil.which("clang")
-DTYPES = ("float32", "float64", "float16")
+DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
 def variants():

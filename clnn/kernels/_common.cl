@@ -5,23 +5,39 @@
 % if dtype == "float64":
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
 % endif
-## float16 needs no extension: a pointer to half and vload_half/vstore_half are core
-## OpenCL 1.2, and no kernel computes in half (cl_khr_fp16 would be needed for that)
+## float16 and bfloat16 need no extension: a pointer to half and vload_half/vstore_half
+## are core OpenCL 1.2, bfloat16 is kept as ushort, and no kernel computes in either
+## (cl_khr_fp16 would be needed for half arithmetic)
 typedef ${real} real_t;
 typedef ${acc} acc_t;
 % if dtype == "float16":
 // half is storage only: load to float, compute in float, store rounded to nearest even.
 <%include file="_half.cl"/>
-#define CLNN_LOAD(p, i) CLNN_HALF_LOAD(p, i)
-#define CLNN_STORE(v, p, i) CLNN_HALF_STORE(v, p, i)
-#define CLNN_LOADV(n, p) CLNN_HALF_LOADV(n, p)
-#define CLNN_STOREV(n, v, p) CLNN_HALF_STOREV(n, v, p)
+#define CLNN_LOAD_AT(S, p, i) CLNN_HALF_LOAD_AT(S, p, i)
+#define CLNN_STORE_AT(S, v, p, i) CLNN_HALF_STORE_AT(S, v, p, i)
+#define CLNN_LOADV_AT(S, n, p) CLNN_HALF_LOADV_AT(S, n, p)
+#define CLNN_STOREV_AT(S, n, v, p) CLNN_HALF_STOREV_AT(S, n, v, p)
+% elif dtype == "bfloat16":
+// bfloat16 is storage only (ushort bits): load to float, compute in float, store
+// rounded to nearest even.
+<%include file="_bf16.cl"/>
+#define CLNN_LOAD_AT(S, p, i) CLNN_BF16_LOAD_AT(S, p, i)
+#define CLNN_STORE_AT(S, v, p, i) CLNN_BF16_STORE_AT(S, v, p, i)
+#define CLNN_LOADV_AT(S, n, p) CLNN_BF16_LOADV_AT(S, n, p)
+#define CLNN_STOREV_AT(S, n, v, p) CLNN_BF16_STOREV_AT(S, n, v, p)
 % else:
-#define CLNN_LOAD(p, i) ((acc_t)(p)[i])
-#define CLNN_STORE(v, p, i) ((p)[i] = (real_t)(v))
-#define CLNN_LOADV(n, p) vload##n(0, (p))
-#define CLNN_STOREV(n, v, p) vstore##n((v), 0, (p))
+#define CLNN_LOAD_AT(S, p, i) ((acc_t)(p)[i])
+#define CLNN_STORE_AT(S, v, p, i) ((p)[i] = (real_t)(v))
+#define CLNN_LOADV_AT(S, n, p) vload##n(0, (p))
+#define CLNN_STOREV_AT(S, n, v, p) vstore##n((v), 0, (p))
 % endif
+// CLNN_LOAD(p, i) / CLNN_STORE(v, p, i): element i of an array of real_t in global
+// memory as acc_t, and back (rounded to nearest even where real_t is narrower); the
+// _AT forms take the address space S (__global or __local) of the pointer
+#define CLNN_LOAD(p, i) CLNN_LOAD_AT(__global, p, i)
+#define CLNN_STORE(v, p, i) CLNN_STORE_AT(__global, v, p, i)
+#define CLNN_LOADV(n, p) CLNN_LOADV_AT(__global, n, p)
+#define CLNN_STOREV(n, v, p) CLNN_STOREV_AT(__global, n, v, p)
 // CLNN_LOADV(n, p) / CLNN_STOREV(n, v, p): n (2, 4 or 8) consecutive elements at p as
 // an acc_t vector, and back
 

@@ -1,5 +1,5 @@
 ## batchnorm.cl: batch normalisation over (N, C, HW) arrays (HW = 1 for BatchNorm1d).
-## Parameters:  dtype  float32 | float64 | float16
+## Parameters:  dtype  float32 | float64 | float16 | bfloat16
 ##              act    the activation fused after the affine map (clnn.ACTIVATIONS)
 ##              wg     work-items per channel in the per-channel reductions (a power of 2;
 ##                     1 on CPUs: a work-item per channel, see below)

@@ -1,14 +1,15 @@
 ## cast.cl: an array converted to another floating type on the device.
-## Parameters:  dtype  the destination's float32 | float64 | float16
-##              src    the source's float32 | float64 | float16
-## Used by clnn/ops/cast.py. Values are rounded once, to nearest (half through
-## vstore_half_rte, the others by C's conversion, which rounds to nearest even).
+## Parameters:  dtype  the destination's float32 | float64 | float16 | bfloat16
+##              src    the source's float32 | float64 | float16 | bfloat16
+## Used by clnn/ops/cast.py. Values are rounded once, to nearest even (half through
+## vstore_half_rte, bfloat16 by clnn_f2bf, the others by C's conversion).
 <%include file="_common.cl"/>
 % if src == "float64" and dtype != "float64":
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
 % endif
 <%
-    src_t = {"float32": "float", "float64": "double", "float16": "half"}[src]
+    src_t = {"float32": "float", "float64": "double", "float16": "half",
+             "bfloat16": "ushort"}[src]
 %>
 % if src == "float16":
 // half is storage only: loaded to float (exact), with no cl_khr_fp16 needed
@@ -16,8 +17,27 @@
 <%include file="_half.cl"/>
 %   endif
 #define CLNN_SRC(p, i) CLNN_HALF_LOAD(p, i)
+% elif src == "bfloat16":
+// bfloat16 is storage only: loaded to float (exact)
+%   if dtype != "bfloat16":
+<%include file="_bf16.cl"/>
+%   endif
+#define CLNN_SRC(p, i) CLNN_BF16_LOAD(p, i)
 % else:
 #define CLNN_SRC(p, i) ((p)[i])
+% endif
+% if dtype == "bfloat16" and src == "float64":
+
+// double -> bfloat16 rounded once: to float rounding toward zero, with the last bit set
+// where that dropped anything (round to odd), then to nearest even as every float is.
+// A float keeps 16 bits more than bfloat16, so the odd bit stands for everything dropped
+// and the second rounding sees ties only where the double had them (through float by
+// nearest, 1 + 2^-8 + 2^-30 would round to 1: a tie after the first rounding).
+inline float clnn_d2f_odd(const double d)
+{
+    const float f = convert_float_rtz(d);
+    return as_float(as_uint(f) | (uint)((double)f != d && !isnan(d)));
+}
 % endif
 
 __kernel void clnn_cast(const int n, __global const ${src_t} *x, const int x_off,
@@ -27,7 +47,9 @@ __kernel void clnn_cast(const int n, __global const ${src_t} *x, const int x_off
 % if dtype == "float16" and src == "float64":
         // rounded once, to nearest, from double (through float it would round twice)
         vstore_half_rte(CLNN_SRC(x, x_off + i), out_off + i, out);
-% elif dtype == "float16":
+% elif dtype == "bfloat16" and src == "float64":
+        CLNN_STORE(clnn_d2f_odd(CLNN_SRC(x, x_off + i)), out, out_off + i);
+% elif storage_only:
         CLNN_STORE(CLNN_SRC(x, x_off + i), out, out_off + i);
 % else:
         out[out_off + i] = (real_t)CLNN_SRC(x, x_off + i);

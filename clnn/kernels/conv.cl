@@ -1,7 +1,7 @@
 ## conv.cl: convolution as an implicit GEMM whose unrolled operand is gathered straight
 ## into registers (the CPU path; GPUs use gemm.cl's tiled loaders).
 ## Parameters (template):
-##   dtype        float32 | float64 | float16 (half storage, float arithmetic)
+##   dtype        float32 | float64 | float16 | bfloat16 (16-bit storage, float arithmetic)
 ##   padded       the gathered input has zero padding: loads are bounds-checked
 ##                (the routine usually copies the input with its border instead)
 ##   line         a work-item's rows are consecutive along an output line and share

@@ -1,6 +1,6 @@
 ## convd.cl: direct convolution for grouped (depthwise) and dilated convolutions: each
 ## output element summed by one work-item straight from the input, no unrolled matrix.
-## Parameters:  dtype  float32 | float64 | float16
+## Parameters:  dtype  float32 | float64 | float16 | bfloat16
 ##              act    the activation fused into the forward pass ("none" or a name of
 ##                     clnn.ACTIVATIONS)
 ##              wg     work-items per weight element in the weight gradient (power of 2)

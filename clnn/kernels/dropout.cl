@@ -1,7 +1,7 @@
 ## dropout.cl: inverted dropout with a counter-based mask: no mask is stored, each
 ## element's keep/drop is a hash of (key, element index), so the backward pass (the
 ## same kernel on the gradient, with the same key) drops the same elements.
-## Parameters:  dtype  float32 | float64 | float16
+## Parameters:  dtype  float32 | float64 | float16 | bfloat16
 ## Used by clnn/ops/dropout.py, which holds the same hash in numpy (dropout_mask).
 <%include file="_common.cl"/>
 

@@ -1,5 +1,5 @@
 ## elementwise.cl: one template for every element-wise op in clnn.
-## Parameters:  dtype  float32 | float64 | float16
+## Parameters:  dtype  float32 | float64 | float16 | bfloat16
 ##              op     "act"    activation forward / derivative / backward for ACT
 ##                     "linalg" hadamard, axpy, scale, fill, bias_add
 ##              act    (op "act") identity sigmoid tanh relu leaky_relu elu softplus

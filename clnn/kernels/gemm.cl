@@ -1,6 +1,7 @@
 ## gemm.cl: C = act(alpha * op(A) @ op(B) + beta * C + bias), batched, two tile variants.
 ## Parameters (template):
-##   dtype            float32 | float64 | float16 (half storage, float arithmetic)
+##   dtype            float32 | float64 | float16 | bfloat16 (the last two: storage
+##                    only, float arithmetic)
 ##   variant          "reg": packed panels and register blocks, no local memory (CPUs)
 ##                    "local": local-memory tiles shared by a work-group (GPUs)
 ##   trans_a, trans_b A stored (K, M) / B stored (N, K)
@@ -14,9 +15,10 @@
 ##   partial          ("local") write the raw sums of one K slice to a workspace, for
 ##                    clnn_gemm_splitk to add up in a fixed order (split-K)
 ##   tuning           the tile parameters below, as a dict (see clnn/tuning.py); a
-##                    "local" row with "MMA" ("tf32" or "f16") multiplies its tiles on
-##                    NVIDIA's matrix engines (mma.sync, inline PTX), a warp per WM x WN
-##                    block: chosen only for NVIDIA compute capability 8.0 and up
+##                    "local" row with "MMA" ("tf32", or "f16" for 16-bit storage:
+##                    float16 and bfloat16) multiplies its tiles on NVIDIA's matrix
+##                    engines (mma.sync, inline PTX), a warp per WM x WN block: chosen
+##                    only for NVIDIA compute capability 8.0 and up
 ## Kernels: "reg": clnn_pack_a, clnn_pack_b, clnn_gemm_packed, clnn_gemv;
 ##          "local": clnn_gemm_tiled, clnn_gemm_splitk.
 ## Used by clnn/ops/gemm.py (and, through it, dense and convolution layers).
@@ -178,7 +180,7 @@ inline acc_t clnn_unrolled_xt(__global const real_t *x, const int k, const int j
 // zero past the edges of the matrices. The micro-kernel then streams two contiguous
 // panels (the prefetcher's best case, no cache-set conflicts for power-of-two leading
 // dimensions), needs no edge checks, and transposes cost nothing extra. Panels hold
-// acc_t, so half inputs are converted once here.
+// acc_t, so 16-bit inputs (float16, bfloat16) are converted once here.
 __kernel void clnn_pack_a(const int M, const int K, const int Mb, const int k0,
                           __global const real_t *a, const int a_off, const int lda,
                           const int a_bstride, __global acc_t *a_pk${conv_sig})
@@ -290,7 +292,7 @@ typedef ${rvec} vec_t;
 
 // The epilogue of VW consecutive elements of a row of C at once: one vector store (in
 // float16 on a CPU, of the halves' bits converted as a vector: scalar stores of
-// converted halves took a sixth of a 512^3 GEMM on PoCL).
+// converted halves took a sixth of a 512^3 GEMM on PoCL; bfloat16 likewise).
 inline void clnn_epilogue_v(__global real_t *c, const int idx, const int m, const int n,
                             const vec_t acc, const acc_t alpha, const acc_t beta,
                             const acc_t act_p, const acc_t act_q,
@@ -313,15 +315,7 @@ inline void clnn_epilogue_v(__global real_t *c, const int idx, const int m, cons
     v.s${comps[j]} = clnn_f(v.s${comps[j]}, act_p, act_q);
 %     endfor
 %   endif
-%   if dtype == "float16":
-#ifdef CLNN_CPU
-    vstore${VW}(clnn_f2h${VW}(v), 0, (__global ushort *)(c + idx));
-#else
-    vstore_half${VW}_rte(v, 0, c + idx);
-#endif
-%   else:
-    vstore${VW}(v, 0, c + idx);
-%   endif
+    CLNN_STOREV(${VW}, v, c + idx);
 }
 % endif
 
@@ -634,8 +628,8 @@ ${nn_k_loop(False)}
     def loadv(n, ptr, idx):
         if n == 1:
             return f"CLNN_LOAD({ptr}, {idx})"
-        if dtype == "float16":
-            return f"vload_half{n}(0, {ptr} + {idx})"
+        if storage_only:
+            return f"CLNN_LOADV({n}, {ptr} + {idx})"
         return f"*(__global const {rt(n)} *)({ptr} + {idx})"
     # load slots: every work-item moves LA (LB) vectors of A (B) per tile
     TA = MWG * KWG // GVA
@@ -701,14 +695,15 @@ inline float clnn_tf32(const float x)
     return (u & 0x7fffffffu) > 0x7f800000u ? x : as_float((u + 0x1000u) & 0xffffe000u);
 }
 %   else:
-// float16 operands, two to a 32-bit register (the lower k in the low half):
+// float16 (or bfloat16: the same layouts, the instruction's types .bf16) operands, two
+// to a 32-bit register (the lower k in the low half):
 // A fragment a0..a3 = A(g, 2 t4 + {0, 1}), A(g + 8, ...), A(g, 2 t4 + 8 + {0, 1}),
 // A(g + 8, ...); B fragment b0, b1 = B(2 t4 + {0, 1}, g), B(2 t4 + 8 + {0, 1}, g).
 // The tiles go to local memory as halves in exactly these pairs (store_half_pairs), so a
 // fragment register is one 32-bit load.
 %     if not EMULATE:
 #define CLNN_MMA(d, a0, a1, a2, a3, b0, b1) \
-    __asm__ __volatile__("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 " \
+    __asm__ __volatile__("mma.sync.aligned.m16n8k16.row.col.f32.${"bf16.bf16" if dtype == "bfloat16" else "f16.f16"}.f32 " \
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};" \
                  : "+f"(d##_0), "+f"(d##_1), "+f"(d##_2), "+f"(d##_3) \
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
@@ -782,8 +777,8 @@ inline float clnn_mma_dot(__local const uint *w, const int xr, const int ra, con
     // register rb + (k >= 8)
 #pragma unroll 1
     for (int k = 0; k < 16; ++k)
-        s += CLNN_HALF_LOAD_AT(__local, (__local const half *)(w + ((row % 8) * 4 + k % 8 / 2) * xr + ra + (row >= 8) + 2 * (k >= 8)), k % 2) *
-             CLNN_HALF_LOAD_AT(__local, (__local const half *)(w + (col * 4 + k % 8 / 2) * xr + rb + (k >= 8)), k % 2);
+        s += CLNN_LOAD_AT(__local, (__local const real_t *)(w + ((row % 8) * 4 + k % 8 / 2) * xr + ra + (row >= 8) + 2 * (k >= 8)), k % 2) *
+             CLNN_LOAD_AT(__local, (__local const real_t *)(w + (col * 4 + k % 8 / 2) * xr + rb + (k >= 8)), k % 2);
 %     endif
     return s;
 }
@@ -954,20 +949,20 @@ ${matrix_load(f"rb{l}", GVB, "b", "k", "n", "ldb", "kend", "N", guarded, g)}
 %   if tab:
                 const int k = ${f"tid / {NWG} + {l * (NT // NWG)}" if DC == 1 else f"{l // DC}"};
                 const int n = ${f"tid % {NWG}" if DC == 1 else f"tid + {(l % DC) * NT}"};
-                CLNN_HALF_STORE_AT(__local, ${reg}${l}, (__local half *)(${lm} + (${buf} * ${KWG // 2} + k / 2) * ${LD} + n), k % 2);
+                CLNN_STORE_AT(__local, ${reg}${l}, (__local real_t *)(${lm} + (${buf} * ${KWG // 2} + k / 2) * ${LD} + n), k % 2);
 %   elif kfast and GV == 1:
                 const int k = idx % ${KWG};
-                CLNN_HALF_STORE_AT(__local, ${reg}${l}, (__local half *)(${lm} + (${buf} * ${KWG // 2} + k / 2) * ${LD} + idx / ${KWG}), k % 2);
+                CLNN_STORE_AT(__local, ${reg}${l}, (__local real_t *)(${lm} + (${buf} * ${KWG // 2} + k / 2) * ${LD} + idx / ${KWG}), k % 2);
 %   elif kfast:
-                __local half *dst = (__local half *)(${lm} + (${buf} * ${KWG // 2} + idx % ${KWG // GV} * ${GV // 2}) * ${LD} + idx / ${KWG // GV});
+                __local real_t *dst = (__local real_t *)(${lm} + (${buf} * ${KWG // 2} + idx % ${KWG // GV} * ${GV // 2}) * ${LD} + idx / ${KWG // GV});
 %     for p in range(GV // 2):
-                CLNN_HALF_STOREV_AT(__local, 2, (float2)(${comp(f"{reg}{l}", GV, 2 * p)}, ${comp(f"{reg}{l}", GV, 2 * p + 1)}), dst + ${2 * p} * ${LD});
+                CLNN_STOREV_AT(__local, 2, (float2)(${comp(f"{reg}{l}", GV, 2 * p)}, ${comp(f"{reg}{l}", GV, 2 * p + 1)}), dst + ${2 * p} * ${LD});
 %     endfor
 %   else:
                 const int k = idx / ${WX // GV}, col = idx % ${WX // GV} * ${GV};
-                __local half *dst = (__local half *)(${lm} + (${buf} * ${KWG // 2} + k / 2) * ${LD} + col) + k % 2;
+                __local real_t *dst = (__local real_t *)(${lm} + (${buf} * ${KWG // 2} + k / 2) * ${LD} + col) + k % 2;
 %     for c in range(GV):
-                CLNN_HALF_STORE_AT(__local, ${comp(f"{reg}{l}", GV, c)}, dst, ${2 * c});
+                CLNN_STORE_AT(__local, ${comp(f"{reg}{l}", GV, c)}, dst, ${2 * c});
 %     endfor
 %   endif
 </%call>\
@@ -989,16 +984,16 @@ ${matrix_load(f"rb{l}", GVB, "b", "k", "n", "ldb", "kend", "N", guarded, g)}
 %   if tab:
                 const int k = ${f"tid / {NWG} + {l * (NT // NWG)}" if DC == 1 else f"{l // DC}"};
                 const int n = ${f"tid % {NWG}" if DC == 1 else f"tid + {(l % DC) * NT}"};
-                __local half *dst = (__local half *)(${lm} + ${buf} * ${SZ} + k * ${RS} + n);
+                __local real_t *dst = (__local real_t *)(${lm} + ${buf} * ${SZ} + k * ${RS} + n);
 %   elif kfast:
-                __local half *dst = (__local half *)(${lm} + ${buf} * ${SZ} + idx / ${KWG // GV} * ${RS} + idx % ${KWG // GV} * ${GV});
+                __local real_t *dst = (__local real_t *)(${lm} + ${buf} * ${SZ} + idx / ${KWG // GV} * ${RS} + idx % ${KWG // GV} * ${GV});
 %   else:
-                __local half *dst = (__local half *)(${lm} + ${buf} * ${SZ} + idx / ${WX // GV} * ${RS} + idx % ${WX // GV} * ${GV});
+                __local real_t *dst = (__local real_t *)(${lm} + ${buf} * ${SZ} + idx / ${WX // GV} * ${RS} + idx % ${WX // GV} * ${GV});
 %   endif
 %   if GV == 1 or tab:
-                CLNN_HALF_STORE_AT(__local, ${reg}${l}, dst, 0);
+                CLNN_STORE_AT(__local, ${reg}${l}, dst, 0);
 %   else:
-                CLNN_HALF_STOREV_AT(__local, ${GV}, ${reg}${l}, dst);
+                CLNN_STOREV_AT(__local, ${GV}, ${reg}${l}, dst);
 %   endif
 </%call>\
 </%def>
@@ -1349,8 +1344,8 @@ ${store_ldsm("(buf ^ 1)", g, "A") + store_ldsm("(buf ^ 1)", g, "B") if LDSM else
                 r.s${comps[u]} = clnn_f(r.s${comps[u]}, act_p, act_q);
 %             endfor
 %           endif
-%           if dtype == "float16":
-                vstore_half${VWN}_rte(r, 0, c + m * ldc + n);
+%           if storage_only:
+                CLNN_STOREV(${VWN}, r, c + m * ldc + n);
 %           else:
                 *(__global ${rt(VWN)} *)(c + m * ldc + n) = r;
 %           endif

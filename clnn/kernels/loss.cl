@@ -1,5 +1,5 @@
 ## loss.cl: the quadratic loss of the tutorial and its gradient.
-## Parameters:  dtype  float32 | float64 | float16
+## Parameters:  dtype  float32 | float64 | float16 | bfloat16
 ##              wg     0: a work-item per row; WG: a work-group of WG per row (GPUs)
 ## Used by clnn/ops/loss.py.
 <%include file="_common.cl"/>

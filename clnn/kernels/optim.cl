@@ -1,5 +1,5 @@
 ## optim.cl: one fused update kernel per optimizer, applied to one parameter buffer.
-## Parameters:  dtype  float32 | float64 | float16
+## Parameters:  dtype  float32 | float64 | float16 | bfloat16
 ## Used by clnn/ops/optim.py. The arithmetic follows torch.optim's single-tensor code
 ## step by step, so results match it to rounding.
 <%include file="_common.cl"/>

@@ -1,5 +1,5 @@
 ## pool.cl: 2-D max and average pooling, forward and backward.
-## Parameters:  dtype  float32 | float64 | float16
+## Parameters:  dtype  float32 | float64 | float16 | bfloat16
 ##              mode   "max" | "avg"
 ##              per    "row": a work-item per row of outputs (forward) or inputs
 ##                     (backward), CPUs; "element": a work-item per element, GPUs

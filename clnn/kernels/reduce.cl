@@ -1,5 +1,5 @@
 ## reduce.cl: deterministic reductions along one axis, without atomics.
-## Parameters:  dtype  float32 | float64 | float16
+## Parameters:  dtype  float32 | float64 | float16 | bfloat16
 ##              map    "x" | "xy" (x*y, for dot) | "sq" (x*x, for nrm2)
 ##                     | "xv" (x[o, r, i] * v[r], for gemv)
 ##              op     "sum" | "max"
@@ -35,10 +35,11 @@
 //
 <%
     V = f"{acc}8"
-    # float16 storage: the row and column forms load 8 halves as a vector and convert
-    # them at once (a row of 5000 halves 2x faster); other types keep arrays of 8
-    # scalars, which PoCL vectorises better by itself (a float32 row 1.6x faster so)
-    vec_in = dtype == "float16" and inp == "real"
+    # 16-bit storage: the row and column forms load 8 halves (bfloat16s) as a vector
+    # and convert them at once (a row of 5000 halves 2x faster); other types keep
+    # arrays of 8 scalars, which PoCL vectorises better by itself (a float32 row 1.6x
+    # faster so)
+    vec_in = storage_only and inp == "real"
 %>
 % if inp == "real":
 #define CLNN_IN(p, i) CLNN_LOAD(p, i)
@@ -46,7 +47,7 @@
 #define CLNN_IN(p, i) ((p)[i])
 % endif
 % if vec_in:
-// 8 elements from p[i] as a vector (float16 storage: converted at once)
+// 8 elements from p[i] as a vector (16-bit storage: converted at once)
 #define CLNN_INV(p, i) CLNN_LOADV(8, (p) + (i))
 % endif
 // CLNN_OP on scalars; CLNN_OPV on vectors (the CPU forms below: 8 values at a time)

@@ -1,5 +1,5 @@
 ## softmax.cl: row-wise softmax, log-softmax and softmax cross-entropy with its gradient.
-## Parameters:  dtype  float32 | float64 | float16
+## Parameters:  dtype  float32 | float64 | float16 | bfloat16
 ##              wg     0: a work-item per row (CPUs, and rows too short to share)
 ##                     WG: a work-group of WG work-items per row (GPUs), entries *_wg
 ## Used by clnn/ops/softmax.py.

@@ -1,7 +1,7 @@
 ## xent.cl: cross-entropy as torch.nn.functional.cross_entropy computes it, fused with
 ## its gradient: class-index or probability targets, class weights, ignore_index,
 ## label smoothing, inputs (N, C) or (N, C, d1, ...).
-## Parameters:  dtype   float32 | float64 | float16
+## Parameters:  dtype   float32 | float64 | float16 | bfloat16
 ##              target  "index" (int32 class indices) | "prob" (probabilities, x's shape)
 ## Used by clnn/ops/xent.py.
 <%include file="_common.cl"/>

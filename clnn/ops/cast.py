@@ -7,12 +7,13 @@ from .. import programs
 from ._args import check, check_out, common_device, done, launch, offset
 
 programs.register("cast", {"src": "float32"},
-                  lambda: [{"src": s} for s in ("float32", "float64", "float16")])
+                  lambda: [{"src": s} for s in ("float32", "float64", "float16", "bfloat16")])
 
 
 def cast(x, dtype, out=None):
-    """``x`` converted to ``dtype`` (float32, float64 or float16 where the device has
-    it), rounded to nearest; a copy when the dtypes are the same. ``out`` may not
+    """``x`` converted to ``dtype`` (float32, float64 where the device has it, float16
+    or bfloat16), rounded once to nearest even (float64 to bfloat16 too, where numpy's
+    ml_dtypes rounds through float32); a copy when the dtypes are the same. ``out`` may not
     overlap ``x`` unless it is ``x`` with the same dtype."""
     dev = common_device(x=x, out=out)
     src = check(x, "x", dev)

@@ -20,7 +20,10 @@ from conftest import CANARY
 
 RNG = np.random.default_rng(11)
 U32 = 2.0 ** -24                 # float32's unit roundoff
-DTYPE = {"tf32": np.float32, "f16": np.float16}
+# what each test kind multiplies: float32 on the TF32 rows, float16 and bfloat16 storage
+# on the 16-bit ("f16") rows, whose instruction takes .bf16 operands for bfloat16
+DTYPE = {"tf32": np.float32, "f16": np.float16, "bf16": clnn.bfloat16}
+ROWS = {"tf32": "tf32", "f16": "f16", "bf16": "f16"}
 
 
 def as_engine_sees(kind, x):
@@ -30,7 +33,7 @@ def as_engine_sees(kind, x):
     is float32 summation and the result's rounding: a kernel that rounded differently,
     or skipped the rounding, fails."""
     if kind != "tf32":
-        return x
+        return x                       # 16-bit values are exact in float32 and float64
     u = np.ascontiguousarray(x, np.float32).view(np.uint32)
     r = ((u + np.uint32(0x1000)) & np.uint32(0xffffe000)).view(np.float32)
     return np.where(np.isfinite(x), r, x).astype(np.float32)
@@ -41,11 +44,11 @@ SIZES = [(1, 1, 1), (17, 13, 29), (129, 257, 33), (300, 200, 100), (64, 8, 1000)
 def engine_rows(dev, kind, every=True):
     """The device's engine rows of ``kind``; where it has none, the table's rows with the
     engine emulated (only the smallest tile unless ``every``)."""
-    rows = tuning.mma_rows(dev.facts, kind)
+    rows = tuning.mma_rows(dev.facts, ROWS[kind])
     if rows:
         return rows
     emulated = [dict(r, EMULATE=True) for r in tuning.MMA_TABLE[("nvidia", "GPU")]
-                if r["MMA"] == kind]
+                if r["MMA"] == ROWS[kind]]
     return emulated if every else emulated[-1:]
 
 
@@ -71,7 +74,8 @@ def bound(dtype, scale, ref, K, stored=False):
     more rounding of partial results kept in dtype (a convolution's data gradient with
     few channels sums an unrolled gradient stored in the output's dtype, as
     conftest.error_bound allows every op)."""
-    out = 2.0 ** -10 if dtype == np.float16 else 2 * U32
+    out = {np.dtype(np.float16): 2.0 ** -10, clnn.bfloat16: 2.0 ** -7}.get(np.dtype(dtype),
+                                                                        2 * U32)
     return (2 * (K + 2) * U32 + (out if stored else 0.0)) * scale + out * np.abs(ref) + 1e-30
 
 
@@ -112,7 +116,7 @@ def check(dev, kind, row, M, N, K, ta, tb, alpha, beta, bias, act):
                                f"tb={tb}: max error/bound {np.max(err / bd):.3g}")
 
 
-@pytest.mark.parametrize("kind", ["tf32", "f16"])
+@pytest.mark.parametrize("kind", ["tf32", "f16", "bf16"])
 @pytest.mark.parametrize("mnk", SIZES, ids=str)
 def test_engine_rows_against_float64(dev, kind, mnk):
     for i, row in enumerate(engine_rows(dev, kind, every=False)):
@@ -163,12 +167,12 @@ def test_the_precision_switch_chooses_tf32(dev, precision):
         assert np.all(np.abs(got - want) <= bd), p
 
 
-@pytest.mark.parametrize("kind", ["tf32", "f16"])
+@pytest.mark.parametrize("kind", ["tf32", "f16", "bf16"])
 @pytest.mark.parametrize("geom", [(3, 5, 11, 13, 7, 3, 1, 1), (2, 3, 29, 29, 64, 7, 2, 3),
                                   (4, 16, 9, 9, 33, 3, 1, 0)], ids=str)
 def test_convolutions_on_the_engines(dev, kind, geom):
     """A layer's three convolutions (gemm.cl's implicit-GEMM loaders) on each engine row:
-    float16 storage, or float32 on the TF32 rows."""
+    float16 or bfloat16 storage, or float32 on the TF32 rows."""
     for row in engine_rows(dev, kind, every=False):
         check_conv(dev, kind, row, geom)
 

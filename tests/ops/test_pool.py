@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import clnn
-from conftest import Guarded, assert_close, float_dtypes, guarded_input
+from conftest import Guarded, assert_close, f64, float_dtypes, guarded_input
 from reference import pool2d_ref
 
 RNG = np.random.default_rng(41)
@@ -148,7 +148,7 @@ def test_general_kernels_per_element(mode, dtype):
                 bwd(DY, X, k, st, pad, out=dx.view, **opts)
                 got[per] = y.check(), dx.check()
         for a, b in zip(got["row"], got["element"]):
-            np.testing.assert_array_equal(a, b)
+            np.testing.assert_array_equal(f64(a), f64(b))
         y_got, dx_got = got["element"]
         fin = np.isfinite(ref)                # NaN windows, and -inf where no tap lands
         assert np.array_equal(np.isnan(y_got), np.isnan(ref))
@@ -179,13 +179,13 @@ def test_2x2_max_pooling_ties_and_nans(H, W, dtype):
     clnn.max_pool2d(X, 2, out=y.view)
     clnn.max_pool2d_backward(DY, X, 2, out=dx.view)
     fast = y.check(), dx.check()
-    np.testing.assert_array_equal(fast[0], ref.astype(dtype))
-    np.testing.assert_array_equal(fast[1], backward(dy).astype(dtype))
+    np.testing.assert_array_equal(f64(fast[0]), f64(ref.astype(dtype)))
+    np.testing.assert_array_equal(f64(fast[1]), f64(backward(dy).astype(dtype)))
     pool = sys.modules["clnn.ops.pool"]
     with mock.patch.object(pool, "_is_22", lambda *a: False):
         general = clnn.max_pool2d(X, 2).get(), clnn.max_pool2d_backward(DY, X, 2).get()
     for a, b in zip(fast, general):
-        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(f64(a), f64(b))
 
 
 def test_2x2_pooling_passes_every_half_through(dev):
