@@ -101,7 +101,8 @@ def main(argv=None):
     sub.add_parser("devices", help="list every OpenCL platform and device with its facts")
     p = sub.add_parser("render", help="print the OpenCL source a template renders to")
     p.add_argument("template", help="template stem, e.g. elementwise, reduce, gemm")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "float16"])
+    p.add_argument("--dtype", default="float32",
+                   choices=["float32", "float64", "float16", "bfloat16"])
     p.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                    help="set a template parameter (repeatable); for gemm, uppercase "
                         "names (MWG=64) set tile parameters")
@@ -122,9 +123,11 @@ def main(argv=None):
     p.add_argument("--resume", metavar="NPZ", help="continue from a checkpoint this job "
                    "saved (it saves one after every epoch): the same batches and updates "
                    "as a run that never stopped")
-    p.add_argument("--precision", default="float32", choices=["float32", "float16"],
+    p.add_argument("--precision", default="float32",
+                   choices=["float32", "float16", "bfloat16"],
                    help="float16: mixed precision (float16 activations and weight copies, "
-                        "float32 master weights, dynamic loss scaling)")
+                        "float32 master weights, dynamic loss scaling); bfloat16: the "
+                        "same in bfloat16, without loss scaling")
     p = sub.add_parser("tune", help="search GEMM/convolution tile parameters for this "
                                     "device and store them in the user's tuning database")
     p.add_argument("what", nargs="?", default="all", choices=["gemm", "conv", "all"])

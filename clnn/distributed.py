@@ -319,14 +319,14 @@ class DataParallel:
         from .nn import amp
         from .nn.network import GradientStep
         net = self.net
-        half = amp.check_precision(precision, net)
+        low = amp.check_precision(precision, net)
         opt = net._optimizer()
         if net.flat_parameters is not None:
             net._workspace(1)                      # the gradient buffer
             opt.prepare([net.flat_parameters])
         count = self._exchange(0.0, zero=True)
         net._finish_step(GradientStep((), (), 1.0 / count, net.flat_parameters,
-                                      net.flat_gradients), half)
+                                      net.flat_gradients), amp.scaled(low))
         return None
 
     # ---------------------------------------------------------------- training
@@ -346,8 +346,9 @@ class DataParallel:
             x_host = np.asarray(x.get() if hasattr(x, "get") else x)
             y_host = np.asarray(y.get() if hasattr(y, "get") else y)
             from .nn import amp
-            half = amp.check_precision(precision, net)
-            dt = np.float16 if half else net.dtype      # the data's dtype, as fit's
+            low = amp.check_precision(precision, net)
+            scaled = amp.scaled(low)
+            dt = low if low is not None else net.dtype   # the data's dtype, as fit's
             xd, yd, lr, momentum = net._train_args(x_host, y_host, loss, lr, momentum, dt)
             if optimizer is not None:
                 net.optimizer = optimizer
@@ -361,7 +362,7 @@ class DataParallel:
             if validation is not None:
                 hist.update(val_loss=[], val_accuracy=[])
             import time
-            skipped_before = net.scaler.skipped if half else 0
+            skipped_before = net.scaler.skipped if scaled else 0
             if shuffle:
                 for _ in range(min(initial_epoch, epochs)):
                     rng.permutation(n)           # the shuffles of the epochs done
@@ -384,7 +385,7 @@ class DataParallel:
                     local += float(value.get()) * len(mine)
                 hist["loss"].append(world.comm.allreduce(local) / n)
                 hist["epoch_time"].append(time.perf_counter() - t0)
-                if half:          # the same on every rank: they skip together
+                if scaled:        # the same on every rank: they skip together
                     skipped_before = amp.record_epoch(hist, net.scaler, skipped_before)
                 if scheduler is not None:
                     scheduler.step()

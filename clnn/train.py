@@ -60,7 +60,9 @@ def check_out_folder(out):
 def _report_and_save(dev, net, hist, x_test, y_test, total, out, name, title):
     if "skipped_steps" in hist:
         print(f"\nfloat16: {sum(hist['skipped_steps'])} steps skipped for overflow, loss "
-              f"scale {hist['loss_scale'][-1]:g} at the end; activations "
+              f"scale {hist['loss_scale'][-1]:g} at the end;", end="")
+    if net.workspace_bytes() < net.workspace_bytes("float32"):      # mixed precision
+        print(f"{'' if 'skipped_steps' in hist else chr(10)} activations "
               f"{net.workspace_bytes() / 2**20:.2f} MiB (float32: "
               f"{net.workspace_bytes('float32') / 2**20:.2f} MiB)", end="")
     acc = hist["val_accuracy"][-1] if hist["loss"] else net.evaluate(
@@ -143,7 +145,7 @@ def _train(net, dev, data, epochs, batch_size, opt, seed, progress, world=None,
     say(f"train:  {_describe(opt)}; batch {batch_size}"
         + (f" ({world.size} ranks, {batch_size // world.size} or so each)" if world else "")
         + f", {epochs} epochs" + (f", {precision} (mixed precision)"
-                                  if precision == "float16" else ""))
+                                  if precision in ("float16", "bfloat16") else ""))
     dev.pool.reset_peak()
     t0 = time.perf_counter()
     if world is not None:
@@ -196,8 +198,8 @@ def mnist(epochs=20, batch_size=64, lr=None, momentum=0.9, seed=0, out="results"
     """Train 784-256-64-10 (relu, relu, softmax + cross-entropy) on 4000 MNIST digits
     and test on the other 1000, saving the model after every epoch; ``resume``: a
     checkpoint of this job to continue from (bitwise as if never stopped);
-    ``precision="float16"``: mixed precision (clnn/nn/amp.py). Returns (network,
-    history, test accuracy)."""
+    ``precision="float16"`` or ``"bfloat16"``: mixed precision (clnn/nn/amp.py).
+    Returns (network, history, test accuracy)."""
     check_out_folder(out)
     world = _world()
     dev = world.device if world else clnn.device(device)

@@ -1,5 +1,6 @@
-"""Mixed-precision training: float16 activations, deltas and weight copies with float32
-master weights, and dynamic loss scaling (PyTorch's autocast + GradScaler).
+"""Mixed-precision training: float16 (or bfloat16) activations, deltas and weight
+copies with float32 master weights, and for float16 dynamic loss scaling (PyTorch's
+autocast + GradScaler).
 
 ``net.fit(..., precision="float16")`` (``train_step`` takes it too) runs each step as:
 
@@ -13,6 +14,11 @@ master weights, and dynamic loss scaling (PyTorch's autocast + GradScaler).
    and S halved; otherwise the optimizer updates the float32 masters with the gradients
    times 1/(batch S), and after ``growth_interval`` good steps in a row S doubles.
 
+``precision="bfloat16"`` runs the same steps in bfloat16 storage without the loss
+scale, its check and its read-back: bfloat16 keeps float32's exponent range (8 bits of
+mantissa instead of float16's 11), so gradients neither overflow nor flush to zero
+sooner than float32's, which is why PyTorch's bfloat16 autocast takes no GradScaler.
+
 Why a ``precision=`` argument to ``fit`` and not a float16 network: the network, its
 checkpoints and ``predict`` stay float32 (as a PyTorch model under autocast stays
 float32), the same network trains either way, and a checkpoint from a float16 run
@@ -24,7 +30,7 @@ import numpy as np
 import clnn
 from ..errors import ArgumentError
 
-PRECISIONS = ("float32", "float16")
+PRECISIONS = ("float32", "float16", "bfloat16")
 
 
 class GradScaler:
@@ -84,26 +90,32 @@ def all_finite(flat):
     return bool(np.isfinite(float(clnn.sum(flat).get())))
 
 
-def is_float16(precision, net):
-    """True for float16 work on ``net`` (mixed precision), False for its own dtype."""
-    if precision is None or precision == net.dtype.name:
-        return False
-    if precision not in PRECISIONS:
+def mixed_dtype(precision, net):
+    """The 16-bit dtype of mixed-precision work on ``net`` (float16 or bfloat16), or
+    None for work in its own dtype."""
+    if precision is None or (isinstance(precision, str) and precision == net.dtype.name):
+        return None
+    if not isinstance(precision, str) or precision not in PRECISIONS:
         raise ArgumentError(f"precision must be one of {', '.join(PRECISIONS)}, got "
                             f"{precision!r}")
     if net.dtype != np.float32:
-        raise ArgumentError(f"precision='float16' trains a float32 network (its master "
-                            f"weights); this one is {net.dtype.name}")
-    return True
+        raise ArgumentError(f"precision={precision!r} trains a float32 network (its "
+                            f"master weights); this one is {net.dtype.name}")
+    return np.dtype(precision)
+
+
+def scaled(low):
+    """Whether mixed precision in ``low`` (mixed_dtype's) scales its loss: float16's."""
+    return low is not None and low == np.float16
 
 
 def check_precision(precision, net):
-    """True for a float16 step, False for one in the network's own dtype; a float16
-    step's network gets a GradScaler with PyTorch's defaults unless it has one."""
-    half = is_float16(precision, net)
-    if half and net.scaler is None:
+    """mixed_dtype; a float16 step's network gets a GradScaler with PyTorch's
+    defaults unless it has one."""
+    low = mixed_dtype(precision, net)
+    if scaled(low) and net.scaler is None:
         net.scaler = GradScaler()
-    return half
+    return low
 
 
 def record_epoch(hist, scaler, skipped_before):
@@ -115,14 +127,15 @@ def record_epoch(hist, scaler, skipped_before):
 
 
 class HalfCopy:
-    """The float16 side of a float32 network: a flat float16 copy of its parameters and
-    a flat float16 gradient buffer, laid out as the float32 ones, with the views the
-    layers use while a float16 step runs."""
+    """The 16-bit side of a float32 network: a flat copy of its parameters in ``dtype``
+    (float16 or bfloat16) and a flat gradient buffer of that dtype, laid out as the
+    float32 ones, with the views the layers use while a mixed-precision step runs."""
 
-    def __init__(self, net):
+    def __init__(self, net, dtype=np.float16):
         n = net.flat_parameters.size if net.flat_parameters is not None else 0
-        self.params = clnn.zeros((n,), np.float16, net.device) if n else None
-        self.grads = clnn.zeros((n,), np.float16, net.device) if n else None
+        self.dtype = np.dtype(dtype)
+        self.params = clnn.zeros((n,), self.dtype, net.device) if n else None
+        self.grads = clnn.zeros((n,), self.dtype, net.device) if n else None
         self.views = {(id(layer), name): self.params[off:off + k].reshape(shape)
                       for layer, name, shape, off, k in net._layout}
         gviews = {(id(layer), name): self.grads[off:off + k].reshape(shape)

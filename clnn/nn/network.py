@@ -43,7 +43,7 @@ class _Workspace:
     """Everything one training step needs for one batch size, allocated once."""
 
     def __init__(self, net, batch, dtype=None):
-        dev, dt = net.device, np.dtype(dtype or net.dtype)
+        dev, dt = net.device, np.dtype(net.dtype if dtype is None else dtype)
         self.batch, self.dtype = batch, dt
         self.cast = {}                  # a float16 step's copies of x and y
         self.a, self.delta = [], []
@@ -219,9 +219,9 @@ class Sequential:
     # ------------------------------------------------------------ inputs
     def _input(self, x, name="x", dtype=None):
         """x as a device array of shape (batch, in_features), checked for NaN/inf, stored
-        in ``dtype`` (default the network's; float16 for mixed precision, checked
-        finite there)."""
-        dtype = np.dtype(dtype or self.dtype)
+        in ``dtype`` (default the network's; float16 or bfloat16 for mixed precision,
+        checked finite there)."""
+        dtype = np.dtype(self.dtype if dtype is None else dtype)
         if isinstance(x, cla.Array):
             if clnn.device_of(x) is not self.device:
                 raise clnn.DeviceError(f"{name} is on {clnn.device_of(x).name}, the network "
@@ -231,7 +231,7 @@ class Sequential:
             arr = x
         else:
             host = np.asarray(x)
-            if host.dtype.kind not in "fiu":
+            if host.dtype.kind not in "fiu" and host.dtype != clnn.bfloat16:
                 raise clnn.DTypeError(f"{name} must hold numbers, has dtype {host.dtype}")
             arr = None
         shape = arr.shape if arr is not None else host.shape
@@ -275,7 +275,7 @@ class Sequential:
         None."""
         if loss.weight is None:
             return None
-        dtype = np.dtype(dtype or self.dtype)
+        dtype = np.dtype(self.dtype if dtype is None else dtype)
         cache = self.__dict__.setdefault("_loss_weights", {})
         w = cache.get((id(loss), dtype.name))
         if w is None or w[0] is not loss:
@@ -289,7 +289,7 @@ class Sequential:
         themselves, int32)."""
         if isinstance(loss, CrossEntropyLoss):
             return self._labels(y, batch, loss)
-        dtype = np.dtype(dtype or self.dtype)
+        dtype = np.dtype(self.dtype if dtype is None else dtype)
         if isinstance(y, cla.Array):
             if y.shape != (batch, self.out_features) or y.dtype != dtype:
                 raise ShapeError(f"y must be a ({batch}, {self.out_features}) {dtype} "
@@ -312,7 +312,7 @@ class Sequential:
         if host.shape != (batch, self.out_features):
             raise ShapeError(f"y must have shape ({batch}, {self.out_features}) or be "
                              f"({batch},) integer labels, has {host.shape}")
-        if host.dtype.kind not in "fiub":
+        if host.dtype.kind not in "fiub" and host.dtype != clnn.bfloat16:
             raise clnn.DTypeError(f"y must hold numbers, has dtype {host.dtype}")
         with np.errstate(over="ignore"):
             host = host.astype(dtype, copy=False)
@@ -440,7 +440,7 @@ class Sequential:
             raise ArgumentError("a softmax output layer trains with loss='cross_entropy'")
 
     def _workspace(self, batch, dtype=None):
-        key = (batch, np.dtype(dtype or self.dtype).name)
+        key = (batch, np.dtype(self.dtype if dtype is None else dtype).name)
         ws = self._train.get(key)
         if ws is None:
             ws = self._train[key] = _Workspace(self, batch, dtype)
@@ -461,7 +461,7 @@ class Sequential:
         dtype of the last step): what float16 steps halve."""
         if not self._train:
             return 0
-        dtype = np.dtype(dtype or list(self._train)[-1][1])
+        dtype = np.dtype(list(self._train)[-1][1] if dtype is None else dtype)
         ws = self._train[max(self._train, key=lambda key: key[0])]
         buffers = {id(a.base_data): a.size for a in ws.a + ws.delta if a is not None}
         return sum(buffers.values()) * dtype.itemsize
@@ -532,26 +532,27 @@ class Sequential:
         Returns the batch loss of the forward pass (a 0-d device array). Allocates
         nothing once the workspace for this batch size exists.
         """
-        half = amp.check_precision(precision, self)
+        low = amp.check_precision(precision, self)      # float16, bfloat16 or None
+        half = low is not None
         batch = x.shape[0]
         opt = self._optimizer(lr, momentum)
-        ws = self._workspace(batch, np.float16 if half else None)
+        ws = self._workspace(batch, low)
         flat = [self.flat_parameters] if self.flat_parameters is not None else []
         # the optimizer's state with the workspace, before any op: a step then has
         # the same live buffers from the first one on (and a failure writes nothing)
         opt.prepare(flat)
         grads, scale, views = self._grads, 1.0, None
         if half:
-            # S times the mean's gradient: sums over a batch would overflow half S
-            # times sooner
-            scale = self.scaler.scale / (global_batch or batch)
-            half_copy = self._half_copy()
+            # S times the mean's gradient (float16; bfloat16 takes no loss scale, S =
+            # 1): sums over a batch would overflow half S times sooner
+            scale = (self.scaler.scale if amp.scaled(low) else 1.0) / (global_batch or batch)
+            half_copy = self._half_copy(low)
             grads, views = half_copy.grad_lists, half_copy.views
-            # (fit keeps its data in float16: nothing to cast)
-            if x.dtype != np.float16:
-                x = self._cast_batch(ws, "x", x)
-            if y.dtype.kind == "f" and y.dtype != np.float16:
-                y = self._cast_batch(ws, "y", y)
+            # (fit keeps its data in the 16-bit dtype: nothing to cast)
+            if x.dtype != low:
+                x = self._cast_batch(ws, "x", x, low)
+            if (y.dtype.kind == "f" or y.dtype == clnn.bfloat16) and y.dtype != low:
+                y = self._cast_batch(ws, "y", y, low)
         key = self._replay_key(x, y, loss, batch, half, scale) if replay and \
             layer_hook is None else None
         with self._bound(views):
@@ -569,7 +570,7 @@ class Sequential:
                             grad_scale / scale, self.flat_parameters, self.flat_gradients)
         if hook is not None:
             hook(info)
-        self._finish_step(info, half)
+        self._finish_step(info, amp.scaled(low))
         return value
 
     def _replayable(self, loss):
@@ -649,12 +650,12 @@ class Sequential:
             patches.append((j, arg, layer_of[values[arg]]))
         return patches
 
-    def _finish_step(self, info, half):
-        """After the hook: the loss scale's check (float16 steps), the update, the
-        layers' after-step work (BatchNorm's running statistics)."""
+    def _finish_step(self, info, scaled):
+        """After the hook: the loss scale's check (``scaled``: float16 steps), the
+        update, the layers' after-step work (BatchNorm's running statistics)."""
         if not np.isfinite(info.grad_scale):
             info.skip = True              # every label ignored: nothing to learn from
-        if half and not info.skip:
+        if scaled and not info.skip:
             finite = info.flat_grads is None or amp.all_finite(info.flat_grads)
             self.scaler.update(finite)
             info.skip = not finite        # an overflow: skip, with a smaller scale
@@ -667,21 +668,21 @@ class Sequential:
             layer.after_step()
         self.steps += 1
 
-    def _half_copy(self):
-        """The float16 copy of the parameters (amp.HalfCopy), cast from the float32
-        masters now."""
-        if self._half is None:
-            self._half = amp.HalfCopy(self)
+    def _half_copy(self, dtype=np.float16):
+        """The 16-bit (``dtype``) copy of the parameters (amp.HalfCopy), cast from the
+        float32 masters now."""
+        if self._half is None or self._half.dtype != dtype:
+            self._half = amp.HalfCopy(self, dtype)
         if self.flat_parameters is not None:
-            clnn.cast(self.flat_parameters, np.float16, out=self._half.params)
+            clnn.cast(self.flat_parameters, dtype, out=self._half.params)
         return self._half
 
-    def _cast_batch(self, ws, name, a):
-        """``a`` (the step's x or float targets) as float16 in the workspace."""
+    def _cast_batch(self, ws, name, a, dtype):
+        """``a`` (the step's x or float targets) as ``dtype`` in the workspace."""
         buf = ws.cast.get(name)
-        if buf is None or buf.shape != a.shape:
-            buf = ws.cast[name] = clnn.empty(a.shape, np.float16, self.device)
-        return clnn.cast(a, np.float16, out=buf)
+        if buf is None or buf.shape != a.shape or buf.dtype != dtype:
+            buf = ws.cast[name] = clnn.empty(a.shape, dtype, self.device)
+        return clnn.cast(a, dtype, out=buf)
 
     @contextlib.contextmanager
     def _bound(self, views):
@@ -808,8 +809,9 @@ class Sequential:
         size, so every step sees the same arrays): the same results, bitwise, with a
         fraction of the host time per step.
         """
-        half = amp.check_precision(precision, self)
-        dt = np.float16 if half else self.dtype      # the data's dtype on the device
+        low = amp.check_precision(precision, self)
+        scaled = amp.scaled(low)
+        dt = low if low is not None else self.dtype    # the data's dtype on the device
         if optimizer is not None and not isinstance(optimizer, optim.Optimizer):
             raise ArgumentError(f"optimizer must be a clnn.optim optimizer, got "
                                 f"{type(optimizer).__name__}")
@@ -856,7 +858,7 @@ class Sequential:
         if shuffle:
             for _ in range(min(initial_epoch, epochs)):
                 rng.permutation(n)               # the shuffles of the epochs done
-        skipped_before = self.scaler.skipped if half else 0
+        skipped_before = self.scaler.skipped if scaled else 0
         # batches go through fixed buffers where steps can replay (see train_step)
         stage = replay and self._replayable(loss)
         try:
@@ -888,7 +890,7 @@ class Sequential:
                                             loss=f"{float(total.get()) / seen:.4f}")
                 hist["loss"].append(float(total.get()) / max(seen, 1))
                 hist["epoch_time"].append(time.perf_counter() - t0)
-                if half:
+                if scaled:
                     skipped_before = amp.record_epoch(hist, self.scaler, skipped_before)
                 if scheduler is not None:
                     scheduler.step()
@@ -934,21 +936,22 @@ class Sequential:
     def evaluate(self, x, y, loss="quadratic", batch_size=1000, precision=None):
         """(mean loss, accuracy) on (x, y); accuracy compares arg-max of output and y.
 
-        ``precision="float16"``: evaluated as a mixed-precision step runs forward (the
-        float16 copy of the weights, float16 activations; x and y are stored in
-        float16), as PyTorch evaluates under autocast: half the activation memory."""
+        ``precision="float16"`` (or "bfloat16"): evaluated as a mixed-precision step
+        runs forward (the 16-bit copy of the weights, 16-bit activations; x and y are
+        stored so), as PyTorch evaluates under autocast: half the activation memory."""
         self._check_loss(loss)
         if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) \
                 or batch_size < 1:
             raise ArgumentError(f"batch_size must be a positive int, got {batch_size!r}")
-        half = amp.is_float16(precision, self)
-        dt = np.float16 if half else self.dtype
+        low = amp.mixed_dtype(precision, self)
+        half = low is not None
+        dt = low if half else self.dtype
         if half:        # the network's own dtype on the device: cast, then checked in half
             x, y = (clnn.cast(a, dt) if isinstance(a, cla.Array) and a.dtype == self.dtype
                     else a for a in (x, y))
         xd = self._input(x, dtype=dt)
         yd = self._targets(y, xd.shape[0], loss, dt)
-        with self._bound(self._half_copy().views if half else None):
+        with self._bound(self._half_copy(low).views if half else None):
             return self._evaluate(xd, yd, loss, batch_size, half)
 
     def _evaluate(self, xd, yd, loss, batch_size, half):
@@ -957,7 +960,7 @@ class Sequential:
         total, correct = clnn.zeros((), self.dtype, self.device), 0
         n = xd.shape[0]
 
-        def add(value, weight):        # a float16 loss is summed in float32
+        def add(value, weight):        # a 16-bit loss is summed in float32
             clnn.axpy(weight, clnn.cast(value, self.dtype) if half else value, total)
 
         if options is not None:
