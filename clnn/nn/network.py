@@ -1023,6 +1023,10 @@ class Sequential:
             for k, (_, _, shape, off, n) in enumerate(self._layout):
                 for j, b in enumerate(state):
                     arrays[f"optimizer.{k}.{j}"] = b[off:off + n].reshape(shape)
+        # npz keeps no bfloat16 dtype (it would read back as raw void): its bits go as
+        # uint16, and the architecture's dtype says what they are
+        arrays = {k: v.view(np.uint16) if v.dtype == clnn.bfloat16 else v
+                  for k, v in arrays.items()}
         # through a symlink to its target (replacing the link by a file would break
         # whatever else points there), with the mode an ordinary new file gets, or
         # the replaced file's (mkstemp's 0600 would hide the model from the group)
@@ -1055,7 +1059,7 @@ def _umask():
 
 # A checkpoint's architecture is a few hundred bytes of JSON; more is not ours.
 _ARCH_MAX_BYTES = 1 << 20
-_DTYPES = ("float32", "float64", "float16")
+_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
 def _read_checkpoint(path):
@@ -1148,10 +1152,12 @@ def _read_checkpoint(path):
                 v = f[key]
             except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
                 raise bad(f"unreadable {key}: {exc}") from None
+            if dt == clnn.bfloat16 and v.dtype == np.uint16:
+                v = v.view(dt)                    # bfloat16's bits, as save wrote them
             if v.dtype != dt or v.shape != tuple(s):
                 raise bad(f"{key} is a {v.shape} {v.dtype} array, the architecture says "
                           f"{tuple(s)} {dt.name}")
-            if dt.kind == "f" and not np.all(np.isfinite(v)):
+            if (dt.kind == "f" or dt == clnn.bfloat16) and not np.all(np.isfinite(v)):
                 raise bad(f"{key} holds NaN or infinite values")
             if dt.kind == "i" and np.any(v < 0):
                 raise bad(f"{key} holds negative values")

@@ -195,6 +195,29 @@ def test_save_and_load_bitwise(dev, tmp_path):
     assert back.layers[0].param == 0.2 and back.layers[1].activation == "softmax"
 
 
+def test_a_bfloat16_network_saves_and_loads_bitwise(dev, tmp_path):
+    """npz has no bfloat16 dtype: the bits go as uint16 and come back as bfloat16, the
+    optimizer's state too, so training resumes as if it never stopped."""
+    x = RNG.random((8, 4)).astype(np.float32)
+    y = np.eye(3, dtype=np.float32)[[0, 1, 2, 0, 1, 2, 0, 1]]
+
+    def make():
+        return nn.Sequential([nn.Dense(6, "relu"), nn.Dense(3, "softmax")], 4, seed=1,
+                             dtype=clnn.bfloat16)
+    kw = dict(batch_size=4, lr=0.1, momentum=0.9, progress=False, seed=5)
+    whole = make()
+    whole.fit(x, y, "cross_entropy", epochs=3, **kw)
+    net = make()
+    net.fit(x, y, "cross_entropy", epochs=2, **kw)
+    path = str(tmp_path / "m.npz")
+    net.save(path)
+    back = nn.load(path)
+    assert back.dtype == clnn.bfloat16 and back.layers[0].weight.dtype == clnn.bfloat16
+    assert back.predict(x).tobytes() == net.predict(x).tobytes()
+    back.fit(x, y, "cross_entropy", epochs=3, initial_epoch=2, **kw)
+    assert back.flat_parameters.get().tobytes() == whole.flat_parameters.get().tobytes()
+
+
 def test_save_is_atomic(dev, tmp_path, monkeypatch):
     net = small_net(["relu", "relu"], seed=0, dtype=np.float32)
     path = str(tmp_path / "m.npz")
