@@ -515,6 +515,8 @@ class Sequential:
         the loss gradient is multiplied by S / ``global_batch`` (the examples of the
         whole global batch, default this batch's: the same factor on every rank), so
         the float16 gradients are S times the batch mean's, as PyTorch's.
+        ``precision="bfloat16"``: the same step in bfloat16, with S = 1 and no overflow
+        check (amp.py).
 
         ``replay=True``: the forward and backward passes' kernels are captured on the
         second step with the same arrays and settings and replayed on every later one
@@ -803,6 +805,8 @@ class Sequential:
         overflow) and "loss_scale" (at each epoch's end). The training and validation
         data are kept on the device in float16 and validated in float16 too (as under
         autocast), so the data and the evaluation's activations take half the memory.
+        ``precision="bfloat16"``: the same in bfloat16, without loss scaling (no
+        scaler, no "skipped_steps" or "loss_scale" in the history).
 
         ``replay`` (default True): steps replay their captured kernels where the network
         allows it (see train_step; each batch is first copied into a buffer of its
