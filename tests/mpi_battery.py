@@ -94,6 +94,18 @@ def equivalence(folder):
     err = np.abs(p - q).max() / np.abs(q).max()
     assert err < 1e-2, f"float16: relative difference {err}"
     assert np.abs(q - halfnet().flat_parameters.get()).max() > 10 * np.abs(p - q).max()
+    # bfloat16: no loss scale, the mean gradient summed over the ranks in float32
+    net, single = halfnet(), halfnet()
+    dp = distributed.DataParallel(net, world)
+    opts = dict(opts, precision="bfloat16")
+    dp.fit(x, y, optimizer=optim.SGD(lr=0.3, momentum=0.9), **opts)
+    single.fit(x, y, optimizer=optim.SGD(lr=0.3, momentum=0.9), progress=False, **opts)
+    assert dp.identical(), "bfloat16: ranks hold different weights"
+    assert net.scaler is None and single.scaler is None
+    p, q = net.flat_parameters.get(), single.flat_parameters.get()
+    err = np.abs(p - q).max() / np.abs(q).max()
+    assert err < 2e-2, f"bfloat16: relative difference {err}"   # measured 8e-4
+    assert np.abs(q - halfnet().flat_parameters.get()).max() > 5 * np.abs(p - q).max()
     # checkpoints: rank 0 writes, every rank can read it after save returns
     path = dp.save(os.path.join(folder, "dp.npz"))
     again = nn.load(path, device=world.device)
