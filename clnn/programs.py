@@ -434,4 +434,24 @@ def _build(device, stem, params, options):
             source_path=path) from exc
     if debug_level() >= 1:
         log.debug("built %s.cl %s in %.3f s", stem, params, time.perf_counter() - t0)
-    return program, signatures(source)
+    sigs = signatures(source)
+    # A build can "succeed" without its kernels: PoCL 3.0, after an earlier build in the
+    # process warned that a 512-bit vector argument changes the ABI (see CPU_LANES),
+    # returned programs with none, which clCreateKernel then called INVALID_KERNEL_NAME.
+    # Say so here, with the compiler's log, rather than at the first launch.
+    try:
+        built = set(filter(None, program.kernel_names.split(";")))
+    except cl.Error:               # a driver that cannot list them: trust the build
+        built = set(sigs)
+    missing = sorted(set(sigs) - built)
+    if missing:
+        path = _save_failed(stem, source)
+        build_log = "\n".join(program.get_build_info(d, cl.program_build_info.LOG)
+                              for d in device.context.devices)
+        raise KernelBuildError(
+            f"{stem}.cl built on {device.name} with {params} without its kernels "
+            f"{', '.join(missing)} (the driver returned a program lacking them; an earlier "
+            f"build's warnings can cause this on PoCL 3.0); rendered source: {path}\n"
+            f"{build_log}", log=build_log, options=options, params=params,
+            source_path=path)
+    return program, sigs

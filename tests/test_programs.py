@@ -65,6 +65,30 @@ def test_build_error_saves_numbered_source(dev):
     assert first.strip().startswith("1 ")
 
 
+def test_a_build_without_its_kernels_is_a_build_error(dev, monkeypatch):
+    """A driver that returns a built program lacking its kernels (PoCL 3.0 did, after an
+    earlier build warned about 512-bit vector arguments) gives a KernelBuildError with
+    the compiler's log at once, not INVALID_KERNEL_NAME from clCreateKernel."""
+    class Empty:                      # what that driver's program reports
+        kernel_names = ""
+
+        def get_build_info(self, device, what):
+            return "warning: AVX vector argument ... changes the ABI"
+
+    class Program:
+        def __init__(self, context, source):
+            pass
+
+        def build(self, options=()):
+            return Empty()
+    clnn.clear_caches()               # so this process builds it now, whatever ran before
+    monkeypatch.setattr(programs.cl, "Program", Program)
+    params = {"dtype": "float32", "op": "linalg"}
+    with pytest.raises(clnn.KernelBuildError, match="without its kernels") as e:
+        programs.get_kernel(dev, "elementwise", "clnn_scale", params)
+    assert "changes the ABI" in e.value.log and "clnn_scale" in str(e.value)
+
+
 def test_cache_hits_and_clear(dev):
     params = {"dtype": "float32", "op": "linalg"}
     k1 = programs.get_kernel(dev, "elementwise", "clnn_scale", params)
