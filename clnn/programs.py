@@ -133,14 +133,20 @@ _lookup = TemplateLookup(directories=[KERNEL_DIR], strict_undefined=True,
                          input_encoding="utf-8", output_encoding=None)
 
 
+def vector_width(vw, dtype):
+    """The acc_t lanes of a tile's vectors in ``dtype`` for a width ``vw`` that counts
+    float32 lanes (tuning rows and tiles do): half as many doubles, the same bytes
+    (tuning.template_tuning, conv.py's tiles, variant_for)."""
+    return max(1, vw // 2) if np.dtype(dtype).itemsize == 8 else vw
+
+
 def variant_for(params, dtype):
     """A registered variant's ``params`` as the ops build it in ``dtype`` (what the
-    gates render): tile widths (VW) count float32 lanes, so a float64 build has half
-    as many (tuning.template_tuning, conv.py)."""
+    gates render): its tile's VW as vector_width makes it."""
     p = dict(params, dtype=dtype)
     t = dict(p.get("tuning", ()))
-    if np.dtype(dtype).itemsize == 8 and t.get("VW", 1) > 1:
-        p["tuning"] = tuple(sorted(dict(t, VW=t["VW"] // 2).items()))
+    if "VW" in t:
+        p["tuning"] = tuple(sorted(dict(t, VW=vector_width(t["VW"], dtype)).items()))
     return p
 
 

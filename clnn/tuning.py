@@ -23,7 +23,7 @@ import warnings
 
 import numpy as np
 
-from . import plans
+from . import plans, programs
 from .errors import ArgumentError
 
 # Variant "reg" (CPU): MWI x NWI outputs per work-item, VW-wide vectors, WGM work-items
@@ -299,8 +299,9 @@ def set_float32_matmul_precision(precision):
     GEMMs and convolutions in float32; "high" and "medium" let them use TF32 matrix
     engines (10-bit mantissas in the products, float32 sums) where the device has them
     (NVIDIA, compute capability 8.0 and up); "medium" means what "high" does (clnn
-    never rounds float32 operands to bfloat16: bfloat16 is a storage dtype of its own). Also set by the environment variable
-    CLNN_FLOAT32_MATMUL_PRECISION, read when first needed."""
+    never rounds float32 operands to bfloat16: bfloat16 is a storage dtype of its
+    own). Also set by the environment variable CLNN_FLOAT32_MATMUL_PRECISION, read
+    when first needed."""
     if precision not in PRECISIONS:
         raise ArgumentError(f"float32 matmul precision must be one of "
                             f"{', '.join(map(repr, PRECISIONS))}, not {precision!r}")
@@ -656,6 +657,6 @@ def template_tuning(params, dtype="float32"):
     t.update({k: v for k, v in params.items()
               if k in _KEYS[variant] or k in _OPTIONAL.get(variant, {})
               or k in _EXTRA.get(variant, ())})
-    if "VW" in t and np.dtype(dtype) == np.float64:
-        t["VW"] = max(1, t["VW"] // 2)
+    if "VW" in t:
+        t["VW"] = programs.vector_width(t["VW"], dtype)
     return tuple(sorted(t.items()))

@@ -81,7 +81,7 @@ def _tiles(p, dt, cols, line_len):
     56x56x64 layer's weight gradient).
     A parameter set may fix MWI, NWI and LINE instead (the tuner, tests).
     """
-    vw = p["VW"] // 2 if dt.itemsize == 8 and p["VW"] > 1 else p["VW"]
+    vw = programs.vector_width(p["VW"], dt)
     nwi = p.get("NWI") or vw * min(4, 1 << max(0, -(-cols // vw) - 1).bit_length())
     nvw = nwi // vw
     most = _MOST_ROWS.get(nvw, max(1, 24 // nvw))
