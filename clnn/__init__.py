@@ -49,11 +49,11 @@ def clear_caches():
 
 def asarray(a, device=None, dtype=None):
     """Copy a numpy array (or anything numpy takes) to the device, as C-contiguous."""
-    from .device import device as _device
+    from .device import device as _device, is_floating
     dev = _device(device)
     host = np.asarray(a, dtype=dtype, order="C")   # 0-d stays 0-d (ascontiguousarray
                                                    # would make it (1,))
-    if host.dtype.kind == "f":
+    if is_floating(host.dtype):
         dev.check_dtype(host.dtype)
     out = cla.empty(dev.queue, host.shape, host.dtype, allocator=dev.pool)
     if host.size:

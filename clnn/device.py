@@ -35,6 +35,13 @@ SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.floa
                     BFLOAT16)
 
 
+def is_floating(dtype):
+    """Whether ``dtype`` holds floating-point values: numpy's kind "f", and bfloat16,
+    whose ml_dtypes dtype numpy files under kind "V"."""
+    dtype = np.dtype(dtype)
+    return dtype.kind == "f" or dtype == BFLOAT16
+
+
 @dataclass(frozen=True)
 class DeviceFacts:
     """What routines and the tuning tables need to know about a device."""

@@ -22,6 +22,7 @@ os.environ.setdefault("CLNN_TUNING_DB", os.path.join(tempfile.mkdtemp(prefix="cl
                                                      "tuning.json"))
 
 import clnn  # noqa: E402
+from clnn.device import is_floating  # noqa: E402
 
 CANARY = -12352.0          # exactly representable in bfloat16, float16, float32, float64
 PAD = 17                   # canary elements on each side of a guarded output
@@ -87,7 +88,7 @@ class Guarded:
     def __init__(self, dev, shape, dtype, fill=None):
         n = int(np.prod(shape, dtype=np.int64))
         # an int array (indices) gets the canary's integer part
-        self.canary = CANARY if is_float(dtype) else int(CANARY)
+        self.canary = CANARY if is_floating(dtype) else int(CANARY)
         host = np.full(n + 2 * PAD, self.canary, dtype=dtype)
         if fill is not None:
             host[PAD:PAD + n] = np.asarray(fill, dtype=dtype).ravel()
@@ -107,10 +108,6 @@ class Guarded:
 def guarded_input(dev, a):
     """``a`` on the device at a non-zero offset (the canaries are never read)."""
     return Guarded(dev, a.shape, a.dtype, fill=a).view
-
-
-def is_float(dtype):
-    return np.dtype(dtype).kind == "f" or np.dtype(dtype) == clnn.bfloat16
 
 
 def storage_only(dtype):

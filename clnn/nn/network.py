@@ -25,7 +25,7 @@ import numpy as np
 import pyopencl.array as cla
 
 import clnn
-from ..device import device as _device
+from ..device import device as _device, is_floating
 from ..ops.xent import cross_entropy_parts
 from .. import optim
 from ..errors import ArgumentError, CheckpointError, ShapeError
@@ -231,7 +231,7 @@ class Sequential:
             arr = x
         else:
             host = np.asarray(x)
-            if host.dtype.kind not in "fiu" and host.dtype != clnn.bfloat16:
+            if host.dtype.kind not in "iu" and not is_floating(host.dtype):
                 raise clnn.DTypeError(f"{name} must hold numbers, has dtype {host.dtype}")
             arr = None
         shape = arr.shape if arr is not None else host.shape
@@ -312,7 +312,7 @@ class Sequential:
         if host.shape != (batch, self.out_features):
             raise ShapeError(f"y must have shape ({batch}, {self.out_features}) or be "
                              f"({batch},) integer labels, has {host.shape}")
-        if host.dtype.kind not in "fiub" and host.dtype != clnn.bfloat16:
+        if host.dtype.kind not in "iub" and not is_floating(host.dtype):
             raise clnn.DTypeError(f"y must hold numbers, has dtype {host.dtype}")
         with np.errstate(over="ignore"):
             host = host.astype(dtype, copy=False)
@@ -553,7 +553,7 @@ class Sequential:
             # (fit keeps its data in the 16-bit dtype: nothing to cast)
             if x.dtype != low:
                 x = self._cast_batch(ws, "x", x, low)
-            if (y.dtype.kind == "f" or y.dtype == clnn.bfloat16) and y.dtype != low:
+            if is_floating(y.dtype) and y.dtype != low:
                 y = self._cast_batch(ws, "y", y, low)
         key = self._replay_key(x, y, loss, batch, half, scale) if replay and \
             layer_hook is None else None
@@ -1161,7 +1161,7 @@ def _read_checkpoint(path):
             if v.dtype != dt or v.shape != tuple(s):
                 raise bad(f"{key} is a {v.shape} {v.dtype} array, the architecture says "
                           f"{tuple(s)} {dt.name}")
-            if (dt.kind == "f" or dt == clnn.bfloat16) and not np.all(np.isfinite(v)):
+            if is_floating(dt) and not np.all(np.isfinite(v)):
                 raise bad(f"{key} holds NaN or infinite values")
             if dt.kind == "i" and np.any(v < 0):
                 raise bad(f"{key} holds negative values")
