@@ -58,13 +58,15 @@ def check_out_folder(out):
 
 
 def _report_and_save(dev, net, hist, x_test, y_test, total, out, name, title):
+    said = []
     if "skipped_steps" in hist:
-        print(f"\nfloat16: {sum(hist['skipped_steps'])} steps skipped for overflow, loss "
-              f"scale {hist['loss_scale'][-1]:g} at the end;", end="")
+        said.append(f"float16: {sum(hist['skipped_steps'])} steps skipped for overflow, "
+                    f"loss scale {hist['loss_scale'][-1]:g} at the end;")
     if net.workspace_bytes() < net.workspace_bytes("float32"):      # mixed precision
-        print(f"{'' if 'skipped_steps' in hist else chr(10)} activations "
-              f"{net.workspace_bytes() / 2**20:.2f} MiB (float32: "
-              f"{net.workspace_bytes('float32') / 2**20:.2f} MiB)", end="")
+        said.append(f"activations {net.workspace_bytes() / 2**20:.2f} MiB (float32: "
+                    f"{net.workspace_bytes('float32') / 2**20:.2f} MiB)")
+    if said:
+        print("\n" + " ".join(said), end="")
     acc = hist["val_accuracy"][-1] if hist["loss"] else net.evaluate(
         x_test, y_test, "cross_entropy")[1]
     times = hist["epoch_time"]

@@ -32,14 +32,14 @@ typedef ${acc} acc_t;
 #define CLNN_STOREV_AT(S, n, v, p) vstore##n((v), 0, (p))
 % endif
 // CLNN_LOAD(p, i) / CLNN_STORE(v, p, i): element i of an array of real_t in global
-// memory as acc_t, and back (rounded to nearest even where real_t is narrower); the
-// _AT forms take the address space S (__global or __local) of the pointer
+// memory as acc_t, and back (rounded to nearest even where real_t is narrower);
+// CLNN_LOADV(n, p) / CLNN_STOREV(n, v, p): n (2, 4 or 8) consecutive elements at p as
+// an acc_t vector, and back. The _AT forms take the address space S (__global or
+// __local) of the pointer.
 #define CLNN_LOAD(p, i) CLNN_LOAD_AT(__global, p, i)
 #define CLNN_STORE(v, p, i) CLNN_STORE_AT(__global, v, p, i)
 #define CLNN_LOADV(n, p) CLNN_LOADV_AT(__global, n, p)
 #define CLNN_STOREV(n, v, p) CLNN_STOREV_AT(__global, n, v, p)
-// CLNN_LOADV(n, p) / CLNN_STOREV(n, v, p): n (2, 4 or 8) consecutive elements at p as
-// an acc_t vector, and back
 
 // clnn_lanes_sumN(v): the N lanes of partial sums kept side by side (CPU loops), added
 // up in a fixed order: halves meet, (j, j + N / 2), until one is left
