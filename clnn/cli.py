@@ -133,9 +133,11 @@ def main(argv=None):
     p.add_argument("what", nargs="?", default="all", choices=["gemm", "conv", "all"])
     p.add_argument("--device", help="device spec (default: CLNN_DEVICE, else GPU, else PoCL)")
     p.add_argument("--quick", action="store_true", help="fewer candidates, smaller problems")
-    p.add_argument("--format", action="append", choices=["float32", "tf32", "float16"],
+    p.add_argument("--format", action="append",
+                   choices=["float32", "tf32", "float16", "bfloat16"],
                    help="tune this format only (repeatable; default: float32, and tf32 "
-                        "and float16 where the device has matrix engines)")
+                        "and float16 where the device has matrix engines; bfloat16 "
+                        "takes float16's winners unless tuned itself)")
     p.add_argument("--no-progress", action="store_true")
     p = sub.add_parser("bench", help="run the GEMM, MLP, LeNet-5 and convolution "
                                      "benchmarks and write JSON, a Markdown table and "

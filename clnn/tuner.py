@@ -16,7 +16,10 @@ On a device with matrix engines (NVIDIA, compute capability 8.0 and up) it tunes
 more formats the same way: TF32 (float32 products where set_float32_matmul_precision
 allows TF32) and float16, searching engine rows (clnn.tuning.MMA_TABLE's kind of row)
 against the table's choice in that format, and stores them under their own keys
-("tf32", "float16"): a TF32 winner never serves an exact float32 product.
+("tf32", "float16"): a TF32 winner never serves an exact float32 product. bfloat16 is
+tuned only when asked (``formats=["bfloat16"]``, ``clnn tune --format bfloat16``): it
+runs the float16 rows with another operand type, so until it has winners of its own
+it takes float16's (clnn.tuning._engine_entry).
 """
 
 import contextlib
@@ -109,14 +112,19 @@ def engine_candidates(facts, kind, quick):
 
 # format -> (storage dtype, float32 matmul precision while tuning it, engine kind)
 FORMATS = {"float32": (np.float32, "highest", None), "tf32": (np.float32, "high", "tf32"),
-           "float16": (np.float16, "highest", "f16")}
+           "float16": (np.float16, "highest", "f16"),
+           "bfloat16": (clnn.bfloat16, "highest", "f16")}
+# tuned only when asked: bfloat16 takes float16's winners until it has its own
+ON_REQUEST = ("bfloat16",)
 
 
-def device_formats(facts):
-    """What the tuner tunes on this device: "float32", and "tf32" and "float16" where
-    the device has those matrix engines."""
+def device_formats(facts, requested=False):
+    """What the tuner tunes on this device by default: "float32", and "tf32" and
+    "float16" where the device has those matrix engines; ``requested``: also the
+    formats it tunes when asked (bfloat16 where it has float16's engines)."""
     return [fmt for fmt, (_, _, kind) in FORMATS.items()
-            if kind is None or tuning.mma_rows(facts, kind)]
+            if (kind is None or tuning.mma_rows(facts, kind))
+            and (requested or fmt not in ON_REQUEST)]
 
 
 def conv_candidates(facts, quick):
@@ -144,11 +152,11 @@ def median_kernel_time(fn, dev, repeats):
 
 
 def _operand(x, fmt):
-    """A random operand as the format stores it: halves for float16, float32 values
-    that TF32 holds exactly for tf32 (so the engine's rounding changes nothing and a
-    float64 product of the operands is the reference)."""
-    if fmt == "float16":
-        return x.astype(np.float16)
+    """A random operand as the format stores it: halves for float16 and bfloat16,
+    float32 values that TF32 holds exactly for tf32 (so the engine's rounding changes
+    nothing and a float64 product of the operands is the reference)."""
+    if fmt in ("float16", "bfloat16"):
+        return x.astype(FORMATS[fmt][0])
     if fmt == "tf32":
         u = x.astype(np.float32).view(np.uint32)
         return ((u + np.uint32(0x1000)) & np.uint32(0xffffe000)).view(np.float32)
@@ -225,24 +233,25 @@ def _check_and_time(run, read, ref, dev, repeats, tol=1e-4):
     return median_kernel_time(run, dev, repeats)
 
 
-# a float16 result is rounded once to 11 bits (half a unit, 2^-11, of each value); the
-# table's row and a candidate may also round partial sums differently
-_TOLERANCE = {"float32": 1e-4, "tf32": 1e-4, "float16": 4e-3}
+# a float16 result is rounded once to 11 bits (half a unit, 2^-11, of each value), a
+# bfloat16 one to 8 (2^-8); the table's row and a candidate may also round partial
+# sums differently
+_TOLERANCE = {"float32": 1e-4, "tf32": 1e-4, "float16": 4e-3, "bfloat16": 3e-2}
 
 
 def tune(kernels=("gemm",), device=None, quick=False, progress=True, save=True, log=print,
          formats=None):
     """Search, store and return {class: (best params, GFLOP/s, table's GFLOP/s)}.
 
-    ``formats``: any of "float32", "tf32", "float16" (default: every one the device
-    has, see device_formats); classes of the engine formats are returned as
-    "tf32/NN-square-large". The GFLOP/s are from the class's reference problem; a class
+    ``formats``: any of "float32", "tf32", "float16", "bfloat16" (default: every one
+    the device has but bfloat16, see device_formats); classes of the engine formats
+    are returned as "tf32/NN-square-large". The GFLOP/s are from the class's reference problem; a class
     whose best candidate is not faster than the table's choice there keeps the table
     (nothing is stored).
     """
     dev = clnn.device(device)
-    have = device_formats(dev.facts)
-    formats = have if formats is None else list(formats)
+    have = device_formats(dev.facts, requested=True)
+    formats = device_formats(dev.facts) if formats is None else list(formats)
     for fmt in formats:
         if fmt not in FORMATS:
             raise clnn.ArgumentError(f"unknown format {fmt!r}: tune one of "

@@ -464,10 +464,15 @@ def db_format(dtype, kind):
 
 def _engine_entry(facts, itemsize, dtype, kind, klass):
     """The user's tuned engine row for ``klass`` (``clnn tune`` on a device with matrix
-    engines), or None."""
+    engines), or None. A bfloat16 class without a bfloat16 entry of its own takes the
+    float16 one (``clnn tune`` tunes float16 by default, bfloat16 only when asked): the
+    two run the same rows, layouts and loads, and their mma.sync forms the same rate."""
     if klass is None:
         return None
-    params = _from_db(facts, itemsize, db_format(dtype, kind), klass)
+    fmt = db_format(dtype, kind)
+    params = _from_db(facts, itemsize, fmt, klass)
+    if params is None and kind == "f16" and _dtype_name(fmt) == "bfloat16":
+        params = _from_db(facts, itemsize, "float16", klass)
     return params if params is not None and params.get("MMA") == kind else None
 
 

@@ -236,8 +236,12 @@ def test_the_tuner_searches_engine_rows_where_the_device_has_them():
     from clnn import tuner
     assert tuner.device_formats(H100) == ["float32", "tf32", "float16"]
     assert tuner.device_formats(A100) == ["float32", "tf32", "float16"]
+    # bfloat16 runs float16's rows: tuned where they are, when asked
+    assert tuner.device_formats(H100, requested=True) == ["float32", "tf32", "float16",
+                                                          "bfloat16"]
     for facts in (TURING, H100_NO_CC, clnn.device().facts):
         assert tuner.device_formats(facts) == ["float32"]
+        assert tuner.device_formats(facts, requested=True) == ["float32"]
     for kind, size in SIZE.items():
         quick = tuner.engine_candidates(H100, kind, True)
         full = tuner.engine_candidates(H100, kind, False)
@@ -292,9 +296,34 @@ def test_tuned_engine_rows_serve_their_format_only(db, precision):
     assert tuning.gemm_rows(A100, 4, "float32", "NN-square-large")[0] == ENGINES[0]
 
 
+def test_bfloat16_takes_float16_winners_until_it_has_its_own(db):
+    """bfloat16 runs the float16 rows (another operand type in the same mma.sync), and
+    is tuned only when asked: a class without a bfloat16 entry takes float16's winner,
+    a bfloat16 entry comes first, and a float16 entry that is no engine row is not
+    taken."""
+    f16 = dict(ENGINES[4], KWG=16)
+    bf16 = dict(ENGINES[4], KWG=32)
+    f32 = tuning.GEMM_TABLE["vendor"][("nvidia", "GPU")][3]
+    table = tuning.gemm_rows(H100, 2, "bfloat16", "NT-wide-large")
+    db({tuning.db_key(H100, "float16", "NN-square-large"): {"params": f16},
+        tuning.db_key(H100, "float16", "NN-square-small"): {"params": f16},
+        tuning.db_key(H100, "bfloat16", "NN-square-small"): {"params": bf16},
+        tuning.db_key(H100, "float16", "NT-wide-large"): {"params": f32},
+        tuning.db_key(H100, "float16", "conv-fwd-large"): {"params": f16}})
+    assert tuning.gemm_params(H100, 2, clnn.bfloat16, "NN-square-large") == f16
+    assert tuning.gemm_params(H100, 2, clnn.bfloat16, "NN-square-small") == bf16
+    assert tuning.gemm_params(H100, 2, "float16", "NN-square-small") == f16
+    assert tuning.gemm_rows(H100, 2, "bfloat16", "NT-wide-large") == table
+    assert tuning.conv_rows(H100, 2, clnn.bfloat16, "conv-fwd-large") == [f16]
+    # only bfloat16 borrows: float32 under TF32 never takes a float16 winner
+    assert tuning.gemm_rows(H100, 4, "float32", "NN-square-large")[0] != f16
+
+
 def test_tuning_a_format_the_device_lacks_is_refused():
     from clnn import tuner
-    for fmt, why in (("tf32", "no tf32 matrix engines"), ("bfloat16", "unknown format")):
+    for fmt, why in (("tf32", "no tf32 matrix engines"),
+                     ("bfloat16", "no bfloat16 matrix engines"),
+                     ("int8", "unknown format")):
         with pytest.raises(ArgumentError, match=why):
             tuner.tune(("gemm",), quick=True, progress=False, save=False,
                        log=lambda *a: None, formats=[fmt])
@@ -307,7 +336,7 @@ def test_the_tuner_times_engine_rows_in_their_format(monkeypatch, db, precision)
     from clnn import tuner
     dev = clnn.device()
     row = dict(ENGINES[2], EMULATE=True)             # the 64x64 TF32 tile
-    monkeypatch.setattr(tuner, "device_formats", lambda f: ["float32", "tf32"])
+    monkeypatch.setattr(tuner, "device_formats", lambda f, requested=False: ["float32", "tf32"])
     monkeypatch.setattr(tuner, "engine_candidates", lambda f, k, q: [row])
     monkeypatch.setattr(tuner, "GEMM_CLASSES",
                         {"NN-square": {"small": ((40, 72, 24), (40, 72, 24))}})
@@ -331,5 +360,49 @@ def test_the_tuner_times_engine_rows_in_their_format(monkeypatch, db, precision)
     assert tuning.db_key(dev.facts, "float32", "NN-square-small") not in stored
     if gflops > table_gflops:
         assert stored[tuning.db_key(dev.facts, "tf32", "NN-square-small")]["params"] == row
+    else:
+        assert not stored
+
+
+def test_the_tuner_times_bfloat16_engine_rows_under_their_own_key(monkeypatch, db,
+                                                                  precision):
+    """Asked for bfloat16, the search runs float16's engine rows (emulated on PoCL) on
+    bfloat16 operands at bfloat16's tolerance, files the class as "bfloat16/...", and
+    stores a winner under "bfloat16", never under "float16"."""
+    from clnn import tuner
+    dev = clnn.device()
+    row = dict(next(r for r in ENGINES if r["MMA"] == "f16" and r["MWG"] == 64),
+               EMULATE=True)
+    row = {k: v for k, v in row.items() if k not in ("speed", "tuned")}
+    monkeypatch.setattr(tuner, "device_formats",
+                        lambda f, requested=False: ["float32"] + (["bfloat16"] if requested
+                                                                  else []))
+    monkeypatch.setattr(tuner, "engine_candidates", lambda f, k, q: [row] if k == "f16"
+                        else [])
+    monkeypatch.setattr(tuner, "GEMM_CLASSES",
+                        {"NN-square": {"small": ((40, 72, 24), (40, 72, 24))}})
+    seen = []
+    real = tuner._check_and_time
+
+    def spy(run, read, ref, dev, repeats, tol=1e-4):
+        seen.append(tol)
+        return real(run, read, ref, dev, repeats, tol)
+    monkeypatch.setattr(tuner, "_check_and_time", spy)
+    precision("highest")
+    # the default formats leave bfloat16 out
+    assert tuner.tune(("gemm",), quick=True, progress=False, save=False,
+                      log=lambda *a: None, formats=None).keys() == {"NN-square-small"}
+    seen.clear()
+    results = tuner.tune(("gemm",), quick=True, progress=False, log=lambda *a: None,
+                         formats=["bfloat16"])
+    assert list(results) == ["bfloat16/NN-square-small"]
+    best, gflops, table_gflops = results["bfloat16/NN-square-small"]
+    assert best == row and gflops > 0 and table_gflops > 0     # both passed the check
+    assert set(seen) == {tuner._TOLERANCE["bfloat16"]}
+    stored = tuning.load_db()
+    assert tuning.db_key(dev.facts, "float16", "NN-square-small") not in stored
+    if gflops > table_gflops:
+        assert stored[tuning.db_key(dev.facts, "bfloat16", "NN-square-small")]["params"] \
+            == row
     else:
         assert not stored
