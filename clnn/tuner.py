@@ -129,10 +129,13 @@ def device_formats(facts, requested=False):
 
 def conv_candidates(facts, quick):
     """Extra candidates for the convolution classes: conv.cl's gathered kernel on CPUs
-    (its tiles follow each problem's shape; the search covers the work-group size)."""
+    (its tiles follow each problem's shape; the search covers the work-group size and
+    the vector registers the tiles may fill: 16 for AVX2 code, 32 where PoCL builds
+    AVX-512 code)."""
     if not facts.is_cpu:
         return []
-    out = [{"variant": "gather", "VW": 8, "WG": w} for w in ((4, 16) if quick else (1, 4, 16))]
+    out = [{"variant": "gather", "VW": 8, "WG": w, "REGS": r}
+           for w in ((4, 16) if quick else (1, 4, 16)) for r in (16, 32)]
     return [p for p in out if not tuning.gemm_problems(p, facts)]
 
 

@@ -105,7 +105,7 @@ CONV_TABLE = {
         # forward + both gradients): 3-7x the packed GEMM on LeNet-5's layers at batch
         # 64, 3x on the 56x56x64 layer; WG 1, 4 and 16 within noise on LeNet's C3.
         "pthread-Intel(R) Xeon(R) Processor": {"variant": "gather", "VW": 8, "WG": 4,
-                                               "tuned": True},
+                                               "REGS": 32, "tuned": True},
     },
     # GPU rows of gemm.cl's convolution loaders, for the planner: the same tiles as the
     # GEMM rows with "speed" measured on convolutions (an H100, driver 580.159.04,
@@ -131,8 +131,13 @@ CONV_TABLE = {
         ],
     },
     "type": {
-        # Any CPU (untuned): AVX2's 8 float lanes, which AVX-512 machines run too.
-        "CPU": {"variant": "gather", "VW": 8, "WG": 4, "tuned": False},
+        # Any CPU: AVX2's 8 float lanes, which AVX-512 machines run too, and the 16
+        # vector registers AVX2 code has (REGS: what the work-items' tiles may hold,
+        # clnn/ops/conv.py). Measured on an AMD EPYC Zen 4, for which PoCL 3.0 builds
+        # AVX2 code (bench_conv.py, 2026-11-24): 1.6-1.9x the 32-register tiles on
+        # the 56x56x64, 14x14x256 and dilated layers. An AVX-512 target does better
+        # with "REGS": 32 (clnn tune conv searches it).
+        "CPU": {"variant": "gather", "VW": 8, "WG": 4, "REGS": 16, "tuned": False},
     },
 }
 
@@ -183,7 +188,7 @@ MMA_KINDS = {"tf32": (8, 4), "f16": (16, 2)}      # K of one mma.sync, the item 
 # or override with one is refused up front.
 _RANGES = {"MWI": 32, "NWI": 128, "VW": 16, "WG": 1024, "WGM": 1024, "MWG": 256,
            "NWG": 256, "KWG": 64, "MDIMC": 64, "NDIMC": 64, "VWM": 4, "VWN": 4,
-           "KSPLIT": 64, "WM": 128, "WN": 128}
+           "KSPLIT": 64, "WM": 128, "WN": 128, "REGS": 64}
 
 
 def _is_int(v):
@@ -215,6 +220,9 @@ def gemm_problems(p, facts=None, itemsize=4):
             probs.append("NWI must be a multiple of VW")
         if p.get("DGRAD", "col2im") not in ("col2im", "flip"):
             probs.append("DGRAD must be 'col2im' or 'flip'")
+        if p.get("REGS", 16) < 8:
+            probs.append("REGS (vector registers for a work-item's tile) must be at "
+                         "least 8")
         wg = p["WG"]
         local_bytes = 0
     elif variant == "reg":

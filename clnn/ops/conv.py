@@ -43,7 +43,8 @@ programs.register("convd", {"act": "none", "wg": 64},
                   lambda: [{"act": a, "wg": wg} for a in ("none",) + ACTIVATIONS
                            for wg in (64, 256)])
 
-_TILES = ((("MWI", 10), ("NWI", 16), ("VW", 8)), (("MWI", 5), ("NWI", 8), ("VW", 8)))
+_TILES = ((("MWI", 10), ("NWI", 16), ("VW", 8)), (("MWI", 5), ("NWI", 8), ("VW", 8)),
+          (("MWI", 4), ("NWI", 24), ("VW", 8)))
 
 
 def _helper(dt, **params):
@@ -63,34 +64,61 @@ programs.register(
     + [{"padded": False, "line": ln, "vstore": False, "act": "relu", "bias": "col",
         "x_acc": True, "tuning": _TILES[1]} for ln in (False, True)])
 
-# The most rows per work-item (MWI) by the number of B vectors per k (NWI / VW): 16,
-# 20 and 24 vector accumulators, which measured well here. More rows amortise the B
-# loads until the registers run out.
-_MOST_ROWS = {1: 16, 2: 10, 4: 6}
+# A work-item's tile lives in vector registers: MWI * NVW accumulators, the NVW B
+# vectors of one k and the broadcast A value. REGS (CONV_TABLE) is how many the
+# device's kernels get: 16 on AVX2 targets (PoCL builds AVX2 code on an AMD Zen 4,
+# as on a Zen 3), 32 where PoCL targets AVX-512 (32 ymm registers with AVX-512VL). A
+# tile past the budget spills its accumulators to the stack on every k: on the Zen 4,
+# 5 x 32 tiles (20 accumulators) ran the 56x56x64 and 14x14x256 layers at 85-105
+# GFLOP/s, 6 x 16 and 4 x 24 tiles at 165-200. With 32 registers, 16, 20 and 24
+# accumulators measured well (MWI at most 16, 10, 8 and 6 for 1-4 B vectors).
+_MOST_ROWS = {1: 16, 2: 10, 3: 8, 4: 6}
+DEFAULT_REGS = 16
+
+
+def _most_rows(nvw, regs):
+    """The most rows a work-item with ``nvw`` B vectors per k keeps within ``regs``."""
+    return min(_MOST_ROWS[nvw], (regs - 1 - nvw) // nvw)
+
+
+def _load_cost(nvw, mwi):
+    """Loads per vector multiply-add of an MWI x NVW tile: NVW of B and MWI of A per k
+    feed MWI * NVW multiply-adds."""
+    return 1.0 / nvw + 1.0 / mwi
 
 
 def _tiles(p, dt, cols, line_len):
     """(MWI, NWI, VW, line) of the gathered kernel for ``cols`` columns of C.
 
-    NWI is the fewest vectors that hold the columns (at most four). With lines of
-    ``line_len`` >= 6 consecutive rows (a unit step along the last row index) the
-    "line" layout addresses a work-item's rows from one pointer; MWI is then the one
-    that covers a line with the least overlap per useful row, counting two B loads
-    per k. Shorter lines (a 3x3 weight gradient's rows are lines of 3 taps) leave too
-    few rows per work-item: there each row keeps its own offset (1.6x faster on the
-    56x56x64 layer's weight gradient).
+    NWI is NVW vectors (at most four), NVW the one whose tile of the most rows that
+    fit the registers (REGS) costs least over the padded columns: loads per
+    multiply-add times the columns the panels cover. It depends on the columns only
+    (callers size the packed B from it). With lines of ``line_len`` >= 6 consecutive
+    rows (a unit step along the last row index) the "line" layout addresses a
+    work-item's rows from one pointer; MWI is then the one that covers a line with
+    the least cost per useful row (the rows past the line's end cost like the
+    others). Shorter lines (a 3x3 weight gradient's rows are lines of 3 taps) leave
+    too few rows per work-item: there each row keeps its own offset (1.6x faster on
+    the 56x56x64 layer's weight gradient).
     A parameter set may fix MWI, NWI and LINE instead (the tuner, tests).
     """
     vw = programs.vector_width(p["VW"], dt)
-    nwi = p.get("NWI") or vw * min(4, 1 << max(0, -(-cols // vw) - 1).bit_length())
+    regs = p.get("REGS", DEFAULT_REGS)
+    if p.get("NWI"):
+        nwi = p["NWI"]
+    else:
+        need = -(-cols // vw)
+        fits = [n for n in range(1, min(4, need) + 1) if n == 1 or _most_rows(n, regs) >= 3]
+        nwi = vw * min(fits, key=lambda n: (-(-need // n) * n * _load_cost(
+            n, max(1, _most_rows(n, regs))), n))
     nvw = nwi // vw
-    most = _MOST_ROWS.get(nvw, max(1, 24 // nvw))
+    most = max(1, _most_rows(nvw, regs)) if nvw in _MOST_ROWS else max(1, 24 // nvw)
     if "MWI" in p:
         mwi = p["MWI"]
         line = p.get("LINE", True) and line_len >= mwi
     elif line_len >= 6:
-        mwi = min(range(3, min(most, line_len) + 1),
-                  key=lambda m: (-(-line_len // m) * m / line_len * (m + 2) / m, -m))
+        mwi = min(range(min(3, most), min(most, line_len) + 1),
+                  key=lambda m: (-(-line_len // m) * m / line_len * _load_cost(nvw, m), -m))
         line = True
     else:
         mwi, line = min(8, most), False

@@ -28,6 +28,8 @@ VARIANTS = {
     "gather-checked": ("conv", dict(GATHER, MWI=3, NWI=8, DGRAD="flip"), {"PAD_BYTES": 0}),
     "gather-vw4": ("conv", dict(GATHER, MWI=1, NWI=4, VW=4, WG=1, DGRAD="col2im"),
                    {"PAD_BYTES": 0}),
+    # three B vectors per k (panels of 24 columns, what 16 registers favour)
+    "gather-nvw3": ("conv", dict(GATHER, MWI=4, NWI=24, DGRAD="col2im"), {}),
     # gemm.cl's loaders: the CPU's packed panels, the GPU tiles (k tables and column
     # maps; the data gradient through col2im below 16 channels, else by stride phase)
     "gemm-reg": ("gemm", tuning.GEMM_TABLE["type"]["CPU"], {}),
@@ -121,6 +123,33 @@ def test_gathered_tile_choice(shape):
     vectors of columns, 1x7 and 3x3 filters with padding)."""
     C, H, W, M, R, S, pad = shape
     check_conv(2, C, H, W, M, R, S, (1, 1), (pad, pad), act="relu")
+
+
+@pytest.mark.parametrize("regs", [16, 32])
+def test_gathered_tiles_fit_the_registers(regs):
+    """Every tile the gathered path picks by itself keeps its accumulators, its B
+    vectors and the broadcast A value within REGS vector registers (past them they
+    spill on every k: 1.6-1.9x slower on the Zen 4), and its NWI depends on the
+    columns alone (callers size the packed B before the row layout is known)."""
+    p = dict(GATHER, REGS=regs)
+    picked = set()
+    for dt in (np.float32, np.float64, np.float16):
+        for cols in list(range(1, 70)) + [120, 150, 256, 1000]:
+            nwis = set()
+            for line_len in (0, 1, 3, 5, 6, 7, 14, 28, 29, 56, 224):
+                mwi, nwi, vw, line = conv_module._tiles(p, dt, cols, line_len)
+                nvw = nwi // vw
+                assert nwi % vw == 0 and 1 <= nvw <= 4
+                assert mwi * nvw + nvw + 1 <= regs, (dt, cols, line_len, mwi, nwi)
+                assert mwi >= 1 and (not line or mwi <= line_len)
+                assert nwi < cols + nvw * vw        # no panel wider than it must be
+                nwis.add(nwi)
+                picked.add((mwi, nvw))
+            assert len(nwis) == 1, (dt, cols, nwis)
+    # wide layers get the tiles measured best with each budget
+    assert conv_module._tiles(p, np.float32, 256, 56)[:2] == ((4, 24) if regs == 16
+                                                              else (6, 32))
+    assert len(picked) > 4
 
 
 @pytest.mark.parametrize("dgrad", ["col2im", "flip"])
