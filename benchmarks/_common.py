@@ -168,7 +168,9 @@ def step_benchmark(args, make_net, torch_model, x, y, loss, lr, momentum, flops,
     ``make_net(dev)`` builds the clnn network; ``torch_model(torch, net)`` returns
     (model, loss_fn) with the same weights. Before timing, one step from the same
     weights must give PyTorch's loss and first-layer weights. ``report(dev, net, key,
-    seconds)`` may print and return extra fields for the device. Returns
+    seconds, stats)`` may print and return extra fields for the device; ``stats`` is the
+    pool's stats() right after the plain steps were timed (its peak: theirs, before
+    the replayed steps' networks and captures). Returns
     {"step_seconds": {library: seconds}, "extra": {library: fields}}.
     """
     torch = torch_or_none()
@@ -209,6 +211,7 @@ def step_benchmark(args, make_net, torch_model, x, y, loss, lr, momentum, flops,
         dev.pool.reset_peak()
         t = median_time(lambda: net.train_step(X, Y, lr, momentum, loss), args.repeats,
                         warmup=2, sync=dev.finish)
+        stats = dev.pool.stats()
         key = f"clnn ({dev.name})"
         result["step_seconds"][key] = t
         print(f"{key}: {1e3 * t:.2f} ms per step ({flops / t / 1e9:.1f} GFLOP/s)")
@@ -239,7 +242,7 @@ def step_benchmark(args, make_net, torch_model, x, y, loss, lr, momentum, flops,
               f"({100 * t_upd / t:.1f}% of the step, the most a gradient GEMM with the "
               "update fused in could save)")
         if report:
-            result["extra"][key] = report(dev, net, key, t)
+            result["extra"][key] = report(dev, net, key, t, stats)
     if torch is not None:
         _, tstep = torch_step_fn(make_net(devices(args.device)[0]))
         t = median_time(tstep, args.repeats, warmup=2)

@@ -50,9 +50,8 @@ def main(argv=None):
     flops = 3 * 2 * BATCH * sum(a * b for a, b in zip([IN] + [w for w, _ in LAYERS],
                                                          [w for w, _ in LAYERS]))
 
-    def memory(dev, net, key, t):
-        s = dev.pool.stats()
-        print(f"{key}: pool peak {s['peak_bytes'] / 2**20:.0f} MiB for "
+    def memory(dev, net, key, t, s):
+        print(f"{key}: plain steps' pool peak {s['peak_bytes'] / 2**20:.0f} MiB for "
               f"{buffers_needed(net) / 2**20:.0f} MiB of network buffers (the rest: GEMM "
               "packing workspace, inputs)")
         return {"pool_peak_bytes": s["peak_bytes"],
