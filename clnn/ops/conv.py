@@ -807,6 +807,13 @@ def _direct_args(N, C, H, W, M, R, S, P, Q, st, pd, dl, groups):
                 PW=pd[1], DH=dl[0], DW=dl[1], G=groups)
 
 
+# The direct kernels' weight gradient: "lanes" (a work-item per weight, its sum in
+# vector lanes: CPUs, where a work-group's barriers split PoCL's work-item loop) or
+# "tree" (a work-group per weight and a tree in local memory: GPUs); None: by the
+# device's type (tests force either)
+DIRECT_WGRAD = None
+
+
 def _direct_wg(dev):
     want = 64 if dev.facts.is_cpu else 256
     while want > dev.facts.max_work_group_size:
@@ -878,8 +885,14 @@ def _direct_backward_weight(dy, x, w_shape, stride, padding, dl, groups, out, al
     out = check_out(out, w_shape, dt, dev, inputs=(dy, x), allow_alias=False)
     if out.size == 0:
         return out
-    wg = _direct_wg(dev)
-    kern = _direct_kernel(dev, dt, "clnn_convd_backward_weight")
-    evt = kern((out.size * wg,), (wg,), alpha=alpha, beta=beta, dy=dy, dy_off=offset(dy),
-               x=x, x_off=offset(x), dw=out, dw_off=offset(out), **_direct_args(*g, groups))
+    args = dict(alpha=alpha, beta=beta, dy=dy, dy_off=offset(dy), x=x, x_off=offset(x),
+                dw=out, dw_off=offset(out), **_direct_args(*g, groups))
+    if (DIRECT_WGRAD or ("lanes" if dev.facts.is_cpu else "tree")) == "lanes":
+        # a work-item per weight, its sum in vector lanes
+        kern = _direct_kernel(dev, dt, "clnn_convd_backward_weight_lanes")
+        evt = kern((-(-out.size // 8) * 8,), (8,), **args)
+    else:                         # a work-group per weight, a tree in local memory
+        wg = _direct_wg(dev)
+        kern = _direct_kernel(dev, dt, "clnn_convd_backward_weight")
+        evt = kern((out.size * wg,), (wg,), **args)
     return done(out, evt)

@@ -355,10 +355,17 @@ def test_pytorch_call_forms(dev):
     (3, 4, 10, 9, 6, 3, 2, (2, 1), (2, 1), (2, 3), 2),         # grouped and dilated
     (2, 3, 11, 13, 5, 3, 3, (1, 1), (2, 2), (2, 2), 1),        # dilated only
     (1, 2, 5, 5, 4, 1, 1, (1, 1), (0, 0), (1, 1), 2),          # 1x1 grouped
-    (2, 4, 6, 6, 8, 3, 3, (1, 1), (3, 3), (3, 3), 4)],         # depth multiplier 2
+    (2, 4, 6, 6, 8, 3, 3, (1, 1), (3, 3), (3, 3), 4),          # depth multiplier 2
+    # rows long enough for the CPU weight gradient's vector lanes (and their tails),
+    # contiguous and at stride 2
+    (1, 3, 4, 29, 3, 3, 3, (1, 1), (1, 1), (1, 1), 3),
+    (2, 2, 5, 41, 4, 3, 3, (2, 2), (1, 1), (1, 1), 2)],
     ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v))
-def test_grouped_and_dilated_convolution(dev, N, C, H, W, M, R, S, st, pd, dl, G):
+@pytest.mark.parametrize("wgrad", ["lanes", "tree"])
+def test_grouped_and_dilated_convolution(dev, N, C, H, W, M, R, S, st, pd, dl, G, wgrad,
+                                         monkeypatch):
     from reference import conv2d_general_ref
+    monkeypatch.setattr(conv_module, "DIRECT_WGRAD", wgrad)
     for dtype in float_dtypes(dev):
         x = RNG.standard_normal((N, C, H, W)).astype(dtype)
         w = RNG.standard_normal((M, C // G, R, S)).astype(dtype)
