@@ -277,7 +277,7 @@ def conv():
                 close(fwd(X, k, st, pad, **opts).get(), y_ref)
                 close(bwd(clnn.asarray(g), X, k, st, pad, **opts).get(), backward(g))
     # the direct kernels of grouped and dilated convolutions (both work-group sizes of
-    # the weight gradient's reduction)
+    # the weight gradient's reduction, and its CPU form: a work-item per weight)
     from reference import conv2d_general_ref
     xg = rng.standard_normal((2, 4, 7, 6)).astype(np.float32)
     wg_ = rng.standard_normal((6, 2, 3, 2)).astype(np.float32)
@@ -286,11 +286,21 @@ def conv():
     g = rng.standard_normal(y_ref.shape).astype(np.float32)
     dx_ref, dw_ref = backward(g)
     XG, WG, G = clnn.asarray(xg), clnn.asarray(wg_), clnn.asarray(g)
-    for size in (64, 256):
-        with mock.patch.object(conv_module, "_direct_wg", lambda dev, size=size: size):
+    for size, wgrad in ((64, "tree"), (256, "tree"), (64, "lanes")):
+        with mock.patch.object(conv_module, "_direct_wg", lambda dev, size=size: size), \
+                mock.patch.object(conv_module, "DIRECT_WGRAD", wgrad):
             close(clnn.conv2d(XG, WG, **opts).get(), y_ref, 1e-4)
             close(clnn.conv2d_backward_data(G, WG, xg.shape, **opts).get(), dx_ref, 1e-4)
             close(clnn.conv2d_backward_weight(G, XG, wg_.shape, **opts).get(), dw_ref, 1e-3)
+    # the CPU form's vector lanes along a row (21 columns: two vectors and a tail, the
+    # first tap's row starting one column in)
+    xd = rng.standard_normal((1, 2, 3, 21)).astype(np.float32)
+    wd = rng.standard_normal((2, 1, 3, 3)).astype(np.float32)
+    y_ref, backward = conv2d_general_ref(xd, wd, None, (1, 1), (1, 1), (1, 1), 2)
+    g = rng.standard_normal(y_ref.shape).astype(np.float32)
+    with mock.patch.object(conv_module, "DIRECT_WGRAD", "lanes"):
+        close(clnn.conv2d_backward_weight(clnn.asarray(g), clnn.asarray(xd), wd.shape,
+                                          padding=1, groups=2).get(), backward(g)[1], 1e-3)
     print(f"checked {checked} GEMM and gathered variants for convolution, and pooling")
 
 
