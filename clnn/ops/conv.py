@@ -414,24 +414,31 @@ SCRATCH_BYTES = 32 << 20
 PAD_BYTES = 64 << 20
 
 
-# Largest float copy of a float16 input the gathered forward pass makes at once
-# (bytes): bigger batches are copied and convolved a group of images at a time, so a
-# float16 convolution's working memory stays small beside its input (an evaluation at
-# batch 1000 would otherwise copy twice the input's bytes). The weight gradient copies
-# whole batches: it adds groups into dw, and in float16 each addition would round.
+# Largest float copy of a 16-bit (float16, bfloat16) input the gathered forward pass
+# makes at once (bytes): bigger batches are copied and convolved a group of images at
+# a time, so a 16-bit convolution's working memory stays small beside its input (an
+# evaluation at batch 1000 would otherwise copy twice the input's bytes). The weight
+# gradient copies whole batches: it adds groups into dw, and in 16 bits each addition
+# would round.
 CONVERT_BYTES = 1 << 20
 
 
 def _copy_group(dt, N, per_image):
-    """Images per _pad_input copy in the forward pass: all N, unless float16's float
-    copy of that many (``per_image`` elements each) would pass CONVERT_BYTES."""
-    if dt != np.float16:
+    """Images per _pad_input copy in the forward pass: all N, unless a 16-bit input's
+    float copy of that many (``per_image`` elements each) would pass CONVERT_BYTES."""
+    if not _converts(dt):
         return N
     return max(1, min(N, CONVERT_BYTES // (per_image * programs.acc_dtype(dt).itemsize)))
 
 
+def _converts(dt):
+    """Whether the gathered kernel reads a float copy of a ``dt`` input: 16-bit
+    storage (float16, bfloat16), converted once rather than once per filter tap."""
+    return programs.dtype_name(dt) in programs.STORAGE_ONLY
+
+
 class _Converted:
-    """A float copy of a float16 input from _pad_input: the gathered kernel reads it as
+    """A float copy of a 16-bit input from _pad_input: the gathered kernel reads it as
     acc_t (a kernel argument takes its ``base_data``)."""
 
     def __init__(self, buf):
@@ -442,14 +449,16 @@ def _pad_input(dev, dt, x, images, H, W, ph, pw, into=None):
     """(array, element offset, H, W, ph, pw, zero rows) for the gathered kernel: ``x``
     itself when there is no padding (or the padded copy would be too big, or a padding
     is negative, a crop: the kernel then checks bounds), else a zero-bordered copy and
-    its border's (top, bottom) rows; for float16 a float copy (_Converted), bordered or
+    its border's (top, bottom) rows; for 16-bit storage a float copy (_Converted), bordered or
     not (into ``into`` when given: a caller copying a group at a time takes it before
     its first write). The unchecked kernel measured 1.6x faster on
     the 56x56x64 layer, and the copy costs 5% of that."""
     Hp, Wp = H + 2 * ph, W + 2 * pw
-    # float16: a float copy even without padding, so the kernel converts each element
-    # once instead of once per filter tap (LeNet-5's float16 step on PoCL: 31 -> 19 ms)
-    acc = programs.acc_dtype(dt) if dt == np.float16 else dt
+    # 16-bit storage: a float copy even without padding, so the kernel converts each
+    # element once instead of once per filter tap (LeNet-5's float16 step on PoCL: 31
+    # -> 19 ms; bfloat16's conversion is a shift, yet its gathered kernels took 3.5
+    # ms of a step against float16's 2.1 with the copy)
+    acc = programs.acc_dtype(dt) if _converts(dt) else dt
     nbytes = images * Hp * Wp * acc.itemsize
     if not (ph or pw or acc != dt) or min(ph, pw) < 0 or \
             nbytes > scratch_cap(dev, PAD_BYTES):
@@ -483,7 +492,7 @@ def _conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_pa
                                activation_param, out)
     if p["variant"] == "gather":
         # dilation is the k steps: tap (r, s) moves by (dh rows, dw columns); a group
-        # of images at a time when a float16 input's float copy would be large
+        # of images at a time when a 16-bit input's float copy would be large
         per_image = C * (H + 2 * pd[0]) * (W + 2 * pd[1])
         group = _copy_group(dt, N, per_image)
         into = scratch = nwi = None

@@ -178,24 +178,30 @@ def test_scratch_in_image_groups(monkeypatch):
     check_weight_update(3, 2)
 
 
-def test_float16_forward_copies_a_group_of_images_at_a_time(monkeypatch):
-    """A float16 input's float copy covers at most CONVERT_BYTES of images: the forward
+@pytest.mark.parametrize("dtype", [np.float16, clnn.bfloat16], ids=["float16", "bfloat16"])
+def test_16_bit_forward_copies_a_group_of_images_at_a_time(monkeypatch, dtype):
+    """A 16-bit input's float copy covers at most CONVERT_BYTES of images: the forward
     pass then runs a group at a time into its part of y, bitwise as in one pass, with
-    padding, strides and bias, and the canaries intact."""
-    x = RNG.standard_normal((7, 3, 9, 8)).astype(np.float16)
-    w = RNG.standard_normal((5, 3, 3, 2)).astype(np.float16)
-    b = RNG.standard_normal(5).astype(np.float16)
+    padding, strides and bias, and the canaries intact; the kernel reads the float copy
+    (x_acc), not the 16-bit input once per tap."""
+    x = RNG.standard_normal((7, 3, 9, 8)).astype(dtype)
+    w = RNG.standard_normal((5, 3, 3, 2)).astype(dtype)
+    b = RNG.standard_normal(5).astype(dtype)
     X, Wd, B = (guarded_input(clnn.device(), a) for a in (x, w, b))
     with tuning.override("conv", GATHER):
-        whole = clnn.conv2d(X, Wd, B, stride=(2, 1), padding=(1, 2)).get()
+        with clnn.profile() as prof:
+            whole = clnn.conv2d(X, Wd, B, stride=(2, 1), padding=(1, 2)).get()
+        assert [r.params.get("x_acc") for r in prof.records
+                if r.entry == "clnn_conv_gather"] == [True]
         # 3 images' copy is 3 * 3 * 11 * 12 * 4 bytes: groups of 3, 3 and 1
         monkeypatch.setattr(conv_module, "CONVERT_BYTES", 3 * 3 * 11 * 12 * 4 + 5)
-        y = Guarded(clnn.device(), whole.shape, np.float16)
+        y = Guarded(clnn.device(), whole.shape, dtype)
         clnn.conv2d(X, Wd, B, stride=(2, 1), padding=(1, 2), out=y.view)
     assert y.check().tobytes() == whole.tobytes()
-    ref = conv2d_ref(x, w, b, (2, 1), (1, 2))
-    within(whole, ref, conv2d_ref(np.abs(x), np.abs(w), np.abs(b), (2, 1), (1, 2)),
-           3 * 3 * 2, np.float16)
+    f = np.float64
+    ref = conv2d_ref(x.astype(f), w.astype(f), b.astype(f), (2, 1), (1, 2))
+    within(whole, ref, conv2d_ref(np.abs(x.astype(f)), np.abs(w.astype(f)),
+                                  np.abs(b.astype(f)), (2, 1), (1, 2)), 3 * 3 * 2, dtype)
 
 
 @pytest.mark.parametrize("act,dtype", [(a, np.float32) for a in ("sigmoid", "elu", "softplus")]
