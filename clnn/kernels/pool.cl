@@ -235,14 +235,7 @@ ${gather_one()}
 ## vector of 8 where that is 256 bits, else as two of 4: see programs.CPU_LANES);
 ## store8(ptr, a, b): a.s0, b.s0, a.s1, b.s1, ... a.s3, b.s3 to the 8 elements at ptr
 <%def name="load8(t, ptr)">
-% if cpu_lanes == 8 and not storage_only:
-        // element by element from one pointer: the compiler merges these into one
-        // vector load (PoCL's vload8 came out as eight inserts: 2x2 max pooling's
-        // forward pass 10-20% slower on LeNet's C1 output)
-        __global const real_t *${t}_p = ${ptr};
-        const ${v8} ${t} = (${v8})(${", ".join(f"CLNN_LOAD({t}_p, {j})" for j in range(8))});
-        const ${v4} ${t}_e = ${t}.even, ${t}_o = ${t}.odd;
-% elif cpu_lanes == 8:
+% if cpu_lanes == 8:
         const ${v8} ${t} = CLNN_LOADV(8, ${ptr});
         const ${v4} ${t}_e = ${t}.even, ${t}_o = ${t}.odd;
 % else:
