@@ -248,9 +248,9 @@ def tune(kernels=("gemm",), device=None, quick=False, progress=True, save=True, 
 
     ``formats``: any of "float32", "tf32", "float16", "bfloat16" (default: every one
     the device has but bfloat16, see device_formats); classes of the engine formats
-    are returned as "tf32/NN-square-large". The GFLOP/s are from the class's reference problem; a class
-    whose best candidate is not faster than the table's choice there keeps the table
-    (nothing is stored).
+    are returned as "tf32/NN-square-large". The GFLOP/s are from the class's reference
+    problem; a class whose best candidate is not faster than the table's choice there
+    keeps the table (nothing is stored).
     """
     dev = clnn.device(device)
     have = device_formats(dev.facts, requested=True)

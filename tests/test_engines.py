@@ -336,7 +336,8 @@ def test_the_tuner_times_engine_rows_in_their_format(monkeypatch, db, precision)
     from clnn import tuner
     dev = clnn.device()
     row = dict(ENGINES[2], EMULATE=True)             # the 64x64 TF32 tile
-    monkeypatch.setattr(tuner, "device_formats", lambda f, requested=False: ["float32", "tf32"])
+    monkeypatch.setattr(tuner, "device_formats",
+                        lambda f, requested=False: ["float32", "tf32"])
     monkeypatch.setattr(tuner, "engine_candidates", lambda f, k, q: [row])
     monkeypatch.setattr(tuner, "GEMM_CLASSES",
                         {"NN-square": {"small": ((40, 72, 24), (40, 72, 24))}})

@@ -206,10 +206,12 @@ __kernel void clnn_convd_backward_weight_lanes(${geo},
                 accv += (${acc}${L})(${", ".join(f"CLNN_LOAD(dq, {j})" for j in range(L))})
                       * (${acc}${L})(${", ".join(f"CLNN_LOAD(xq, {j})" for j in range(L))});
             }
-        } else {
-            for (; q + ${L} <= qb; q += ${L})
-                accv += (${acc}${L})(${", ".join(f"CLNN_LOAD(dyr, q + {j})" for j in range(L))})
-                      * (${acc}${L})(${", ".join(f"CLNN_LOAD(xr, (q + {j}) * SW)" for j in range(L))});
+        } else {                  // (x's elements SW apart: loaded one by one)
+            for (; q + ${L} <= qb; q += ${L}) {
+                __global const real_t *dq = dyr + q, *xq = xr + q * SW;
+                accv += (${acc}${L})(${", ".join(f"CLNN_LOAD(dq, {j})" for j in range(L))})
+                      * (${acc}${L})(${", ".join(f"CLNN_LOAD(xq, {j} * SW)" for j in range(L))});
+            }
         }
         for (; q < qb; ++q)
             acc += CLNN_LOAD(dyr, q) * CLNN_LOAD(xr, q * SW);

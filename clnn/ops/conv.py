@@ -449,10 +449,10 @@ def _pad_input(dev, dt, x, images, H, W, ph, pw, into=None):
     """(array, element offset, H, W, ph, pw, zero rows) for the gathered kernel: ``x``
     itself when there is no padding (or the padded copy would be too big, or a padding
     is negative, a crop: the kernel then checks bounds), else a zero-bordered copy and
-    its border's (top, bottom) rows; for 16-bit storage a float copy (_Converted), bordered or
-    not (into ``into`` when given: a caller copying a group at a time takes it before
-    its first write). The unchecked kernel measured 1.6x faster on
-    the 56x56x64 layer, and the copy costs 5% of that."""
+    its border's (top, bottom) rows; for 16-bit storage a float copy (_Converted),
+    bordered or not (into ``into`` when given: a caller copying a group at a time takes
+    it before its first write). The unchecked kernel measured 1.6x faster on the
+    56x56x64 layer, and the copy costs 5% of that."""
     Hp, Wp = H + 2 * ph, W + 2 * pw
     # 16-bit storage: a float copy even without padding, so the kernel converts each
     # element once instead of once per filter tap (LeNet-5's float16 step on PoCL: 31
