@@ -119,6 +119,26 @@ __kernel void clnn_convd_backward_data(const int rows, ${geo},
     }
 }
 
+## The weight gradient's element e = (m, c, r, s), and the columns q its tap reads
+## inside x; then, per output row (n, p), its rows of dy and x (skipping rows whose tap
+## lies outside x).
+<%def name="weight_element()">\
+    const int s = e % S, r = (e / S) % R, c = (e / (R * S)) % Cg, m = e / (Cg * R * S);
+    const int ci = (m / Mg) * Cg + c;
+    // columns q with 0 <= q SW - PW + s DW < W: the same for every row
+    const int off = s * DW - PW;
+    const int qa = off >= 0 ? 0 : (-off + SW - 1) / SW;
+    const int qb = min(Q, off < W ? (W - 1 - off) / SW + 1 : 0);
+</%def>
+<%def name="row_start()">\
+        const int p = row % P, b_ = row / P;
+        const int h = p * SH - PH + r * DH;
+        if (h < 0 || h >= H)
+            continue;
+        __global const real_t *dyr = dy + dy_off + ((b_ * M + m) * P + p) * Q;
+        __global const real_t *xr = x + x_off + ((b_ * C + ci) * H + h) * W + off;
+</%def>
+
 // one work-group of ${wg} per weight element (m, c, r, s): the sum over (n, p, q) of
 // dy[n, m, p, q] x[n, g Cg + c, tap]. Work-item l takes the output rows (n, p) = l,
 // l + ${wg}, ... and sums each over its columns q whose tap lies inside x (one range:
@@ -134,20 +154,10 @@ void clnn_convd_backward_weight(${geo},
     __local acc_t part[${wg}];
     const int Cg = C / G, Mg = M / G;
     const int e = (int)get_group_id(0), l = (int)get_local_id(0);
-    const int s = e % S, r = (e / S) % R, c = (e / (R * S)) % Cg, m = e / (Cg * R * S);
-    const int ci = (m / Mg) * Cg + c;
-    // columns q with 0 <= q SW - PW + s DW < W: the same for every row
-    const int off = s * DW - PW;
-    const int qa = off >= 0 ? 0 : (-off + SW - 1) / SW;
-    const int qb = min(Q, off < W ? (W - 1 - off) / SW + 1 : 0);
+${weight_element()}\
     acc_t acc = (acc_t)0;
     for (int row = l; row < N * P; row += ${wg}) {
-        const int p = row % P, b_ = row / P;
-        const int h = p * SH - PH + r * DH;
-        if (h < 0 || h >= H)
-            continue;
-        __global const real_t *dyr = dy + dy_off + ((b_ * M + m) * P + p) * Q;
-        __global const real_t *xr = x + x_off + ((b_ * C + ci) * H + h) * W + off;
+${row_start()}\
         for (int q = qa; q < qb; ++q)
             acc += CLNN_LOAD(dyr, q) * CLNN_LOAD(xr, q * SW);
     }
@@ -182,20 +192,11 @@ __kernel void clnn_convd_backward_weight_lanes(${geo},
     const int e = (int)get_global_id(0);
     if (e >= M * Cg * R * S)
         return;
-    const int s = e % S, r = (e / S) % R, c = (e / (R * S)) % Cg, m = e / (Cg * R * S);
-    const int ci = (m / Mg) * Cg + c;
-    const int off = s * DW - PW;
-    const int qa = off >= 0 ? 0 : (-off + SW - 1) / SW;
-    const int qb = min(Q, off < W ? (W - 1 - off) / SW + 1 : 0);
+${weight_element()}\
     ${acc}${L} accv = (${acc}${L})(0);
     acc_t acc = (acc_t)0;
     for (int row = 0; row < N * P; ++row) {
-        const int p = row % P, b_ = row / P;
-        const int h = p * SH - PH + r * DH;
-        if (h < 0 || h >= H)
-            continue;
-        __global const real_t *dyr = dy + dy_off + ((b_ * M + m) * P + p) * Q;
-        __global const real_t *xr = x + x_off + ((b_ * C + ci) * H + h) * W + off;
+${row_start()}\
         int q = qa;
         if (SW == 1) {
             // x's row contiguous too: constant offsets from one pointer per row, which
