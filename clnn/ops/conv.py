@@ -47,6 +47,9 @@ _TILES = ((("MWI", 10), ("NWI", 16), ("VW", 8)), (("MWI", 5), ("NWI", 8), ("VW",
           (("MWI", 4), ("NWI", 24), ("VW", 8)))
 
 
+PACK_RUN = 8        # consecutive k per work-item of clnn_conv_pack
+
+
 def _helper(dt, **params):
     """conv.cl's parameters for its helper kernels (padding, col2im): the default tiles,
     as the gathered kernel's are, as wide in bytes for every dtype."""
@@ -145,9 +148,10 @@ def _run_gather(dev, dt, p, *, x, x_off, H, W, ph, pw, rows3, row_steps, k3, k_s
            "tuning": (("MWI", mwi), ("NWI", nwi), ("VW", vw))}
     b_pk, koff = scratch or _gather_scratch(dev, dt, cols, K, nwi)
     pack = programs.get_kernel(dev, "conv", "clnn_conv_pack", prm)
-    pack((-(-K // 64) * 64, Nb), (64, 1), K=K, cols=cols, Nb=Nb, src=src, src_off=src_off,
-         CS=CS, KD=KD, KS=KS, flip=flip, b_pk=b_pk, K2=k3[1], K3=k3[2], KA=k_steps[0],
-         KBH=k_steps[1], KCW=k_steps[2], W=W, koff=koff)
+    runs = -(-K // PACK_RUN)               # a work-item packs PACK_RUN k (conv.cl)
+    pack((-(-runs // 64) * 64, Nb), (64, 1), K=K, RUN=PACK_RUN, cols=cols, Nb=Nb, src=src,
+         src_off=src_off, CS=CS, KD=KD, KS=KS, flip=flip, b_pk=b_pk, K2=k3[1], K3=k3[2],
+         KA=k_steps[0], KBH=k_steps[1], KCW=k_steps[2], W=W, koff=koff)
     kern = programs.get_kernel(dev, "conv", "clnn_conv_gather", prm)
     Rb = rows // rows3[2] * -(-rows3[2] // mwi) if line else -(-rows // mwi)
     # work-groups of WG, fewer when that would leave compute units idle (a weight
