@@ -4,7 +4,6 @@
 ## only, kept as ushort, so no device needs an extension or a built-in for it.
 #ifndef CLNN_BF16_CONVERSIONS
 #define CLNN_BF16_CONVERSIONS
-<%include file="_ushort.cl"/>
 // bfloat16 -> float: exact, the bits shifted into the top half.
 inline float clnn_bf2f(const ushort b)
 {
@@ -41,7 +40,7 @@ CLNN_BF16_VECTOR(8)
 // float and back, or n (2, 4, 8) consecutive ones at p as a float vector
 #define CLNN_BF16_LOAD_AT(S, p, i) clnn_bf2f(((S const ushort *)(p))[i])
 #define CLNN_BF16_STORE_AT(S, v, p, i) (((S ushort *)(p))[i] = clnn_f2bf(v))
-#define CLNN_BF16_LOADV_AT(S, n, p) clnn_bf2f##n(CLNN_US_LOAD##n((S const ushort *)(p)))
-#define CLNN_BF16_STOREV_AT(S, n, v, p) CLNN_US_STORE##n(clnn_f2bf##n(v), (S ushort *)(p))
+#define CLNN_BF16_LOADV_AT(S, n, p) clnn_bf2f##n(CLNN_ELEMS_LOAD##n(ushort, (S const ushort *)(p)))
+#define CLNN_BF16_STOREV_AT(S, n, v, p) CLNN_ELEMS_STORE##n(ushort, clnn_f2bf##n(v), (S ushort *)(p))
 #define CLNN_BF16_LOAD(p, i) CLNN_BF16_LOAD_AT(__global, p, i)
 #endif

@@ -10,6 +10,7 @@
 ## (cl_khr_fp16 would be needed for half arithmetic)
 typedef ${real} real_t;
 typedef ${acc} acc_t;
+<%include file="_elems.cl"/>
 % if dtype == "float16":
 // half is storage only: load to float, compute in float, store rounded to nearest even.
 <%include file="_half.cl"/>
@@ -28,27 +29,8 @@ typedef ${acc} acc_t;
 % else:
 #define CLNN_LOAD_AT(S, p, i) ((acc_t)(p)[i])
 #define CLNN_STORE_AT(S, v, p, i) ((p)[i] = (real_t)(v))
-#ifdef CLNN_CPU
-// CPUs: vectors element by element at constant offsets from one pointer, which the
-// compiler merges into one vector access (PoCL's vloadN/vstoreN came out as N scalar
-// inserts or extracts)
-#define CLNN_LOADV_AT(S, n, p) CLNN_RV_LOAD##n((S const real_t *)(p))
-#define CLNN_STOREV_AT(S, n, v, p) CLNN_RV_STORE##n((v), (S real_t *)(p))
-#define CLNN_RV_LOAD2(P) ((${acc}2)((P)[0], (P)[1]))
-#define CLNN_RV_LOAD4(P) ((${acc}4)((P)[0], (P)[1], (P)[2], (P)[3]))
-#define CLNN_RV_STORE2(V, P) do { const ${acc}2 v_ = (V); (P)[0] = v_.s0; (P)[1] = v_.s1; } while (0)
-#define CLNN_RV_STORE4(V, P) do { const ${acc}4 v_ = (V); (P)[0] = v_.s0; (P)[1] = v_.s1; \
-    (P)[2] = v_.s2; (P)[3] = v_.s3; } while (0)
-%   if cpu_lanes >= 8:
-#define CLNN_RV_LOAD8(P) ((${acc}8)((P)[0], (P)[1], (P)[2], (P)[3], (P)[4], (P)[5], (P)[6], (P)[7]))
-#define CLNN_RV_STORE8(V, P) do { const ${acc}8 v_ = (V); (P)[0] = v_.s0; (P)[1] = v_.s1; \
-    (P)[2] = v_.s2; (P)[3] = v_.s3; (P)[4] = v_.s4; (P)[5] = v_.s5; (P)[6] = v_.s6; \
-    (P)[7] = v_.s7; } while (0)
-%   endif
-#else
-#define CLNN_LOADV_AT(S, n, p) vload##n(0, (p))
-#define CLNN_STOREV_AT(S, n, v, p) vstore##n((v), 0, (p))
-#endif
+#define CLNN_LOADV_AT(S, n, p) CLNN_ELEMS_LOAD##n(${acc}, (S const real_t *)(p))
+#define CLNN_STOREV_AT(S, n, v, p) CLNN_ELEMS_STORE##n(${acc}, (v), (S real_t *)(p))
 % endif
 // CLNN_LOAD(p, i) / CLNN_STORE(v, p, i): element i of an array of real_t in global
 // memory as acc_t, and back (rounded to nearest even where real_t is narrower);

@@ -3,7 +3,6 @@
 ## float16 source). Not a kernel.
 #ifndef CLNN_HALF_CONVERSIONS
 #define CLNN_HALF_CONVERSIONS
-<%include file="_ushort.cl"/>
 #ifdef CLNN_CPU
 // On CPUs (PoCL) the scalar vload_half/vstore_half_rte are calls the work-group loop
 // does not vectorise: 25 and 43 ms for 16M elements, against 6.5 and 6.8 ms for these
@@ -79,8 +78,8 @@ CLNN_H2F_VECTOR(8)
 // on CPUs, the core built-ins (one instruction each on GPUs) elsewhere
 #define CLNN_HALF_LOAD_AT(S, p, i) clnn_h2f(((S const ushort *)(p))[i])
 #define CLNN_HALF_STORE_AT(S, v, p, i) (((S ushort *)(p))[i] = clnn_f2h(v))
-#define CLNN_HALF_LOADV_AT(S, n, p) clnn_h2f##n(CLNN_US_LOAD##n((S const ushort *)(p)))
-#define CLNN_HALF_STOREV_AT(S, n, v, p) CLNN_US_STORE##n(clnn_f2h##n(v), (S ushort *)(p))
+#define CLNN_HALF_LOADV_AT(S, n, p) clnn_h2f##n(CLNN_ELEMS_LOAD##n(ushort, (S const ushort *)(p)))
+#define CLNN_HALF_STOREV_AT(S, n, v, p) CLNN_ELEMS_STORE##n(ushort, clnn_f2h##n(v), (S ushort *)(p))
 #else
 #define CLNN_HALF_LOAD_AT(S, p, i) vload_half((i), (p))
 #define CLNN_HALF_STORE_AT(S, v, p, i) vstore_half_rte((v), (i), (p))
