@@ -220,7 +220,7 @@ def gemm_problems(p, facts=None, itemsize=4):
             probs.append("NWI must be a multiple of VW")
         if p.get("DGRAD", "col2im") not in ("col2im", "flip"):
             probs.append("DGRAD must be 'col2im' or 'flip'")
-        if p.get("REGS", 16) < 8:
+        if "REGS" in p and p["REGS"] < 8:
             probs.append("REGS (vector registers for a work-item's tile) must be at "
                          "least 8")
         wg = p["WG"]
@@ -335,7 +335,7 @@ def mma_kind(facts, dtype):
     if facts.nv_compute_capability < 80:
         return "none"
     name = _dtype_name(dtype)
-    if name in ("float16", "bfloat16"):
+    if name in programs.STORAGE_ONLY:
         return "f16"
     if name == "float32" and get_float32_matmul_precision() != "highest":
         return "tf32"
