@@ -29,8 +29,12 @@ def _nonneg(value, name):
 
 
 class Optimizer:
-    """Base class: ``state`` holds, per parameter, the buffers of ``buffers()`` names."""
+    """Base class: ``state`` holds, per parameter, the buffers of ``buffers()`` names.
+    ``gated``: whether step() takes a ``gate`` (a mixed-precision step's loss-scale
+    state on the device, which skips or unscales the update without the host reading
+    it)."""
     kind = None
+    gated = False
 
     def __init__(self, lr):
         self.lr = _nonneg(lr, "lr")
@@ -48,12 +52,20 @@ class Optimizer:
             self.state = [[clnn.zeros(p.shape, p.dtype, clnn.device_of(p))
                            for _ in self.buffers()] for p in params]
 
-    def step(self, params, grads, grad_scale=1.0):
-        """Update every parameter from its gradient (times ``grad_scale``)."""
+    def step(self, params, grads, grad_scale=1.0, gate=None):
+        """Update every parameter from its gradient (times ``grad_scale``; with a
+        ``gate``, see clnn.ops.optim.sgd_step, it counts in ``steps`` whether the
+        device applies it or not)."""
+        if gate is not None and not self.gated:
+            raise ArgumentError(f"{self.kind} takes no gate: its update depends on the "
+                                "steps applied, which only the device would know")
         self.prepare(params)
         self.steps += 1
         for p, g, s in zip(params, grads, self.state):
-            self._update(p, g, s, grad_scale)
+            if gate is None:
+                self._update(p, g, s, grad_scale)
+            else:
+                self._update(p, g, s, grad_scale, gate)
 
     # persistence: a JSON-able config and the state's arrays
     def config(self):
@@ -73,6 +85,7 @@ class Optimizer:
 class SGD(Optimizer):
     """torch.optim.SGD: momentum (dampening 0), Nesterov, L2 weight decay."""
     kind = "SGD"
+    gated = True
 
     def __init__(self, lr=0.01, momentum=0.0, nesterov=False, weight_decay=0.0):
         super().__init__(lr)
@@ -87,10 +100,10 @@ class SGD(Optimizer):
     def buffers(self):
         return ("momentum_buffer",)
 
-    def _update(self, p, g, s, grad_scale):
+    def _update(self, p, g, s, grad_scale, gate=None):
         clnn.sgd_step(p, g, s[0], lr=self.lr, momentum=self.momentum,
                       weight_decay=self.weight_decay, nesterov=self.nesterov,
-                      grad_scale=grad_scale)
+                      grad_scale=grad_scale, gate=gate)
 
     def config(self):
         return {"type": self.kind, "lr": self.lr, "momentum": self.momentum,

@@ -74,6 +74,7 @@ def _ops():
     close(W.get(), x * (1 - 0.001) - 0.01 * y / (np.abs(y) + 1e-8), 1e-4)
     bad = np.array([1.0, np.inf, -np.inf, np.nan] * 1300, np.float32)
     assert clnn.count_nonfinite(clnn.asarray(bad)) == 3900
+    _loss_scale(x, y)
     close(clnn.bias_add(X, clnn.asarray(x[0])).get(), x + x[0])
     close(clnn.bias_grad(X).get(), x.sum(0))
     long = rng.standard_normal(5003).astype(np.float32)
@@ -105,6 +106,26 @@ def _ops():
     key = clnn.dropout_key(1, 2, 3)
     close(clnn.dropout(X, 0.3, key).get(), x * clnn.dropout_mask(x.shape, 0.3, key))
     _batch_norm(rng)
+
+
+def _loss_scale(x, y):
+    """Dynamic loss scaling on the device: the state's update, gated SGD, a loss whose
+    gradient reads the scale."""
+    from clnn.ops import optim as optim_ops
+    state = clnn.asarray(optim_ops.loss_scale_state(8.0))
+    optim_ops.loss_scale_update(clnn.asarray(y), state, growth_interval=1)
+    W, V = clnn.asarray(x), clnn.zeros((7, 13))
+    clnn.sgd_step(W, clnn.asarray(y), V, lr=0.5, grad_scale=4.0, gate=state)
+    close(W.get(), x - 0.25 * y)
+    assert optim_ops.read_loss_scale_state(state.get()) == (16.0, False, 8.0, 0, 0)
+    t = np.eye(13, dtype=np.float32)[[1, 5, 2, 0, 12, 3, 3]]
+    _, dz = clnn.softmax_cross_entropy(clnn.asarray(x), clnn.asarray(t), grad_scale=0.5,
+                                       scale_by=state)
+    p = np.exp(x) / np.exp(x).sum(1, keepdims=True)
+    close(dz.get(), (p - t) * 8)
+    _, da = clnn.quadratic_loss(clnn.asarray(x), clnn.asarray(y), grad_scale=0.5,
+                                scale_by=state)
+    close(da.get(), (x - y) * 8)
 
 
 def _batch_norm(rng):

@@ -1,6 +1,8 @@
 ## loss.cl: the quadratic loss of the tutorial and its gradient.
-## Parameters:  dtype  float32 | float64 | float16 | bfloat16
-##              wg     0: a work-item per row; WG: a work-group of WG per row (GPUs)
+## Parameters:  dtype   float32 | float64 | float16 | bfloat16
+##              wg      0: a work-item per row; WG: a work-group of WG per row (GPUs)
+##              dscale  1: the gradient also times scale_by[sb_off], a float on the device
+##                      (a mixed-precision step's loss scale, clnn/nn/amp.py)
 ## Used by clnn/ops/loss.py.
 <%include file="_common.cl"/>
 //
@@ -9,18 +11,22 @@
 // which the routine sums into L; grad_scale is 1/batch.
 //
 __kernel void clnn_quadratic(const int rows, const int cols, const acc_t grad_scale,
+% if dscale:
+                             __global const float *scale_by, const int sb_off,
+% endif
                              __global const real_t *a, const int a_off,
                              __global const real_t *y, const int y_off,
                              __global real_t *da, const int da_off,
                              __global acc_t *loss_row)
 {
+    const acc_t gs = grad_scale${" * (acc_t)scale_by[sb_off]" if dscale else ""};
     for (int r = (int)get_global_id(0); r < rows; r += (int)get_global_size(0)) {
         acc_t s = (acc_t)0;
         for (int j = 0; j < cols; ++j) {
             const int k = r * cols + j;
             const acc_t d = CLNN_LOAD(a, a_off + k) - CLNN_LOAD(y, y_off + k);
             s += d * d;
-            CLNN_STORE(d * grad_scale, da, da_off + k);
+            CLNN_STORE(d * gs, da, da_off + k);
         }
         loss_row[r] = s * (acc_t)0.5f;
     }
@@ -32,19 +38,23 @@ __kernel void clnn_quadratic(const int rows, const int cols, const acc_t grad_sc
 <%include file="_wg.cl" args="wg=wg"/>
 __kernel __attribute__((reqd_work_group_size(CLNN_WG, 1, 1)))
 void clnn_quadratic_wg(const int rows, const int cols, const acc_t grad_scale,
+% if dscale:
+                       __global const float *scale_by, const int sb_off,
+% endif
                        __global const real_t *a, const int a_off,
                        __global const real_t *y, const int y_off,
                        __global real_t *da, const int da_off,
                        __global acc_t *loss_row)
 {
     __local acc_t scratch[CLNN_WG];
+    const acc_t gs = grad_scale${" * (acc_t)scale_by[sb_off]" if dscale else ""};
     for (int r = (int)get_group_id(0); r < rows; r += (int)get_num_groups(0)) {
         acc_t s = (acc_t)0;
         for (int j = (int)get_local_id(0); j < cols; j += CLNN_WG) {
             const int k = r * cols + j;
             const acc_t d = CLNN_LOAD(a, a_off + k) - CLNN_LOAD(y, y_off + k);
             s += d * d;
-            CLNN_STORE(d * grad_scale, da, da_off + k);
+            CLNN_STORE(d * gs, da, da_off + k);
         }
         s = clnn_wg_sum(scratch, s);
         if (get_local_id(0) == 0)

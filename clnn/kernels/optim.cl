@@ -1,21 +1,71 @@
 ## optim.cl: one fused update kernel per optimizer, applied to one parameter buffer.
 ## Parameters:  dtype  float32 | float64 | float16 | bfloat16
+##              gated  1: SGD reads a mixed-precision step's loss-scale state on the
+##                     device (below) and skips or unscales by it
 ## Used by clnn/ops/optim.py. The arithmetic follows torch.optim's single-tensor code
 ## step by step, so results match it to rounding.
 <%include file="_common.cl"/>
 
+// ---- Dynamic loss scaling on the device (clnn/nn/amp.py's GradScaler, whose
+// semantics are PyTorch's): five floats, the last two holding ints' bits,
+#define CLNN_LS_SCALE 0     // S, the loss scale of the next step
+#define CLNN_LS_FOUND 1     // 1 when this step's gradients held an inf or NaN, else 0
+#define CLNN_LS_USED 2      // the S this step's gradients were computed with
+#define CLNN_LS_GOOD 3      // good steps in a row (int)
+#define CLNN_LS_SKIPPED 4   // steps skipped so far (int)
+// updated by one work-item after each step from ``bad``, the count of its non-finite
+// gradients: a step that overflowed is skipped and S times backoff; after ``interval``
+// good steps in a row, S times growth. The host reads none of it during training.
+__kernel void clnn_loss_scale_update(__global const float *bad,
+                                     __global float *state, const int st_off,
+                                     const float growth, const float backoff,
+                                     const int interval)
+{
+    if (get_global_id(0) != 0)
+        return;
+    state += st_off;
+    const float s = state[CLNN_LS_SCALE];
+    state[CLNN_LS_USED] = s;
+    if (bad[0] == 0.0f) {
+        int good = as_int(state[CLNN_LS_GOOD]) + 1;
+        state[CLNN_LS_FOUND] = 0.0f;
+        if (good >= interval) {
+            state[CLNN_LS_SCALE] = s * growth;
+            good = 0;
+        }
+        state[CLNN_LS_GOOD] = as_float(good);
+    } else {
+        state[CLNN_LS_FOUND] = 1.0f;
+        state[CLNN_LS_SCALE] = s * backoff;
+        state[CLNN_LS_GOOD] = as_float(0);
+        state[CLNN_LS_SKIPPED] = as_float(as_int(state[CLNN_LS_SKIPPED]) + 1);
+    }
+}
+
 // torch.optim.SGD (dampening 0) on the gradient g = scale * grad + wd * w:
 //   buf = momentum * buf + g;  d = nesterov ? g + momentum * buf : buf;  w -= lr * d
-// (with momentum 0, buf is g: the plain step)
+// (with momentum 0, buf is g: the plain step). Gated: nothing changes after a step
+// whose gradients overflowed, and the others' factor is divided by the loss scale they
+// were computed with (the host's own grad_scale / S, bitwise for a power-of-two S).
 __kernel void clnn_sgd_step(const int n, const acc_t lr, const acc_t momentum,
                             const acc_t wd, const acc_t scale, const int nesterov,
+% if gated:
+                            __global const float *state, const int st_off,
+% endif
                             __global const real_t *grad, const int g_off,
                             __global real_t *buf, const int b_off,
                             __global real_t *w, const int w_off)
 {
+% if gated:
+    if (state[st_off + CLNN_LS_FOUND] != 0.0f)
+        return;
+    const acc_t gs = scale / (acc_t)state[st_off + CLNN_LS_USED];
+% else:
+    const acc_t gs = scale;
+% endif
     CLNN_FOR_EACH(i, n) {
         const acc_t wi = CLNN_LOAD(w, w_off + i);
-        acc_t g = scale * CLNN_LOAD(grad, g_off + i);
+        acc_t g = gs * CLNN_LOAD(grad, g_off + i);
         if (wd != (acc_t)0)
             g += wd * wi;
         const acc_t b = momentum * CLNN_LOAD(buf, b_off + i) + g;

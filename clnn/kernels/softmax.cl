@@ -2,6 +2,8 @@
 ## Parameters:  dtype  float32 | float64 | float16 | bfloat16
 ##              wg     0: a work-item per row (CPUs, and rows too short to share)
 ##                     WG: a work-group of WG work-items per row (GPUs), entries *_wg
+##              dscale 1: the cross-entropy's gradient also times scale_by[sb_off], a float
+##                     on the device (a mixed-precision step's loss scale, nn/amp.py)
 ## Used by clnn/ops/softmax.py.
 <%include file="_common.cl"/>
 //
@@ -106,11 +108,15 @@ ${rowwise("clnn_log_softmax", "v - m - lse")}
 // need not be one (PyTorch takes any); without it dz is not the loss's gradient.
 // The routine sums loss_row (kept in acc_t) into the mean loss.
 __kernel void clnn_softmax_xent(const int rows, const int cols, const acc_t grad_scale,
+% if dscale:
+                                __global const float *scale_by, const int sb_off,
+% endif
                                 __global const real_t *z, const int z_off,
                                 __global const real_t *y, const int y_off,
                                 __global real_t *dz, const int dz_off,
                                 __global acc_t *loss_row)
 {
+    const acc_t gs = grad_scale${" * (acc_t)scale_by[sb_off]" if dscale else ""};
     CLNN_FOR_EACH_ROW(r, rows) {
         acc_t m, lse;
         clnn_row_stats(z, z_off + r * cols, cols, 1, &m, &lse);
@@ -122,7 +128,7 @@ __kernel void clnn_softmax_xent(const int rows, const int cols, const acc_t grad
             const acc_t yj = CLNN_LOAD(y, y_off + r * cols + j);
             // 0 * log(0) is 0 for a target that puts no mass on j
             loss -= yj != (acc_t)0 ? yj * zj : (acc_t)0;
-            CLNN_STORE((exp(zj) * sy - yj) * grad_scale, dz, dz_off + r * cols + j);
+            CLNN_STORE((exp(zj) * sy - yj) * gs, dz, dz_off + r * cols + j);
         }
         loss_row[r] = loss;
     }
@@ -173,12 +179,16 @@ ${rowwise_wg("clnn_softmax_wg", "exp(v - m - lse)")}
 ${rowwise_wg("clnn_log_softmax_wg", "v - m - lse")}
 __kernel __attribute__((reqd_work_group_size(CLNN_WG, 1, 1)))
 void clnn_softmax_xent_wg(const int rows, const int cols, const acc_t grad_scale,
+% if dscale:
+                          __global const float *scale_by, const int sb_off,
+% endif
                           __global const real_t *z, const int z_off,
                           __global const real_t *y, const int y_off,
                           __global real_t *dz, const int dz_off,
                           __global acc_t *loss_row)
 {
     __local acc_t scratch[CLNN_WG];
+    const acc_t gs = grad_scale${" * (acc_t)scale_by[sb_off]" if dscale else ""};
     CLNN_FOR_EACH_ROW_WG(r, rows) {
         acc_t m, lse;
         clnn_row_stats_wg(scratch, z, z_off + r * cols, cols, 1, &m, &lse);
@@ -190,7 +200,7 @@ void clnn_softmax_xent_wg(const int rows, const int cols, const acc_t grad_scale
             const acc_t zj = CLNN_LOAD(z, z_off + r * cols + j) - m - lse;
             const acc_t yj = CLNN_LOAD(y, y_off + r * cols + j);
             loss -= yj != (acc_t)0 ? yj * zj : (acc_t)0;
-            CLNN_STORE((exp(zj) * sy - yj) * grad_scale, dz, dz_off + r * cols + j);
+            CLNN_STORE((exp(zj) * sy - yj) * gs, dz, dz_off + r * cols + j);
         }
         loss = clnn_wg_sum(scratch, loss);
         if (get_local_id(0) == 0)

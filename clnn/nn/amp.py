@@ -14,6 +14,15 @@ autocast + GradScaler).
    and S halved; otherwise the optimizer updates the float32 masters with the gradients
    times 1/(batch S), and after ``growth_interval`` good steps in a row S doubles.
 
+Where nothing on the host needs the step's gradients (no hook, a plain loss) and the
+optimizer can be gated (SGD), S lives on the device (GradScaler.device_state): the
+loss kernel reads it, a kernel counts the gradients' infs and NaNs and updates S,
+and the SGD kernel reads whether to skip and what S to divide by. The host then waits
+for no step (PyTorch's GradScaler reads its inf check back every step unless the
+optimizer is fused); reading ``scaler.scale`` or ``skipped`` (fit does at each
+epoch's end) reads the state back once. Adam and AdamW keep the check on the host:
+their bias correction counts the updates applied, which only the host counts.
+
 ``precision="bfloat16"`` runs the same steps in bfloat16 storage without the loss
 scale, its check and its read-back: bfloat16 keeps float32's exponent range (8 bits of
 mantissa instead of float16's 11), so gradients neither overflow nor flush to zero
@@ -29,6 +38,7 @@ import numpy as np
 
 import clnn
 from ..errors import ArgumentError
+from ..ops import optim as optim_ops
 
 PRECISIONS = ("float32", "float16", "bfloat16")
 
@@ -37,7 +47,13 @@ class GradScaler:
     """Dynamic loss scaling with PyTorch's GradScaler defaults: start at ``init_scale``,
     multiply by ``backoff_factor`` when a step's gradients overflow (and skip the step),
     by ``growth_factor`` after ``growth_interval`` good steps in a row. ``skipped``
-    counts the steps skipped so far."""
+    counts the steps skipped so far.
+
+    The state (``scale``, ``good_steps``, ``skipped``) lives where the steps need it:
+    on the host for update(), or on the device (device_state) for steps that check,
+    skip and rescale there without the host waiting for them. Reading an attribute
+    reads the device's state back once; setting one makes the host's the current
+    state again."""
 
     def __init__(self, init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5,
                  growth_interval=2000):
@@ -47,15 +63,36 @@ class GradScaler:
             if not (isinstance(v, (int, float, np.floating, np.integer)) and np.isfinite(v)
                     and ok):
                 raise ArgumentError(f"GradScaler {name} out of range: {v!r}")
-        if not isinstance(growth_interval, (int, np.integer)) or growth_interval < 1:
+        if not isinstance(growth_interval, (int, np.integer)) or \
+                not 1 <= growth_interval < 2 ** 31:
             raise ArgumentError(f"growth_interval must be a positive int, got "
                                 f"{growth_interval!r}")
-        self.scale = float(init_scale)
         self.growth_factor = float(growth_factor)
         self.backoff_factor = float(backoff_factor)
         self.growth_interval = int(growth_interval)
-        self.good_steps = 0
-        self.skipped = 0
+        self._host = [float(init_scale), 0, 0]     # scale, good steps, skipped
+        self._state = None        # the device's copy (clnn.ops.optim.loss_scale_state)
+        self._on_device = False   # whether the device's copy is the newer one
+        self._on_host = False     # whether the host's is (the two equal: neither)
+
+    def _read(self):
+        if self._on_device:
+            s, _, _, good, skipped = optim_ops.read_loss_scale_state(self._state.get())
+            self._host = [s, good, skipped]
+            self._on_device = False
+        return self._host
+
+    def _field(i):
+        def get(self):
+            return self._read()[i]
+
+        def put(self, value):
+            self._read()[i] = value
+            self._on_host = True
+        return property(get, put)
+
+    scale, good_steps, skipped = _field(0), _field(1), _field(2)
+    del _field
 
     def update(self, finite):
         """After a step: ``finite`` whether its gradients were all finite."""
@@ -68,6 +105,25 @@ class GradScaler:
             self.scale *= self.backoff_factor
             self.good_steps = 0
             self.skipped += 1
+
+    def device_state(self, dev):
+        """The state as a float32 array on device ``dev`` (uploaded from the host's
+        when that is newer), which the step's kernels then read and update: from now
+        on the device's copy is the current one."""
+        if self._state is None or clnn.device_of(self._state) is not dev:
+            host = optim_ops.loss_scale_state(*self._read())
+            self._state = clnn.asarray(host, device=dev)
+        elif self._on_host:
+            self._state.set(optim_ops.loss_scale_state(*self._host))
+        self._on_host, self._on_device = False, True
+        return self._state
+
+    def device_update(self, grads):
+        """The step's check and update on the device (from device_state's array): the
+        float32 ``grads`` all finite or not, as update() would do it."""
+        optim_ops.loss_scale_update(grads, self._state, growth_factor=self.growth_factor,
+                                    backoff_factor=self.backoff_factor,
+                                    growth_interval=self.growth_interval)
 
     def config(self):
         return {"scale": self.scale, "growth_factor": self.growth_factor,

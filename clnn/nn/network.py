@@ -543,11 +543,19 @@ class Sequential:
         # the optimizer's state with the workspace, before any op: a step then has
         # the same live buffers from the first one on (and a failure writes nothing)
         opt.prepare(flat)
-        grads, scale, views = self._grads, 1.0, None
+        grads, scale, views, gate = self._grads, 1.0, None, None
         if half:
             # S times the mean's gradient (float16; bfloat16 takes no loss scale, S =
-            # 1): sums over a batch would overflow half S times sooner
-            scale = (self.scaler.scale if amp.scaled(low) else 1.0) / (global_batch or batch)
+            # 1): sums over a batch would overflow half S times sooner. Where nothing
+            # on the host needs this step's gradients (no hook) and the optimizer
+            # can be gated, S stays on the device: the loss kernel reads it, and the
+            # check, the skip and the new S are kernels too, so the host never waits
+            # for a step (amp.py)
+            if amp.scaled(low) and hook is None and layer_hook is None and \
+                    isinstance(loss, str) and opt.gated and flat:
+                gate = self.scaler.device_state(self.device)
+            scale = (self.scaler.scale if amp.scaled(low) and gate is None else 1.0) / \
+                (global_batch or batch)
             half_copy = self._half_copy(low)
             grads, views = half_copy.grad_lists, half_copy.views
             # (fit keeps its data in the 16-bit dtype: nothing to cast)
@@ -555,11 +563,11 @@ class Sequential:
                 x = self._cast_batch(ws, "x", x, low)
             if is_floating(y.dtype) and y.dtype != low:
                 y = self._cast_batch(ws, "y", y, low)
-        key = self._replay_key(x, y, loss, batch, half, scale) if replay and \
+        key = self._replay_key(x, y, loss, batch, half, scale, gate) if replay and \
             layer_hook is None else None
         with self._bound(views):
             value, grad_scale = self._replayed(key, ws, x, y, loss, grads, scale,
-                                               layer_hook, example_offset, half)
+                                               layer_hook, example_offset, half, gate)
         if half:
             if flat and layer_hook is None:      # (with one, each layer's is cast)
                 clnn.cast(self._half.grads, self.dtype, out=self.flat_gradients)
@@ -572,7 +580,7 @@ class Sequential:
                             grad_scale / scale, self.flat_parameters, self.flat_gradients)
         if hook is not None:
             hook(info)
-        self._finish_step(info, amp.scaled(low))
+        self._finish_step(info, amp.scaled(low), gate)
         return value
 
     def _replayable(self, loss):
@@ -581,20 +589,21 @@ class Sequential:
         return isinstance(loss, str) and self.flat_parameters is not None and \
             all(layer.capturable for layer in self.layers)
 
-    def _replay_key(self, x, y, loss, batch, half=False, scale=1.0):
+    def _replay_key(self, x, y, loss, batch, half=False, scale=1.0, gate=None):
         """What must match for a step to replay a captured one, or None where replay
         does not apply (see train_step). A float16 step's loss scale is part of it (the
-        loss kernel takes it): a new scale captures anew."""
+        loss kernel takes it; a new scale captures anew), or where it lives on the
+        device, the array that holds it."""
         settings = _memo.settings(self.device)
         if not self._replayable(loss) or settings is None:
             return None
-        halves = (scale, _ident(self._half.params), _ident(self._half.grads)) if half \
-            else None
+        halves = (scale, _ident(self._half.params), _ident(self._half.grads),
+                  _ident(gate) if gate is not None else None) if half else None
         return (batch, loss, _ident(x), _ident(y), _ident(self.flat_parameters),
                 _ident(self.flat_gradients), halves, settings)
 
     def _replayed(self, key, ws, x, y, loss, grads, scale, layer_hook, example_offset,
-                  half):
+                  half, gate=None):
         """_forward_backward, captured and replayed under ``key`` (None: just run)."""
         from .. import programs
         rep = self._replays.get(key) if key is not None else None
@@ -607,7 +616,7 @@ class Sequential:
             for layer, state in zip(self.layers, rep.states):
                 layer.restore_step_state(state)     # what after_step needs (BatchNorm)
             return rep.value, rep.grad_scale
-        args = (ws, x, y, loss, grads, scale, layer_hook, example_offset, half)
+        args = (ws, x, y, loss, grads, scale, layer_hook, example_offset, half, gate)
         if rep is None and key is not None:     # seen once: captured next time
             while len(self._replays) >= REPLAYS:
                 self._replays.pop(next(iter(self._replays)))
@@ -652,20 +661,24 @@ class Sequential:
             patches.append((j, arg, layer_of[values[arg]]))
         return patches
 
-    def _finish_step(self, info, scaled):
-        """After the hook: the loss scale's check (``scaled``: float16 steps), the
+    def _finish_step(self, info, scaled, gate=None):
+        """After the hook: the loss scale's check (``scaled``: float16 steps; on the
+        device with a ``gate``, the loss-scale state the optimizer then reads), the
         update, the layers' after-step work (BatchNorm's running statistics)."""
         if not np.isfinite(info.grad_scale):
             info.skip = True              # every label ignored: nothing to learn from
         if scaled and not info.skip:
-            finite = info.flat_grads is None or amp.all_finite(info.flat_grads)
-            self.scaler.update(finite)
-            info.skip = not finite        # an overflow: skip, with a smaller scale
+            if gate is not None:          # the device marks the step to skip
+                self.scaler.device_update(info.flat_grads)
+            else:
+                finite = info.flat_grads is None or amp.all_finite(info.flat_grads)
+                self.scaler.update(finite)
+                info.skip = not finite    # an overflow: skip, with a smaller scale
         if not info.skip and self.flat_parameters is not None:
             # one kernel for every parameter (and the padding between them, whose
             # zero gradients leave it 0)
             self._optimizer().step([self.flat_parameters], [self.flat_gradients],
-                                   info.grad_scale)
+                                   info.grad_scale, gate=gate)
         for layer in self.layers:          # BatchNorm's running statistics
             layer.after_step()
         self.steps += 1
@@ -703,9 +716,10 @@ class Sequential:
                 setattr(layer, name, v)
 
     def _forward_backward(self, ws, x, y, loss, grads, scale, layer_hook, example_offset,
-                          half):
-        """The forward pass, the loss (its gradient times ``scale``) and the backward
-        pass into ``grads``; returns (loss, 1 / the loss's denominator)."""
+                          half, gate=None):
+        """The forward pass, the loss (its gradient times ``scale``, and with a
+        ``gate`` its loss scale on the device) and the backward pass into ``grads``;
+        returns (loss, 1 / the loss's denominator)."""
         batch = x.shape[0]
         options = loss if isinstance(loss, CrossEntropyLoss) else None
         xent = loss == "cross_entropy" or options is not None
@@ -735,9 +749,10 @@ class Sequential:
                 clnn.fill(value, float("nan"))     # a mean over nothing, as PyTorch
         elif xent:
             value, _ = clnn.softmax_cross_entropy(ws.a[-1], y, dz=ws.delta[-1],
-                                                  grad_scale=scale)
+                                                  grad_scale=scale, scale_by=gate)
         else:
-            value, _ = clnn.quadratic_loss(ws.a[-1], y, da=ws.delta[-1], grad_scale=scale)
+            value, _ = clnn.quadratic_loss(ws.a[-1], y, da=ws.delta[-1], grad_scale=scale,
+                                           scale_by=gate)
             self.layers[-1].backward_activation(ws.delta[-1], ws.a[-1])
         for i in range(L - 1, -1, -1):
             # below the first layer with parameters no delta is needed

@@ -3,12 +3,17 @@
 (The softmax cross-entropy lives in softmax.py, beside the softmax it is fused with.)
 """
 
+import numpy as np
+
 from .. import programs, tuning
 from ..errors import ShapeError
 from ._args import check, check_out, common_device, dev_empty, done, finite, offset
 from .reduce import reduce3
 
-programs.register("loss", {"wg": 0}, lambda: [{"wg": 0}, {"wg": 64}, {"wg": 256}])
+programs.register("loss", {"wg": 0, "dscale": 0},
+                  lambda: [{"wg": 0, "dscale": 0}, {"wg": 64, "dscale": 0},
+                           {"wg": 256, "dscale": 0}, {"wg": 0, "dscale": 1},
+                           {"wg": 64, "dscale": 1}])
 
 
 def row_groups(dev, rows, cols):
@@ -24,14 +29,20 @@ def row_groups(dev, rows, cols):
     return (groups * wg,), (wg,)
 
 
-def fused_loss(stem, entry, pred, y, grad, grad_scale, names):
+def fused_loss(stem, entry, pred, y, grad, grad_scale, names, scale_by=None):
     """Run a loss kernel that writes each row's loss and the gradient in one pass, then
     average the rows: returns (0-d loss, grad). ``names`` are the kernel's names for
-    the prediction and the gradient, e.g. ("a", "da")."""
+    the prediction and the gradient, e.g. ("a", "da"). ``scale_by``: a float32 device
+    array whose first element also multiplies the gradient, read by the kernel (a
+    loss scale that lives on the device, clnn/nn/amp.py)."""
     p, g = names
-    dev = common_device(**{p: pred, "y": y, g: grad})
+    dev = common_device(**{p: pred, "y": y, g: grad, "scale_by": scale_by})
     dt = check(pred, p, dev, ndim=2)
     check(y, "y", dev, dtype=dt, shape=pred.shape)
+    if scale_by is not None:
+        check(scale_by, "scale_by", dev, dtype=np.float32)
+        if scale_by.size == 0:
+            raise ShapeError("scale_by is empty; its first element is the factor")
     rows, cols = pred.shape
     if rows == 0:
         raise ShapeError("a loss over an empty batch is undefined")
@@ -39,15 +50,17 @@ def fused_loss(stem, entry, pred, y, grad, grad_scale, names):
     gs = 1.0 / rows if grad_scale is None else finite(grad_scale, "grad_scale", dt)
     loss_rows = dev_empty(dev, (rows,), programs.acc_dtype(dt))
     groups = row_groups(dev, rows, cols)
+    params = {"dtype": programs.dtype_name(dt), "dscale": int(scale_by is not None)}
+    extra = {"scale_by": scale_by, "sb_off": offset(scale_by)} if scale_by is not None \
+        else {}
     if groups:
-        kern = programs.get_kernel(dev, stem, entry + "_wg", {"dtype": programs.dtype_name(dt),
-                                                              "wg": groups[1][0]})
+        kern = programs.get_kernel(dev, stem, entry + "_wg", dict(params, wg=groups[1][0]))
     else:
-        kern = programs.get_kernel(dev, stem, entry, {"dtype": programs.dtype_name(dt)})
+        kern = programs.get_kernel(dev, stem, entry, params)
         wg = min(64, dev.facts.max_work_group_size)
         groups = (-(-rows // wg) * wg,), (wg,)
     done(grad, kern(*groups, rows=rows, cols=cols, grad_scale=gs,
-                        y=y, y_off=offset(y), loss_row=loss_rows,
+                        y=y, y_off=offset(y), loss_row=loss_rows, **extra,
                         **{p: pred, p + "_off": offset(pred), g: grad,
                            g + "_off": offset(grad)}))
     # the mean over the batch of the per-row losses, kept in the arithmetic type
@@ -56,12 +69,14 @@ def fused_loss(stem, entry, pred, y, grad, grad_scale, names):
                    inp="acc"), grad
 
 
-def quadratic_loss(a, y, *, da=None, grad_scale=None):
+def quadratic_loss(a, y, *, da=None, grad_scale=None, scale_by=None):
     """(L, dL/da) for L = sum((a - y)^2) / (2 * batch) over a (batch, features) pair.
 
     L is a 0-d device array (``float(L.get())`` reads it); the gradient (a - y) / batch
     is written to ``da`` (allocated when None; it may be ``a`` itself). ``grad_scale``
     replaces the 1/batch of the gradient: clnn.nn passes 1 and folds 1/batch into the
-    learning rate of its update GEMM, as the tutorial does.
+    learning rate of its update GEMM, as the tutorial does. ``scale_by``: a float32
+    device array whose first element the gradient is also multiplied by (a
+    mixed-precision step's loss scale, which stays on the device).
     """
-    return fused_loss("loss", "clnn_quadratic", a, y, da, grad_scale, ("a", "da"))
+    return fused_loss("loss", "clnn_quadratic", a, y, da, grad_scale, ("a", "da"), scale_by)

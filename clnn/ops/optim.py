@@ -8,11 +8,19 @@ objects in clnn.optim call these.
 
 import math
 
+import numpy as np
+
 from .. import programs
 from ..errors import ArgumentError, ShapeError
-from ._args import check, common_device, done, finite, launch, offset, overlaps
+from ._args import check, common_device, dev_empty, done, finite, launch, offset, overlaps
+from .elementwise import fill
+from .reduce import reduce3
 
-programs.register("optim", {}, lambda: [{}])
+programs.register("optim", {"gated": 0}, lambda: [{"gated": 0}, {"gated": 1}])
+
+# clnn_loss_scale_update's state: five float32s, S, found, S used, good steps and
+# skipped steps, the last two holding int32 bits (clnn/kernels/optim.cl)
+LOSS_SCALE_STATE = 5
 
 
 def _buffers(weight, grad, states):
@@ -29,26 +37,84 @@ def _buffers(weight, grad, states):
     return dev, dt
 
 
-def _kernel(dev, dt, entry):
-    return programs.get_kernel(dev, "optim", entry, {"dtype": programs.dtype_name(dt)})
+def _kernel(dev, dt, entry, gated=False):
+    return programs.get_kernel(dev, "optim", entry, {"dtype": programs.dtype_name(dt),
+                                                     "gated": int(gated)})
+
+
+def _state(state, dev, name="state"):
+    """A loss-scale state array (LOSS_SCALE_STATE float32s on ``dev``), checked."""
+    check(state, name, dev, dtype=np.float32, shape=(LOSS_SCALE_STATE,))
+    return state
+
+
+def loss_scale_state(scale, good_steps=0, skipped=0):
+    """The host values of a loss-scale state: S, found 0, S used (S), and the two
+    counts as int32 bits."""
+    host = np.array([scale, 0.0, scale, 0.0, 0.0], np.float32)
+    host.view(np.int32)[3:] = good_steps, skipped
+    return host
+
+
+def read_loss_scale_state(host):
+    """(S, found, S used, good steps, skipped steps) from a state read back."""
+    ints = np.asarray(host, np.float32).view(np.int32)
+    return float(host[0]), bool(host[1]), float(host[2]), int(ints[3]), int(ints[4])
+
+
+def loss_scale_update(grads, state, *, growth_factor=2.0, backoff_factor=0.5,
+                      growth_interval=2000):
+    """PyTorch's GradScaler update, on the device and without reading anything back:
+    count ``grads``' (a float32 array's) infs and NaNs and update ``state`` (see
+    loss_scale_state): a step with any is marked found (a gated sgd_step then changes
+    nothing) and S times ``backoff_factor``; after ``growth_interval`` good steps in a
+    row S times ``growth_factor``. Returns state."""
+    dev = common_device(grads=grads, state=state)
+    check(grads, "grads", dev, dtype=np.float32)
+    _state(state, dev)
+    growth = finite(growth_factor, "growth_factor", np.float32)
+    backoff = finite(backoff_factor, "backoff_factor", np.float32)
+    if not (growth > 1 and 0 < backoff < 1):
+        raise ArgumentError(f"growth_factor must be > 1 and backoff_factor in (0, 1), "
+                            f"got {growth_factor!r} and {backoff_factor!r}")
+    if not isinstance(growth_interval, (int, np.integer)) or not \
+            0 < growth_interval < 2 ** 31:
+        raise ArgumentError(f"growth_interval must be a positive int, got "
+                            f"{growth_interval!r}")
+    bad = dev_empty(dev, (), np.float32)
+    if grads.size:
+        reduce3(dev, np.dtype(np.float32), grads, (1, grads.size, 1), bad, map="bad")
+    else:
+        fill(bad, 0.0)
+    kern = _kernel(dev, np.dtype(np.float32), "clnn_loss_scale_update")
+    return done(state, kern((1,), (1,), bad=bad, state=state, st_off=offset(state),
+                            growth=growth,
+                            backoff=backoff, interval=int(growth_interval)))
 
 
 def sgd_step(weight, grad, buf, *, lr, momentum=0.0, weight_decay=0.0, nesterov=False,
-             grad_scale=1.0):
+             grad_scale=1.0, gate=None):
     """torch.optim.SGD's step (dampening 0) in place: g = grad_scale * grad +
     weight_decay * weight; buf = momentum * buf + g; weight -= lr * (g + momentum * buf
-    if nesterov else buf). ``buf`` starts at zero. Returns weight."""
+    if nesterov else buf). ``buf`` starts at zero. ``gate``: a loss-scale state
+    (loss_scale_update's) that the kernel reads: nothing changes where it marks the
+    step's gradients non-finite, else grad_scale is divided by the S they were computed
+    with. Returns weight."""
     dev, dt = _buffers(weight, grad, {"buf": buf})
+    extra = {}
+    if gate is not None:
+        common_device(weight=weight, gate=gate)
+        extra = {"state": _state(gate, dev, "gate"), "st_off": offset(gate)}
     lr, momentum = finite(lr, "lr", dt), finite(momentum, "momentum", dt)
     wd, scale = finite(weight_decay, "weight_decay", dt), finite(grad_scale, "grad_scale", dt)
     if lr < 0 or momentum < 0 or wd < 0:
         raise ArgumentError("lr, momentum and weight_decay must be >= 0")
     if nesterov and momentum == 0:
         raise ArgumentError("nesterov momentum needs momentum > 0")
-    evt = launch(_kernel(dev, dt, "clnn_sgd_step"), dev, weight.size, lr=lr,
-                  momentum=momentum, wd=wd, scale=scale, nesterov=int(bool(nesterov)),
-                  grad=grad, g_off=offset(grad), buf=buf, b_off=offset(buf), w=weight,
-                  w_off=offset(weight))
+    evt = launch(_kernel(dev, dt, "clnn_sgd_step", gate is not None), dev, weight.size,
+                 lr=lr, momentum=momentum, wd=wd, scale=scale, nesterov=int(bool(nesterov)),
+                 grad=grad, g_off=offset(grad), buf=buf, b_off=offset(buf), w=weight,
+                 w_off=offset(weight), **extra)
     return done(weight, evt)
 
 

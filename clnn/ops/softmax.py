@@ -10,7 +10,10 @@ from .. import programs
 from ._args import check, check_out, common_device, done, launch_size, normalize_axis, offset
 from .loss import fused_loss, row_groups
 
-programs.register("softmax", {"wg": 0}, lambda: [{"wg": 0}, {"wg": 64}, {"wg": 256}])
+programs.register("softmax", {"wg": 0, "dscale": 0},
+                  lambda: [{"wg": 0, "dscale": 0}, {"wg": 64, "dscale": 0},
+                           {"wg": 256, "dscale": 0}, {"wg": 0, "dscale": 1},
+                           {"wg": 64, "dscale": 1}])
 
 
 def _rowwise(entry, x, axis, out):
@@ -59,7 +62,7 @@ def log_softmax(x, axis=-1, out=None, dtype=None):
     return _rowwise("clnn_log_softmax", _as(x, dtype), axis, out)
 
 
-def softmax_cross_entropy(z, y, *, dz=None, grad_scale=None):
+def softmax_cross_entropy(z, y, *, dz=None, grad_scale=None, scale_by=None):
     """(L, dL/dz) for the mean softmax cross-entropy of logits z against targets y.
 
     z and y are (batch, classes); y holds targets, usually distributions (one-hot rows
@@ -67,6 +70,8 @@ def softmax_cross_entropy(z, y, *, dz=None, grad_scale=None):
     -sum(y * log_softmax(z)), a 0-d device array; dL/dz = (softmax(z) sum(y) - y) /
     batch per row (softmax(z) - y for distributions) goes to ``dz`` (allocated when
     None; may be z);
-    ``grad_scale`` replaces its 1/batch (see quadratic_loss).
+    ``grad_scale`` replaces its 1/batch, ``scale_by`` also multiplies it (see
+    quadratic_loss).
     """
-    return fused_loss("softmax", "clnn_softmax_xent", z, y, dz, grad_scale, ("z", "dz"))
+    return fused_loss("softmax", "clnn_softmax_xent", z, y, dz, grad_scale, ("z", "dz"),
+                      scale_by)

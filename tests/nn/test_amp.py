@@ -6,6 +6,7 @@ activation memory, bad arguments."""
 import sys
 
 import numpy as np
+import pyopencl.array as cla
 import pytest
 
 import clnn
@@ -253,3 +254,40 @@ def test_bad_precision():
             with pytest.raises(clnn.ArgumentError, match="float32 network"):
                 mlp(dtype=np.float64).fit(x, y, "cross_entropy", precision=p,
                                           progress=False)
+
+
+def test_float16_steps_check_on_the_device_as_the_host_would(monkeypatch):
+    """Without a hook, a float16 step keeps its loss scale on the device: the loss
+    kernel reads S there, and the overflow check, the skip and the new S are kernels,
+    so the host reads nothing back during the steps. The same steps with a hook (which
+    keeps the check on the host) give bitwise the same weights, momentum and scale
+    history, over overflows (S starts too large) and growth."""
+    x, y = data(16, rng=np.random.default_rng(5))
+    xd, yd = clnn.asarray(x), clnn.asarray(y)
+    nets = [mlp(), mlp()]
+    for net in nets:
+        net.optimizer = optim.SGD(lr=0.1, momentum=0.9)
+        net.scaler = nn.GradScaler(init_scale=2.0 ** 24, growth_interval=2)
+    reads = []
+    real_get = cla.Array.get
+    for step in range(16):
+        monkeypatch.setattr(cla.Array, "get", lambda a, *args, **kw: reads.append(a.shape)
+                            or real_get(a, *args, **kw))
+        nets[0].train_step(xd, yd, loss="cross_entropy", precision="float16")
+        monkeypatch.setattr(cla.Array, "get", real_get)
+        nets[1].train_step(xd, yd, loss="cross_entropy", precision="float16",
+                           hook=lambda info: None)
+    assert reads == []
+    assert nets[0].scaler.config() == nets[1].scaler.config()
+    assert 2 <= nets[0].scaler.skipped < 12
+    assert np.array_equal(nets[0].flat_parameters.get(), nets[1].flat_parameters.get())
+    assert np.array_equal(nets[0].optimizer.state[0][0].get(),
+                          nets[1].optimizer.state[0][0].get())
+    # the host's scaler is the current one again after it was read: setting S there
+    # goes to the device for the next step
+    for net in nets:
+        net.scaler.scale, net.scaler.good_steps = 2.0 ** 8, 0
+        net.train_step(xd, yd, loss="cross_entropy", precision="float16")
+    assert nets[0].scaler.config() == nets[1].scaler.config()
+    assert nets[0].scaler.scale == 2.0 ** 8 and nets[0].scaler.good_steps == 1
+    assert np.array_equal(nets[0].flat_parameters.get(), nets[1].flat_parameters.get())

@@ -175,10 +175,13 @@ def test_what_replay_does_not_serve_runs_as_before(dev):
     assert not net._replays
 
 
-def test_float16_steps_replay_a_capture_per_loss_scale(dev, monkeypatch):
-    """Mixed-precision steps replay too; the loss scale is an argument of the captured
-    loss kernel, so a new scale (growth every 3 steps here: seen, captured, replayed)
-    captures anew: the same losses, weights and scale history as plain float16 steps."""
+@pytest.mark.parametrize("where", ["device", "host"])
+def test_float16_steps_replay_across_loss_scales(dev, monkeypatch, where):
+    """Mixed-precision steps replay too. Where the loss scale lives on the device (no
+    hook), the captured loss kernel reads it there: one capture serves every scale
+    (growth every 3 steps here). A hook keeps the scale on the host, an argument of the
+    captured loss kernel, so a new scale captures anew (seen, captured, replayed). Both
+    give the same losses, weights and scale history as plain float16 steps."""
     replays = []
     real = programs.replay
     monkeypatch.setattr(programs, "replay", lambda launches: replays.append(1) or
@@ -186,15 +189,17 @@ def test_float16_steps_replay_a_capture_per_loss_scale(dev, monkeypatch):
     x, y = data(dev, 6, (2, 13, 13), 7)
     nets = [lenet(dev), lenet(dev)]
     losses = [[], []]
+    hook = (lambda step: None) if where == "host" else None
     for net in nets:
         net.scaler = nn.GradScaler(init_scale=4.0, growth_interval=3)
     for step in range(7):
         for i, net in enumerate(nets):
-            losses[i].append(net.train_step(x, y, 0.1, loss="cross_entropy",
+            losses[i].append(net.train_step(x, y, 0.1, loss="cross_entropy", hook=hook,
                                             precision="float16", replay=i == 1).get())
     assert [v.tobytes() for v in losses[0]] == [v.tobytes() for v in losses[1]]
     assert same_weights(*nets) and nets[0].scaler.scale == nets[1].scaler.scale == 16.0
-    assert len(replays) == 2              # the third step of scales 4 and 8
+    # device: steps 3 to 7; host: the third step of scales 4 and 8
+    assert len(replays) == (5 if where == "device" else 2)
 
 
 def test_a_capture_that_runs_out_of_memory_falls_back(dev):

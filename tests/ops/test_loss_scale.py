@@ -1,0 +1,139 @@
+"""Dynamic loss scaling on the device (clnn/kernels/optim.cl, clnn/ops/optim.py): the
+state update against the host's GradScaler, SGD gated by it, the losses' gradients
+scaled by a factor they read on the device, and bad arguments."""
+
+import numpy as np
+import pytest
+
+import clnn
+from clnn import nn
+from clnn.ops import optim as optim_ops
+from conftest import Guarded, guarded_input
+
+RNG = np.random.default_rng(17)
+
+
+def state_on(dev, scale, good=0, skipped=0):
+    """A loss-scale state at an offset between canaries."""
+    return Guarded(dev, (optim_ops.LOSS_SCALE_STATE,), np.float32,
+                   fill=optim_ops.loss_scale_state(scale, good, skipped))
+
+
+def gradients(n, bad_at=None, bad=np.nan):
+    g = RNG.standard_normal(n).astype(np.float32) * 100
+    if bad_at is not None:
+        g[bad_at] = bad
+    return g
+
+
+@pytest.mark.parametrize("n", [1, 7, 4099, 100003])
+def test_the_device_update_is_the_host_scalers(dev, n):
+    """A run of steps, some with an inf or NaN (first, last or inside the gradients),
+    through loss_scale_update and through GradScaler.update: the same S, S used, found,
+    good and skipped counts after every step, and nothing written around the state."""
+    host = nn.GradScaler(init_scale=2.0 ** 12, growth_interval=3)
+    st = state_on(dev, host.scale)
+    cases = [None, None, None, 0, None, n - 1, None, None, None, n // 2, None]
+    bads = [np.nan, np.inf, -np.inf]
+    for i, at in enumerate(cases):
+        g = gradients(n, at, bads[i % 3])
+        used = host.scale
+        optim_ops.loss_scale_update(guarded_input(dev, g), st.view, growth_interval=3)
+        host.update(at is None)
+        s, found, s_used, good, skipped = optim_ops.read_loss_scale_state(st.check())
+        assert (s, found, s_used, good, skipped) == \
+            (host.scale, at is not None, used, host.good_steps, host.skipped), i
+    assert host.skipped == 3 and host.scale == 2.0 ** 11
+
+
+def test_growth_and_backoff_factors_other_than_two(dev):
+    """Any factors, rounded to float32 as PyTorch's float32 scale is."""
+    st = state_on(dev, 1000.0)
+    g = clnn.asarray(gradients(5))
+    optim_ops.loss_scale_update(g, st.view, growth_factor=1.5, growth_interval=1)
+    assert st.check()[0] == np.float32(1500.0)
+    optim_ops.loss_scale_update(clnn.asarray(gradients(5, 2)), st.view, backoff_factor=0.3,
+                                growth_interval=1)
+    assert st.check()[0] == np.float32(np.float32(1500.0) * np.float32(0.3))
+
+
+@pytest.mark.parametrize("scale", [2.0 ** 11, 3.0])
+@pytest.mark.parametrize("momentum,nesterov,wd", [(0.0, False, 0.0), (0.9, True, 1e-2)])
+def test_gated_sgd_skips_or_unscales(dev, scale, momentum, nesterov, wd):
+    """Gated by a state that marks the step found, SGD changes neither weights nor
+    momentum; else it is the plain step with grad_scale / S (bitwise for a power of
+    two S, whose division is exact)."""
+    n = 1031
+    w0, b0 = RNG.standard_normal(n).astype(np.float32), RNG.standard_normal(n).astype(np.float32)
+    g = gradients(n)
+    kw = dict(lr=0.1, momentum=momentum, nesterov=nesterov, weight_decay=wd)
+    # found: nothing changes (canaries around every array)
+    st = state_on(dev, scale)
+    optim_ops.loss_scale_update(clnn.asarray(gradients(9, 4)), st.view)
+    w, b = Guarded(dev, (n,), np.float32, fill=w0), Guarded(dev, (n,), np.float32, fill=b0)
+    clnn.sgd_step(w.view, guarded_input(dev, g), b.view, grad_scale=0.25, gate=st.view, **kw)
+    assert np.array_equal(w.check(), w0) and np.array_equal(b.check(), b0)
+    # finite: the plain step's grad_scale divided by the S used
+    st = state_on(dev, scale)
+    optim_ops.loss_scale_update(clnn.asarray(g), st.view)
+    w, b = Guarded(dev, (n,), np.float32, fill=w0), Guarded(dev, (n,), np.float32, fill=b0)
+    clnn.sgd_step(w.view, guarded_input(dev, g), b.view, grad_scale=0.25, gate=st.view, **kw)
+    wr, br = clnn.asarray(w0), clnn.asarray(b0)
+    clnn.sgd_step(wr, clnn.asarray(g), br, grad_scale=float(np.float32(0.25) /
+                                                            np.float32(scale)), **kw)
+    if scale == 2.0 ** 11:
+        assert np.array_equal(w.check(), wr.get()) and np.array_equal(b.check(), br.get())
+    else:
+        np.testing.assert_allclose(w.check(), wr.get(), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(b.check(), br.get(), rtol=1e-6, atol=1e-7)
+    assert not np.array_equal(w.check(), w0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("loss", ["quadratic", "cross_entropy"])
+def test_losses_scale_their_gradient_by_a_device_factor(dev, loss, dtype, kernels):
+    """scale_by[0] multiplies the gradient inside the kernel (before it is rounded to
+    the storage type: bitwise the gradient with grad_scale times a power-of-two S);
+    the loss is unchanged."""
+    shape = (37, 10)
+    a = RNG.standard_normal(shape).astype(dtype)
+    y = np.eye(10, dtype=dtype)[RNG.integers(0, 10, 37)]
+    fn = clnn.quadratic_loss if loss == "quadratic" else clnn.softmax_cross_entropy
+    S = 2.0 ** 13
+    sb = Guarded(dev, (3,), np.float32, fill=[S, 5.0, 7.0])
+    out = Guarded(dev, shape, dtype)
+    kw = {"da" if loss == "quadratic" else "dz": out.view}
+    lv, _ = fn(guarded_input(dev, a), guarded_input(dev, y), grad_scale=1 / 37, scale_by=sb.view,
+               **kw)
+    ref_l, ref_g = fn(clnn.asarray(a), clnn.asarray(y), grad_scale=S / 37)
+    assert np.array_equal(out.check(), ref_g.get())
+    assert float(lv.get()) == float(ref_l.get())
+    assert np.array_equal(sb.check(), np.float32([S, 5, 7]))
+
+
+def test_bad_states_and_gates_change_nothing(dev):
+    w = Guarded(dev, (4,), np.float32, fill=np.ones(4))
+    b, g = clnn.zeros((4,)), clnn.asarray(np.ones(4, np.float32))
+    st = state_on(dev, 8.0)
+    for bad, err in ((clnn.zeros((4,)), clnn.ShapeError),
+                     (clnn.zeros((5,), np.float64), clnn.DTypeError),
+                     (np.zeros(5, np.float32), clnn.ArgumentError)):
+        with pytest.raises(err):
+            clnn.sgd_step(w.view, g, b, lr=0.1, gate=bad)
+        with pytest.raises(err):
+            optim_ops.loss_scale_update(g, bad)
+    with pytest.raises(clnn.DTypeError):
+        optim_ops.loss_scale_update(clnn.zeros((4,), np.float64), st.view)
+    for kw in (dict(growth_factor=1.0), dict(backoff_factor=1.0), dict(growth_interval=0),
+               dict(growth_factor=float("inf"))):
+        with pytest.raises(clnn.ArgumentError):
+            optim_ops.loss_scale_update(g, st.view, **kw)
+    with pytest.raises(clnn.ArgumentError):      # Adam counts its steps on the host
+        clnn.optim.Adam().step([w.view], [g], gate=st.view)
+    for bad, err in ((clnn.zeros((1,), np.float64), clnn.DTypeError),
+                     (clnn.zeros((0,)), clnn.ShapeError)):
+        with pytest.raises(err):
+            clnn.softmax_cross_entropy(clnn.zeros((2, 3)), clnn.zeros((2, 3)), dz=w.view[:0],
+                                       scale_by=bad)
+    assert np.all(w.check() == 1)
+    assert np.array_equal(st.check(), optim_ops.loss_scale_state(8.0))
