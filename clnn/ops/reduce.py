@@ -67,11 +67,12 @@ def _wg_shape(dev, inner):
 
 
 def reduce3(dev, dt, x, shape3, out, *, op="sum", map="x", final="none", post=1.0, y=None,
-            inp="real", strides=None, beta=0.0, wg=None):
+            inp="real", strides=None, beta=0.0, wg=None, outp="real"):
     """Reduce ``x`` viewed as (outer, R, inner) along R into ``out`` (outer, inner).
 
     ``dt`` is the storage dtype of ``out``; ``inp="acc"`` says ``x`` holds partial
-    results in the arithmetic type (see programs.acc_dtype) rather than in ``dt``.
+    results in the arithmetic type (see programs.acc_dtype) rather than in ``dt``,
+    ``outp="acc"`` that ``out`` does (a count of a 16-bit array's elements).
     ``strides`` (os, rs) place element (o, r, i) of x at o * os + r * rs + i (default:
     contiguous); map "xv" multiplies it by y[r], final "axpby" writes post * result +
     beta * out (gemv). ``wg`` forces the GPU (True) or CPU (False) kernel.
@@ -141,7 +142,7 @@ def reduce3(dev, dt, x, shape3, out, *, op="sum", map="x", final="none", post=1.
     else:
         chunks = _chunks(dev, outer * -(-inner // span), R)
     if chunks == 1:
-        evt = run({"map": map, "op": op, "final": final, "inp": inp, "outp": "real"},
+        evt = run({"map": map, "op": op, "final": final, "inp": inp, "outp": outp},
                   1, builtins.max(R, 1), R, x, y, out, post, (os_, rs_))
     else:
         chunk_len = -(-R // chunks)
@@ -150,7 +151,7 @@ def reduce3(dev, dt, x, shape3, out, *, op="sum", map="x", final="none", post=1.
         run({"map": map, "op": op, "final": "none", "inp": inp, "outp": "acc",
              **({"stream": True} if stream else {})},
             chunks, chunk_len, R, x, y, part, 1.0, (os_, rs_))
-        evt = run({"map": "x", "op": op, "final": final, "inp": "acc", "outp": "real"},
+        evt = run({"map": "x", "op": op, "final": final, "inp": "acc", "outp": outp},
                   1, chunks, chunks, part, part, out, post, (chunks * inner, inner))
     return done(out, evt)
 
@@ -275,11 +276,12 @@ def nrm2(x, out=None):
 def count_nonfinite(x):
     """How many elements of ``x`` are NaN or infinite, as a Python int (it waits for
     the device). A sum would overflow on large finite values (3e37 + 3e37 is inf in
-    float32); this counts instead."""
+    float32); this counts instead, in the arithmetic type (float32 for the 16-bit
+    types: counted in their own storage, 257 rounds to 256 in bfloat16)."""
     dev = common_device(x=x)
     dt = check(x, "x", dev, contiguous=True)
     if x.size == 0:
         return 0
-    out = dev_empty(dev, (), dt)
-    reduce3(dev, dt, x, (1, x.size, 1), out, map="bad")
+    out = dev_empty(dev, (), programs.acc_dtype(dt))
+    reduce3(dev, dt, x, (1, x.size, 1), out, map="bad", outp="acc")
     return int(out.get())

@@ -14,6 +14,24 @@ def guarded_scalar(dev, dtype):
 
 
 @DTYPES
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 1003, 100003], ids=lambda n: f"n{n}")
+def test_count_nonfinite(dev, n, dtype, kernels):
+    """Infs and NaNs of both signs counted wherever they sit (first, last, inside the
+    8-element vectors and their tails), and the largest finite values and subnormals
+    not counted (a sum of them would overflow)."""
+    import ml_dtypes
+    info = ml_dtypes.finfo(dtype)
+    x = RNG.standard_normal(n).astype(dtype)
+    x[RNG.integers(0, n, n // 3)] = info.max
+    x[RNG.integers(0, n, n // 5)] = -info.max
+    x[RNG.integers(0, n, n // 7)] = info.smallest_subnormal
+    assert clnn.count_nonfinite(guarded_input(dev, x)) == 0
+    bad = np.unique(np.concatenate([[0, n - 1], RNG.integers(0, n, n // 11)]))
+    x[bad] = np.array([np.inf, -np.inf, np.nan, -np.nan])[np.arange(bad.size) % 4]
+    assert clnn.count_nonfinite(guarded_input(dev, x)) == bad.size
+
+
+@DTYPES
 @pytest.mark.parametrize("n", AWKWARD, ids=lambda n: f"n{n}")
 def test_full_reductions(dev, n, dtype, kernels):
     x = RNG.standard_normal(n).astype(dtype)
