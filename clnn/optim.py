@@ -32,14 +32,41 @@ class Optimizer:
     """Base class: ``state`` holds, per parameter, the buffers of ``buffers()`` names.
     ``gated``: whether step() takes a ``gate`` (a mixed-precision step's loss-scale
     state on the device, which skips or unscales the update without the host reading
-    it)."""
+    it). ``steps`` counts the updates applied (Adam's t); while gated steps run, the
+    device counts them (device_count) and reading ``steps`` reads that back."""
     kind = None
     gated = False
 
     def __init__(self, lr):
         self.lr = _nonneg(lr, "lr")
-        self.steps = 0                # updates applied (Adam's t)
+        self._steps = 0
+        self._count = None            # the device's count (device_count)
+        self._count_newer = False     # whether the device's count is the current one
+        self._steps_newer = False     # whether the host's is (the two equal: neither)
         self.state = None             # per parameter: a list of device arrays
+
+    @property
+    def steps(self):
+        if self._count_newer:
+            self._steps = int(self._count.get()[0])
+            self._count_newer = False
+        return self._steps
+
+    @steps.setter
+    def steps(self, value):
+        self._steps, self._count_newer, self._steps_newer = int(value), False, True
+
+    def device_count(self, dev):
+        """The count of updates applied as an int32 array of one on device ``dev``
+        (uploaded from ``steps`` when that is newer), which gated steps count on
+        (clnn.ops.optim.loss_scale_update) and Adam reads its t from: from now on the
+        device's count is the current one."""
+        if self._count is None or clnn.device_of(self._count) is not dev:
+            self._count = clnn.asarray(np.array([self.steps], np.int32), device=dev)
+        elif self._steps_newer:
+            self._count.set(np.array([self._steps], np.int32))
+        self._steps_newer, self._count_newer = False, True
+        return self._count
 
     def buffers(self):
         return ()
@@ -53,14 +80,18 @@ class Optimizer:
                            for _ in self.buffers()] for p in params]
 
     def step(self, params, grads, grad_scale=1.0, gate=None):
-        """Update every parameter from its gradient (times ``grad_scale``; with a
-        ``gate``, see clnn.ops.optim.sgd_step, it counts in ``steps`` whether the
-        device applies it or not)."""
+        """Update every parameter from its gradient (times ``grad_scale``). With a
+        ``gate`` (see clnn.ops.optim.sgd_step) the device decides whether the update
+        applies, and counts it in device_count's array, which loss_scale_update
+        must have been given for this step."""
         if gate is not None and not self.gated:
-            raise ArgumentError(f"{self.kind} takes no gate: its update depends on the "
-                                "steps applied, which only the device would know")
+            raise ArgumentError(f"{self.kind or type(self).__name__} takes no gate")
+        if gate is not None and not self._count_newer:
+            raise ArgumentError("a gated step counts on the device: pass device_count() "
+                                "to loss_scale_update first")
         self.prepare(params)
-        self.steps += 1
+        if gate is None:
+            self.steps += 1
         for p, g, s in zip(params, grads, self.state):
             if gate is None:
                 self._update(p, g, s, grad_scale)
@@ -114,6 +145,7 @@ class Adam(Optimizer):
     """torch.optim.Adam (L2 weight decay added to the gradient)."""
     kind = "Adam"
     decoupled = False
+    gated = True
 
     def __init__(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
         super().__init__(lr)
@@ -132,10 +164,12 @@ class Adam(Optimizer):
     def buffers(self):
         return ("exp_avg", "exp_avg_sq")
 
-    def _update(self, p, g, s, grad_scale):
-        clnn.adam_step(p, g, s[0], s[1], step=self.steps, lr=self.lr, betas=self.betas,
-                       eps=self.eps, weight_decay=self.weight_decay,
-                       decoupled=self.decoupled, grad_scale=grad_scale)
+    def _update(self, p, g, s, grad_scale, gate=None):
+        # gated: t is the device's count, which the loss-scale update just moved
+        clnn.adam_step(p, g, s[0], s[1], step=self.steps if gate is None else self._count,
+                       lr=self.lr, betas=self.betas, eps=self.eps,
+                       weight_decay=self.weight_decay, decoupled=self.decoupled,
+                       grad_scale=grad_scale, gate=gate)
 
     def config(self):
         return {"type": self.kind, "lr": self.lr, "betas": list(self.betas),

@@ -113,11 +113,17 @@ def _loss_scale(x, y):
     gradient reads the scale."""
     from clnn.ops import optim as optim_ops
     state = clnn.asarray(optim_ops.loss_scale_state(8.0))
-    optim_ops.loss_scale_update(clnn.asarray(y), state, growth_interval=1)
+    count = clnn.asarray(np.zeros(1, np.int32))
+    optim_ops.loss_scale_update(clnn.asarray(y), state, count=count, growth_interval=1)
     W, V = clnn.asarray(x), clnn.zeros((7, 13))
     clnn.sgd_step(W, clnn.asarray(y), V, lr=0.5, grad_scale=4.0, gate=state)
     close(W.get(), x - 0.25 * y)
     assert optim_ops.read_loss_scale_state(state.get()) == (16.0, False, 8.0, 0, 0)
+    W, M, V2 = clnn.asarray(x), clnn.zeros((7, 13)), clnn.zeros((7, 13))
+    clnn.adam_step(W, clnn.asarray(y), M, V2, step=count, lr=0.01, grad_scale=8.0,
+                   gate=state)
+    close(W.get(), x - 0.01 * y / (np.abs(y) + 1e-8), 1e-4)
+    assert count.get()[0] == 1
     t = np.eye(13, dtype=np.float32)[[1, 5, 2, 0, 12, 3, 3]]
     _, dz = clnn.softmax_cross_entropy(clnn.asarray(x), clnn.asarray(t), grad_scale=0.5,
                                        scale_by=state)

@@ -1,7 +1,8 @@
 ## optim.cl: one fused update kernel per optimizer, applied to one parameter buffer.
 ## Parameters:  dtype  float32 | float64 | float16 | bfloat16
-##              gated  1: SGD reads a mixed-precision step's loss-scale state on the
-##                     device (below) and skips or unscales by it
+##              gated  1: SGD and Adam read a mixed-precision step's loss-scale state on
+##                     the device (below) and skip or unscale by it; Adam its step count
+##                     there too
 ## Used by clnn/ops/optim.py. The arithmetic follows torch.optim's single-tensor code
 ## step by step, so results match it to rounding.
 <%include file="_common.cl"/>
@@ -15,9 +16,12 @@
 #define CLNN_LS_SKIPPED 4   // steps skipped so far (int)
 // updated by one work-item after each step from ``bad``, the count of its non-finite
 // gradients: a step that overflowed is skipped and S times backoff; after ``interval``
-// good steps in a row, S times growth. The host reads none of it during training.
+// good steps in a row, S times growth. ``count``, the optimizer's count of the updates
+// applied (Adam's t), goes up by one for a step that is not skipped. The host reads
+// none of it during training.
 __kernel void clnn_loss_scale_update(__global const float *bad,
                                      __global float *state, const int st_off,
+                                     __global int *count, const int count_off,
                                      const float growth, const float backoff,
                                      const int interval)
 {
@@ -34,6 +38,7 @@ __kernel void clnn_loss_scale_update(__global const float *bad,
             good = 0;
         }
         state[CLNN_LS_GOOD] = as_float(good);
+        count[count_off] += 1;
     } else {
         state[CLNN_LS_FOUND] = 1.0f;
         state[CLNN_LS_SCALE] = s * backoff;
@@ -79,18 +84,38 @@ __kernel void clnn_sgd_step(const int n, const acc_t lr, const acc_t momentum,
 //   AdamW first decays w *= 1 - lr wd;  m += (1 - beta1) (g - m);
 //   v = beta2 v + (1 - beta2) g g;  w -= step_size * m / (sqrt(v) / bc2_sqrt + eps)
 // with step_size = lr / (1 - beta1^t) and bc2_sqrt = sqrt(1 - beta2^t) from the host.
+// Gated: skipped or unscaled as SGD, t read from ``count`` (the loss-scale update
+// counted this step in), and the bias corrections 1 - beta^t computed here as
+// -expm1(t log beta) from the host's logarithms (1 - pown(beta2, t) in float would
+// cancel: 0.999f is 2.4e-8 off 0.999, 2.4e-5 of 1 - beta2).
 __kernel void clnn_adam_step(const int n, const acc_t lr, const acc_t beta1,
                              const acc_t beta2, const acc_t eps, const acc_t wd,
                              const acc_t scale, const int decoupled,
+% if gated:
+                             const acc_t log_beta1, const acc_t log_beta2,
+                             __global const float *state, const int st_off,
+                             __global const int *count, const int count_off,
+% else:
                              const acc_t step_size, const acc_t bc2_sqrt,
+% endif
                              __global const real_t *grad, const int g_off,
                              __global real_t *m, const int m_off,
                              __global real_t *v, const int v_off,
                              __global real_t *w, const int w_off)
 {
+% if gated:
+    if (state[st_off + CLNN_LS_FOUND] != 0.0f)
+        return;
+    const acc_t gs = scale / (acc_t)state[st_off + CLNN_LS_USED];
+    const acc_t t = (acc_t)count[count_off];
+    const acc_t step_size = lr / -expm1(t * log_beta1);
+    const acc_t bc2_sqrt = sqrt(-expm1(t * log_beta2));
+% else:
+    const acc_t gs = scale;
+% endif
     CLNN_FOR_EACH(i, n) {
         acc_t wi = CLNN_LOAD(w, w_off + i);
-        acc_t g = scale * CLNN_LOAD(grad, g_off + i);
+        acc_t g = gs * CLNN_LOAD(grad, g_off + i);
         if (wd != (acc_t)0) {
             if (decoupled)
                 wi *= (acc_t)1 - lr * wd;

@@ -15,13 +15,13 @@ autocast + GradScaler).
    times 1/(batch S), and after ``growth_interval`` good steps in a row S doubles.
 
 Where nothing on the host needs the step's gradients (no hook, a plain loss) and the
-optimizer can be gated (SGD), S lives on the device (GradScaler.device_state): the
+optimizer can be gated (SGD, Adam, AdamW), S lives on the device (GradScaler.device_state): the
 loss kernel reads it, a kernel counts the gradients' infs and NaNs and updates S,
-and the SGD kernel reads whether to skip and what S to divide by. The host then waits
-for no step (PyTorch's GradScaler reads its inf check back every step unless the
-optimizer is fused); reading ``scaler.scale`` or ``skipped`` (fit does at each
-epoch's end) reads the state back once. Adam and AdamW keep the check on the host:
-their bias correction counts the updates applied, which only the host counts.
+and the optimizer's kernel reads whether to skip and what S to divide by (Adam its
+step count too, which the update kernel keeps on the device). The host then waits for
+no step (PyTorch's GradScaler reads its inf check back every step unless the optimizer
+is fused); reading ``scaler.scale`` or ``skipped`` (fit does at each epoch's end), or
+``optimizer.steps``, reads the state back once.
 
 ``precision="bfloat16"`` runs the same steps in bfloat16 storage without the loss
 scale, its check and its read-back: bfloat16 keeps float32's exponent range (8 bits of
@@ -118,10 +118,12 @@ class GradScaler:
         self._on_host, self._on_device = False, True
         return self._state
 
-    def device_update(self, grads):
+    def device_update(self, grads, count):
         """The step's check and update on the device (from device_state's array): the
-        float32 ``grads`` all finite or not, as update() would do it."""
-        optim_ops.loss_scale_update(grads, self._state, growth_factor=self.growth_factor,
+        float32 ``grads`` all finite or not, as update() would do it; ``count`` (an
+        optimizer's device_count) counts the step unless it is skipped."""
+        optim_ops.loss_scale_update(grads, self._state, count=count,
+                                    growth_factor=self.growth_factor,
                                     backoff_factor=self.backoff_factor,
                                     growth_interval=self.growth_interval)
 

@@ -669,7 +669,8 @@ class Sequential:
             info.skip = True              # every label ignored: nothing to learn from
         if scaled and not info.skip:
             if gate is not None:          # the device marks the step to skip
-                self.scaler.device_update(info.flat_grads)
+                self.scaler.device_update(info.flat_grads,
+                                          self._optimizer().device_count(self.device))
             else:
                 finite = info.flat_grads is None or amp.all_finite(info.flat_grads)
                 self.scaler.update(finite)

@@ -11,8 +11,8 @@ import math
 import numpy as np
 
 from .. import programs
-from ..errors import ArgumentError, ShapeError
-from ._args import check, common_device, dev_empty, done, finite, launch, offset, overlaps
+from ..errors import ArgumentError, DTypeError, ShapeError
+from ._args import as_array, check, common_device, dev_empty, done, finite, launch, offset, overlaps
 from .elementwise import fill
 from .reduce import reduce3
 
@@ -62,16 +62,34 @@ def read_loss_scale_state(host):
     return float(host[0]), bool(host[1]), float(host[2]), int(ints[3]), int(ints[4])
 
 
-def loss_scale_update(grads, state, *, growth_factor=2.0, backoff_factor=0.5,
+def _count(count, dev, name="count"):
+    """An optimizer's count of updates applied on the device: one int32 on ``dev``."""
+    as_array(count, name)
+    common_device(**{name: count})
+    if count.dtype != np.int32:
+        raise DTypeError(f"{name} has dtype {count.dtype}, expected int32")
+    if count.shape != (1,):
+        raise ShapeError(f"{name} has shape {count.shape}, expected (1,)")
+    if count.offset % 4:
+        raise ShapeError(f"{name} has a byte offset {count.offset} that is not a "
+                         "multiple of 4")
+    return count
+
+
+def loss_scale_update(grads, state, *, count=None, growth_factor=2.0, backoff_factor=0.5,
                       growth_interval=2000):
     """PyTorch's GradScaler update, on the device and without reading anything back:
     count ``grads``' (a float32 array's) infs and NaNs and update ``state`` (see
-    loss_scale_state): a step with any is marked found (a gated sgd_step then changes
-    nothing) and S times ``backoff_factor``; after ``growth_interval`` good steps in a
-    row S times ``growth_factor``. Returns state."""
-    dev = common_device(grads=grads, state=state)
+    loss_scale_state): a step with any is marked found (a gated sgd_step or adam_step
+    then changes nothing) and S times ``backoff_factor``; after ``growth_interval``
+    good steps in a row S times ``growth_factor``. ``count`` (an int32 device array of
+    one, an optimizer's count of the updates applied) goes up by one unless the step
+    is skipped. Returns state."""
+    dev = common_device(grads=grads, state=state, count=count)
     check(grads, "grads", dev, dtype=np.float32)
     _state(state, dev)
+    if count is not None:
+        _count(count, dev)
     growth = finite(growth_factor, "growth_factor", np.float32)
     backoff = finite(backoff_factor, "backoff_factor", np.float32)
     if not (growth > 1 and 0 < backoff < 1):
@@ -82,13 +100,15 @@ def loss_scale_update(grads, state, *, growth_factor=2.0, backoff_factor=0.5,
         raise ArgumentError(f"growth_interval must be a positive int, got "
                             f"{growth_interval!r}")
     bad = dev_empty(dev, (), np.float32)
+    if count is None:
+        count = dev_empty(dev, (1,), np.int32)        # counted, and never read
     if grads.size:
         reduce3(dev, np.dtype(np.float32), grads, (1, grads.size, 1), bad, map="bad")
     else:
         fill(bad, 0.0)
     kern = _kernel(dev, np.dtype(np.float32), "clnn_loss_scale_update")
     return done(state, kern((1,), (1,), bad=bad, state=state, st_off=offset(state),
-                            growth=growth,
+                            count=count, count_off=offset(count), growth=growth,
                             backoff=backoff, interval=int(growth_interval)))
 
 
@@ -119,12 +139,19 @@ def sgd_step(weight, grad, buf, *, lr, momentum=0.0, weight_decay=0.0, nesterov=
 
 
 def adam_step(weight, grad, m, v, *, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-              weight_decay=0.0, decoupled=False, grad_scale=1.0):
+              weight_decay=0.0, decoupled=False, grad_scale=1.0, gate=None):
     """torch.optim.Adam's step number ``step`` (1, 2, ...) in place, or AdamW's with
     ``decoupled`` (weight decay applied to the weight, not added to the gradient).
-    ``m`` and ``v`` (first and second moments) start at zero. Returns weight."""
+    ``m`` and ``v`` (first and second moments) start at zero. ``gate``: a loss-scale
+    state, as for sgd_step; ``step`` is then an int32 device array of one that holds
+    the step number (the count loss_scale_update keeps), read by the kernel, which
+    computes the bias corrections itself. Returns weight."""
     dev, dt = _buffers(weight, grad, {"m": m, "v": v})
-    if not isinstance(step, int) or isinstance(step, bool) or step < 1:
+    if gate is not None:
+        common_device(weight=weight, gate=gate, step=step)
+        _state(gate, dev, "gate")
+        _count(step, dev, "step")
+    elif not isinstance(step, int) or isinstance(step, bool) or step < 1:
         raise ArgumentError(f"step must be an int >= 1, got {step!r}")
     lr, eps = finite(lr, "lr", dt), finite(eps, "eps", dt)
     wd, scale = finite(weight_decay, "weight_decay", dt), finite(grad_scale, "grad_scale", dt)
@@ -136,11 +163,15 @@ def adam_step(weight, grad, m, v, *, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8
         raise ArgumentError(f"betas must lie in [0, 1), got {betas!r}")
     if lr < 0 or eps <= 0 or wd < 0:
         raise ArgumentError("lr and weight_decay must be >= 0 and eps > 0")
-    step_size = lr / (1 - b1 ** step)
-    bc2_sqrt = math.sqrt(1 - b2 ** step)
-    evt = launch(_kernel(dev, dt, "clnn_adam_step"), dev, weight.size, lr=lr, beta1=b1,
-                  beta2=b2, eps=eps, wd=wd, scale=scale, decoupled=int(bool(decoupled)),
-                  step_size=step_size, bc2_sqrt=bc2_sqrt, grad=grad, g_off=offset(grad),
-                  m=m, m_off=offset(m), v=v, v_off=offset(v), w=weight,
-                  w_off=offset(weight))
+    if gate is None:
+        extra = dict(step_size=lr / (1 - b1 ** step), bc2_sqrt=math.sqrt(1 - b2 ** step))
+    else:
+        extra = dict(log_beta1=math.log(b1) if b1 else -math.inf,
+                     log_beta2=math.log(b2) if b2 else -math.inf, state=gate,
+                     st_off=offset(gate), count=step, count_off=offset(step))
+    evt = launch(_kernel(dev, dt, "clnn_adam_step", gate is not None), dev, weight.size,
+                 lr=lr, beta1=b1, beta2=b2, eps=eps, wd=wd, scale=scale,
+                 decoupled=int(bool(decoupled)), grad=grad, g_off=offset(grad), m=m,
+                 m_off=offset(m), v=v, v_off=offset(v), w=weight, w_off=offset(weight),
+                 **extra)
     return done(weight, evt)

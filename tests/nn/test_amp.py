@@ -256,17 +256,21 @@ def test_bad_precision():
                                           progress=False)
 
 
-def test_float16_steps_check_on_the_device_as_the_host_would(monkeypatch):
+@pytest.mark.parametrize("make_opt", [lambda: optim.SGD(lr=0.1, momentum=0.9),
+                                      lambda: optim.AdamW(lr=1e-2)], ids=["sgd", "adamw"])
+def test_float16_steps_check_on_the_device_as_the_host_would(monkeypatch, make_opt):
     """Without a hook, a float16 step keeps its loss scale on the device: the loss
     kernel reads S there, and the overflow check, the skip and the new S are kernels,
     so the host reads nothing back during the steps. The same steps with a hook (which
-    keeps the check on the host) give bitwise the same weights, momentum and scale
-    history, over overflows (S starts too large) and growth."""
+    keeps the check on the host) give the same weights, optimizer state, step count
+    and scale history, over overflows (S starts too large) and growth: bitwise with
+    SGD, to float32's rounding of the bias corrections with AdamW (the device computes
+    them from its count of the steps applied)."""
     x, y = data(16, rng=np.random.default_rng(5))
     xd, yd = clnn.asarray(x), clnn.asarray(y)
     nets = [mlp(), mlp()]
     for net in nets:
-        net.optimizer = optim.SGD(lr=0.1, momentum=0.9)
+        net.optimizer = make_opt()
         net.scaler = nn.GradScaler(init_scale=2.0 ** 24, growth_interval=2)
     reads = []
     real_get = cla.Array.get
@@ -278,11 +282,18 @@ def test_float16_steps_check_on_the_device_as_the_host_would(monkeypatch):
         nets[1].train_step(xd, yd, loss="cross_entropy", precision="float16",
                            hook=lambda info: None)
     assert reads == []
+
+    def same(a, b):
+        if isinstance(nets[0].optimizer, optim.SGD):
+            return np.array_equal(a.get(), b.get())
+        return np.allclose(a.get(), b.get(), rtol=1e-5, atol=1e-6)
+
     assert nets[0].scaler.config() == nets[1].scaler.config()
     assert 2 <= nets[0].scaler.skipped < 12
-    assert np.array_equal(nets[0].flat_parameters.get(), nets[1].flat_parameters.get())
-    assert np.array_equal(nets[0].optimizer.state[0][0].get(),
-                          nets[1].optimizer.state[0][0].get())
+    assert nets[0].optimizer.steps == nets[1].optimizer.steps == 16 - nets[0].scaler.skipped
+    assert same(nets[0].flat_parameters, nets[1].flat_parameters)
+    assert all(same(a, b) for a, b in zip(nets[0].optimizer.state[0],
+                                          nets[1].optimizer.state[0]))
     # the host's scaler is the current one again after it was read: setting S there
     # goes to the device for the next step
     for net in nets:
@@ -290,4 +301,4 @@ def test_float16_steps_check_on_the_device_as_the_host_would(monkeypatch):
         net.train_step(xd, yd, loss="cross_entropy", precision="float16")
     assert nets[0].scaler.config() == nets[1].scaler.config()
     assert nets[0].scaler.scale == 2.0 ** 8 and nets[0].scaler.good_steps == 1
-    assert np.array_equal(nets[0].flat_parameters.get(), nets[1].flat_parameters.get())
+    assert same(nets[0].flat_parameters, nets[1].flat_parameters)

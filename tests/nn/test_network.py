@@ -392,3 +392,52 @@ def test_dense_maps_the_last_axis_of_n_d_inputs(dev):
     assert_step_gradients(net, xd, yd,
                           lambda: float(clnn.quadratic_loss(net(xd), yd)[0].get()), RNG,
                           tol=1e-7)
+
+
+@pytest.mark.parametrize("precision", [None, "float16", "bfloat16"])
+@pytest.mark.parametrize("opt", ["sgd", "adam"])
+def test_a_training_step_never_waits_for_the_device(dev, monkeypatch, precision, opt):
+    """No training step reads a value back or waits for the device, in float32 or
+    mixed precision (float16's overflow check and loss scale stay on the device), with
+    SGD or Adam (its step count stays there too), plain or replayed, through every
+    kind of layer: on a GPU a wait per step is most of a small network's step time.
+    Watched: array reads, blocking copies to or from the host, event waits and queue
+    finishes."""
+    import pyopencl as cl
+    import pyopencl.array as cla
+    from clnn import optim
+    waits = []
+
+    def watch(owner, name, blocking=lambda *a, **kw: True):
+        real = getattr(owner, name)
+
+        def watched(*args, **kw):
+            if blocking(*args, **kw):
+                waits.append(name)
+            return real(*args, **kw)
+        monkeypatch.setattr(owner, name, watched)
+
+    rng = np.random.default_rng(4)
+    x = clnn.asarray(rng.random((6, 2, 12, 12), dtype=np.float32), device=dev)
+    y = clnn.asarray(np.eye(5, dtype=np.float32)[rng.integers(0, 5, 6)], device=dev)
+    net = nn.Sequential([nn.Conv2d(4, 3), nn.BatchNorm2d(4, activation="relu"),
+                         nn.MaxPool2d(2), nn.Conv2d(3, 3, activation="tanh"), nn.Flatten(),
+                         nn.Dropout(0.25), nn.Dense(7, "relu"), nn.Dense(5, "softmax")],
+                        in_shape=(2, 12, 12), seed=1, device=dev)
+    net.optimizer = optim.SGD(lr=0.05, momentum=0.9) if opt == "sgd" else optim.Adam()
+    for replay in (False, True):
+        for _ in range(2):                 # the first steps allocate, upload, capture
+            net.train_step(x, y, loss="cross_entropy", precision=precision, replay=replay)
+        watch(cla.Array, "get")
+        watch(cla.Array, "set", lambda *a, **kw: not kw.get("async_", False))
+        watch(cl, "enqueue_copy", lambda queue, dst, src, **kw: kw.get("is_blocking", True)
+              and (isinstance(dst, np.ndarray) or isinstance(src, np.ndarray)))
+        watch(cl, "wait_for_events")
+        watch(cl.Event, "wait")
+        watch(cl.CommandQueue, "finish")
+        for _ in range(3):
+            net.train_step(x, y, loss="cross_entropy", precision=precision, replay=replay)
+        monkeypatch.undo()
+        assert waits == [], (replay, waits)
+    assert np.all(np.isfinite(net.flat_parameters.get()))
+    assert net.optimizer.steps == 10 - (net.scaler.skipped if net.scaler else 0)

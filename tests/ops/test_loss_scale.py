@@ -89,6 +89,40 @@ def test_gated_sgd_skips_or_unscales(dev, scale, momentum, nesterov, wd):
     assert not np.array_equal(w.check(), w0)
 
 
+@pytest.mark.parametrize("betas,wd,decoupled", [((0.9, 0.999), 0.0, False),
+                                                ((0.0, 0.5), 1e-2, True)])
+def test_gated_adam_counts_its_steps_on_the_device(dev, betas, wd, decoupled):
+    """Gated Adam: a skipped step changes neither weights, moments nor the count; the
+    others count t on the device and match Adam's step t with grad_scale / S, to the
+    rounding of the bias corrections computed in float32 there."""
+    n = 517
+    w0 = RNG.standard_normal(n).astype(np.float32)
+    kw = dict(lr=1e-2, betas=betas, weight_decay=wd, decoupled=decoupled)
+    st = state_on(dev, 2.0 ** 9)
+    count = Guarded(dev, (1,), np.int32, fill=[0])
+    w, m, v = (Guarded(dev, (n,), np.float32, fill=f) for f in (w0, np.zeros(n), np.zeros(n)))
+    wr, mr, vr = clnn.asarray(w0), clnn.zeros((n,)), clnn.zeros((n,))
+    t = 0
+    for i, bad_at in enumerate([None, None, 3, None, n - 1, None]):
+        g = gradients(n, bad_at)
+        optim_ops.loss_scale_update(clnn.asarray(g), st.view, count=count.view,
+                                    growth_interval=2)
+        used = optim_ops.read_loss_scale_state(st.check())[2]
+        before = w.check().copy(), m.check().copy(), v.check().copy()
+        clnn.adam_step(w.view, guarded_input(dev, g), m.view, v.view, step=count.view,
+                       grad_scale=0.5, gate=st.view, **kw)
+        if bad_at is not None:
+            assert all(np.array_equal(x.check(), y) for x, y in zip((w, m, v), before))
+            assert count.check()[0] == t
+            continue
+        t += 1
+        assert count.check()[0] == t
+        clnn.adam_step(wr, clnn.asarray(g), mr, vr, step=t, grad_scale=0.5 / used, **kw)
+        for got, ref in ((w, wr), (m, mr), (v, vr)):
+            np.testing.assert_allclose(got.check(), ref.get(), rtol=2e-6, atol=1e-7)
+    assert t == 4
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=lambda t: np.dtype(t).name)
 @pytest.mark.parametrize("loss", ["quadratic", "cross_entropy"])
 def test_losses_scale_their_gradient_by_a_device_factor(dev, loss, dtype, kernels):
@@ -128,8 +162,14 @@ def test_bad_states_and_gates_change_nothing(dev):
                dict(growth_factor=float("inf"))):
         with pytest.raises(clnn.ArgumentError):
             optim_ops.loss_scale_update(g, st.view, **kw)
-    with pytest.raises(clnn.ArgumentError):      # Adam counts its steps on the host
+    with pytest.raises(clnn.ArgumentError):      # gated steps count on the device
         clnn.optim.Adam().step([w.view], [g], gate=st.view)
+    with pytest.raises(clnn.ShapeError):
+        clnn.adam_step(w.view, g, b, clnn.zeros((4,)), step=clnn.asarray(np.zeros(2, np.int32)),
+                       gate=st.view)
+    with pytest.raises(clnn.ArgumentError):
+        clnn.adam_step(w.view, g, b, clnn.zeros((4,)), step=clnn.asarray(np.zeros(1, np.int32)),
+                       gate=st.view, betas=(1.0, 0.5))
     for bad, err in ((clnn.zeros((1,), np.float64), clnn.DTypeError),
                      (clnn.zeros((0,)), clnn.ShapeError)):
         with pytest.raises(err):
