@@ -525,9 +525,11 @@ class Sequential:
         step time on a GPU. Dropout's key for the step goes into its captured
         launches before each replay. Only networks whose layers all allow it (see
         Layer.capturable), loss "quadratic" or
-        "cross_entropy", no ``layer_hook`` and no tuning override (float16 steps too, a
-        capture per loss scale); the optimizer's update, ``hook``, the float16 step's
-        casts and overflow check, and the layers' after-step work run as usual. The
+        "cross_entropy", no ``layer_hook`` and no tuning override. Mixed-precision
+        steps capture their casts too (and a float16 step without a hook its
+        overflow check, on the device: one capture for every loss scale; with a hook,
+        a capture per scale); the optimizer's update, ``hook``, the host's overflow
+        check and the layers' after-step work run as usual. The
         returned loss array is then the same array every step: read it (or add it up,
         as fit does) before the next step. Elsewhere ``replay`` changes nothing.
 
@@ -543,35 +545,27 @@ class Sequential:
         # the optimizer's state with the workspace, before any op: a step then has
         # the same live buffers from the first one on (and a failure writes nothing)
         opt.prepare(flat)
-        grads, scale, views, gate = self._grads, 1.0, None, None
+        grads, scale, views, gate, count = self._grads, 1.0, None, None, None
         if half:
             # S times the mean's gradient (float16; bfloat16 takes no loss scale, S =
             # 1): sums over a batch would overflow half S times sooner. Where nothing
             # on the host needs this step's gradients (no hook) and the optimizer
             # can be gated, S stays on the device: the loss kernel reads it, and the
-            # check, the skip and the new S are kernels too, so the host never waits
-            # for a step (amp.py)
+            # check, the skip, the new S and the optimizer's count of its updates are
+            # kernels too, so the host never waits for a step (amp.py)
             if amp.scaled(low) and hook is None and layer_hook is None and \
                     isinstance(loss, str) and opt.gated and flat:
                 gate = self.scaler.device_state(self.device)
+                count = opt.device_count(self.device)
             scale = (self.scaler.scale if amp.scaled(low) and gate is None else 1.0) / \
                 (global_batch or batch)
-            half_copy = self._half_copy(low)
+            half_copy = self._half_buffers(low)
             grads, views = half_copy.grad_lists, half_copy.views
-            # (fit keeps its data in the 16-bit dtype: nothing to cast)
-            if x.dtype != low:
-                x = self._cast_batch(ws, "x", x, low)
-            if is_floating(y.dtype) and y.dtype != low:
-                y = self._cast_batch(ws, "y", y, low)
-        key = self._replay_key(x, y, loss, batch, half, scale, gate) if replay and \
+        key = self._replay_key(x, y, loss, batch, low, scale, gate, count) if replay and \
             layer_hook is None else None
         with self._bound(views):
             value, grad_scale = self._replayed(key, ws, x, y, loss, grads, scale,
-                                               layer_hook, example_offset, half, gate)
-        if half:
-            if flat and layer_hook is None:      # (with one, each layer's is cast)
-                clnn.cast(self._half.grads, self.dtype, out=self.flat_gradients)
-            value = clnn.cast(value, self.dtype)
+                                               layer_hook, example_offset, low, gate, count)
         # Every gradient exists; only now does anything the step keeps change. The
         # optimizer's state is allocated before its first write and its updates
         # allocate nothing, so a step that runs out of memory (or fails in any op
@@ -589,22 +583,26 @@ class Sequential:
         return isinstance(loss, str) and self.flat_parameters is not None and \
             all(layer.capturable for layer in self.layers)
 
-    def _replay_key(self, x, y, loss, batch, half=False, scale=1.0, gate=None):
+    def _replay_key(self, x, y, loss, batch, low=None, scale=1.0, gate=None, count=None):
         """What must match for a step to replay a captured one, or None where replay
         does not apply (see train_step). A float16 step's loss scale is part of it (the
         loss kernel takes it; a new scale captures anew), or where it lives on the
-        device, the array that holds it."""
+        device, the arrays that hold it and the optimizer's count, and the scaler's
+        factors (the update kernel's arguments)."""
         settings = _memo.settings(self.device)
         if not self._replayable(loss) or settings is None:
             return None
-        halves = (scale, _ident(self._half.params), _ident(self._half.grads),
-                  _ident(gate) if gate is not None else None) if half else None
+        on_device = (_ident(gate), _ident(count), self.scaler.growth_factor,
+                     self.scaler.backoff_factor, self.scaler.growth_interval) \
+            if gate is not None else None
+        halves = (low.name, scale, _ident(self._half.params), _ident(self._half.grads),
+                  on_device) if low is not None else None
         return (batch, loss, _ident(x), _ident(y), _ident(self.flat_parameters),
                 _ident(self.flat_gradients), halves, settings)
 
     def _replayed(self, key, ws, x, y, loss, grads, scale, layer_hook, example_offset,
-                  half, gate=None):
-        """_forward_backward, captured and replayed under ``key`` (None: just run)."""
+                  low=None, gate=None, count=None):
+        """_passes, captured and replayed under ``key`` (None: just run)."""
         from .. import programs
         rep = self._replays.get(key) if key is not None else None
         if rep is not None and rep.launches is not None:
@@ -616,16 +614,16 @@ class Sequential:
             for layer, state in zip(self.layers, rep.states):
                 layer.restore_step_state(state)     # what after_step needs (BatchNorm)
             return rep.value, rep.grad_scale
-        args = (ws, x, y, loss, grads, scale, layer_hook, example_offset, half, gate)
+        args = (ws, x, y, loss, grads, scale, layer_hook, example_offset, low, gate, count)
         if rep is None and key is not None:     # seen once: captured next time
             while len(self._replays) >= REPLAYS:
                 self._replays.pop(next(iter(self._replays)))
             self._replays[key] = _Replay()
         try:
             if rep is None or rep.disabled:
-                return self._forward_backward(*args)
+                return self._passes(*args)
             with programs.captured() as launches:
-                value, grad_scale = self._forward_backward(*args)
+                value, grad_scale = self._passes(*args)
         except clnn.OutOfDeviceMemory:
             # captured steps hold their temporaries (and capturing, all of one step's
             # at once): give them back and run the passes again, uncaptured (they
@@ -636,7 +634,7 @@ class Sequential:
             if key is not None:
                 self._replays[key] = _Replay()
                 self._replays[key].disabled = True
-            return self._forward_backward(*args)
+            return self._passes(*args)
         rep.patches = self._key_patches(launches, example_offset)
         if rep.patches is None:               # a key it cannot place: never replay
             rep.disabled = True
@@ -662,19 +660,16 @@ class Sequential:
         return patches
 
     def _finish_step(self, info, scaled, gate=None):
-        """After the hook: the loss scale's check (``scaled``: float16 steps; on the
-        device with a ``gate``, the loss-scale state the optimizer then reads), the
-        update, the layers' after-step work (BatchNorm's running statistics)."""
+        """After the hook: the loss scale's check on the host (``scaled``: float16
+        steps; with a ``gate`` the passes checked on the device, and the optimizer
+        reads the gate), the update, the layers' after-step work (BatchNorm's running
+        statistics)."""
         if not np.isfinite(info.grad_scale):
             info.skip = True              # every label ignored: nothing to learn from
-        if scaled and not info.skip:
-            if gate is not None:          # the device marks the step to skip
-                self.scaler.device_update(info.flat_grads,
-                                          self._optimizer().device_count(self.device))
-            else:
-                finite = info.flat_grads is None or amp.all_finite(info.flat_grads)
-                self.scaler.update(finite)
-                info.skip = not finite    # an overflow: skip, with a smaller scale
+        if scaled and not info.skip and gate is None:
+            finite = info.flat_grads is None or amp.all_finite(info.flat_grads)
+            self.scaler.update(finite)
+            info.skip = not finite        # an overflow: skip, with a smaller scale
         if not info.skip and self.flat_parameters is not None:
             # one kernel for every parameter (and the padding between them, whose
             # zero gradients leave it 0)
@@ -684,14 +679,19 @@ class Sequential:
             layer.after_step()
         self.steps += 1
 
-    def _half_copy(self, dtype=np.float16):
-        """The 16-bit (``dtype``) copy of the parameters (amp.HalfCopy), cast from the
-        float32 masters now."""
+    def _half_buffers(self, dtype=np.float16):
+        """The 16-bit (``dtype``) copy of the parameters and gradients (amp.HalfCopy),
+        made where it is missing; the parameters are cast into it by _half_copy."""
         if self._half is None or self._half.dtype != dtype:
             self._half = amp.HalfCopy(self, dtype)
-        if self.flat_parameters is not None:
-            clnn.cast(self.flat_parameters, dtype, out=self._half.params)
         return self._half
+
+    def _half_copy(self, dtype=np.float16):
+        """_half_buffers, with the float32 masters cast into its parameters now."""
+        half = self._half_buffers(dtype)
+        if self.flat_parameters is not None:
+            clnn.cast(self.flat_parameters, dtype, out=half.params)
+        return half
 
     def _cast_batch(self, ws, name, a, dtype):
         """``a`` (the step's x or float targets) as ``dtype`` in the workspace."""
@@ -715,6 +715,36 @@ class Sequential:
         finally:
             for layer, name, v in saved:
                 setattr(layer, name, v)
+
+    def _passes(self, ws, x, y, loss, grads, scale, layer_hook, example_offset, low=None,
+                gate=None, count=None):
+        """Everything a step enqueues before its hook and update, which a replay
+        repeats as one capture: in mixed precision (``low``, the 16-bit dtype) the
+        masters' 16-bit copy and the batch's cast, the passes, the gradients cast
+        to the float32 flat buffer and the loss to float32, and with a ``gate`` the
+        loss-scale update and the step's ``count``. Returns (loss, 1 / the loss's
+        denominator)."""
+        half = low is not None
+        if half:
+            self._half_copy(low)
+            # (fit keeps its data in the 16-bit dtype: nothing to cast)
+            if x.dtype != low:
+                x = self._cast_batch(ws, "x", x, low)
+            if is_floating(y.dtype) and y.dtype != low:
+                y = self._cast_batch(ws, "y", y, low)
+        value, grad_scale = self._forward_backward(ws, x, y, loss, grads, scale, layer_hook,
+                                                   example_offset, half, gate)
+        if half:
+            if self.flat_parameters is not None and layer_hook is None:
+                # (with a layer hook, each layer's were cast as they came)
+                clnn.cast(self._half.grads, self.dtype, out=self.flat_gradients)
+            value = clnn.cast(value, self.dtype)
+            if gate is not None:
+                # last: the one kernel here that changes what the step keeps (S, the
+                # count), enqueued after everything that could run out of memory, so
+                # that _replayed may run the passes again after a failed capture
+                self.scaler.device_update(self.flat_gradients, count)
+        return value, grad_scale
 
     def _forward_backward(self, ws, x, y, loss, grads, scale, layer_hook, example_offset,
                           half, gate=None):

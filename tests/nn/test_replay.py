@@ -182,10 +182,14 @@ def test_float16_steps_replay_across_loss_scales(dev, monkeypatch, where):
     (growth every 3 steps here). A hook keeps the scale on the host, an argument of the
     captured loss kernel, so a new scale captures anew (seen, captured, replayed). Both
     give the same losses, weights and scale history as plain float16 steps."""
-    replays = []
+    replays, casts = [], []
     real = programs.replay
     monkeypatch.setattr(programs, "replay", lambda launches: replays.append(1) or
                         real(launches))
+    real_cast = clnn.cast
+    monkeypatch.setattr(clnn, "cast", lambda *a, **kw: casts.append(1) or
+                        real_cast(*a, **kw))
+    per_step = []
     x, y = data(dev, 6, (2, 13, 13), 7)
     nets = [lenet(dev), lenet(dev)]
     losses = [[], []]
@@ -194,12 +198,20 @@ def test_float16_steps_replay_across_loss_scales(dev, monkeypatch, where):
         net.scaler = nn.GradScaler(init_scale=4.0, growth_interval=3)
     for step in range(7):
         for i, net in enumerate(nets):
+            casts.clear()
             losses[i].append(net.train_step(x, y, 0.1, loss="cross_entropy", hook=hook,
                                             precision="float16", replay=i == 1).get())
+            if i == 1:
+                per_step.append(len(casts))
     assert [v.tobytes() for v in losses[0]] == [v.tobytes() for v in losses[1]]
     assert same_weights(*nets) and nets[0].scaler.scale == nets[1].scaler.scale == 16.0
     # device: steps 3 to 7; host: the third step of scales 4 and 8
     assert len(replays) == (5 if where == "device" else 2)
+    # the casts to and from float16 (the masters' copy, x and y, the gradients, the
+    # loss) are in the capture: a replayed step makes none from Python
+    assert per_step[:2] == [5, 5]
+    if where == "device":
+        assert per_step[2:] == [0] * 5
 
 
 def test_a_capture_that_runs_out_of_memory_falls_back(dev):
