@@ -11,6 +11,12 @@ kernels run meanwhile on the same cores); ``call``, the median of calls each wai
 and ``unplanned``, ``enqueue`` again for the ops with launch plans
 (clnn/ops/_memo.py) called past them, which shows what the plans save in the same run.
 Each result is checked against PyTorch (or numpy) first.
+
+Then the same three figures for whole replayed LeNet-5 training steps (batch 64,
+SGD with momentum) in float32, float16 and bfloat16 (mixed precision, the batch kept
+in the 16-bit type as fit keeps it): what a step costs the host beside its kernels,
+and whether mixed precision adds to it. Each is checked first: its replayed steps
+give bitwise the plain steps' losses and weights.
 Writes benchmarks/results/bench_host.json.
 """
 
@@ -105,6 +111,46 @@ def run(dev, torch, cuda, args):
     return rows
 
 
+def lenet(dev):
+    from clnn import nn
+    return nn.Sequential([nn.Conv2d(6, 5), nn.MaxPool2d(2), nn.Conv2d(16, 5), nn.MaxPool2d(2),
+                          nn.Flatten(), nn.Dense(120, "relu"), nn.Dense(84, "relu"),
+                          nn.Dense(10, "softmax")], in_shape=(1, 32, 32), seed=0, device=dev)
+
+
+def step_rows(dev, args):
+    """Host time of replayed LeNet-5 training steps per precision (see the module's
+    docstring), each checked against plain steps first."""
+    from clnn import optim
+    rng = np.random.default_rng(1)
+    x = rng.random((64, 1, 32, 32), dtype=np.float32)
+    y = np.eye(10, dtype=np.float32)[rng.integers(0, 10, 64)]
+    rows = []
+    for precision in (None, "float16", "bfloat16"):
+        dt = np.dtype(precision or np.float32)
+        xd, yd = (clnn.asarray(v.astype(dt), device=dev) for v in (x, y))
+        nets = [lenet(dev), lenet(dev)]
+        for net in nets:
+            net.optimizer = optim.SGD(lr=0.01, momentum=0.9)
+        for _ in range(4):                  # plain, and seen, captured, replayed
+            losses = [net.train_step(xd, yd, loss="cross_entropy", precision=precision,
+                                     replay=i == 1).get() for i, net in enumerate(nets)]
+            if losses[0].tobytes() != losses[1].tobytes():
+                raise SystemExit(f"{precision or 'float32'}: replayed steps differ")
+        if not np.array_equal(nets[0].flat_parameters.get(), nets[1].flat_parameters.get()):
+            raise SystemExit(f"{precision or 'float32'}: replayed steps differ")
+        net = nets[1]
+        step = lambda: net.train_step(xd, yd, loss="cross_entropy",  # noqa: E731
+                                      precision=precision, replay=True)
+        rows.append({"op": f"LeNet-5 step, {precision or 'float32'}", "device": dev.name,
+                     "enqueue_us": _enqueue_us(dev, step, max(1, args.calls // 10),
+                                               args.repeats),
+                     "call_us": 1e6 * _common.median_time(step, args.repeats * 4, warmup=2,
+                                                          sync=dev.finish),
+                     "kernel_us": 1e6 * median_kernel_time(step, dev, args.repeats)})
+    return rows
+
+
 def main(argv=None):
     ap = _common.arg_parser(__doc__)
     ap.add_argument("--calls", type=int, default=200, help="calls per enqueue timing")
@@ -118,12 +164,13 @@ def main(argv=None):
             "torch_cuda_call_us"
         print(f"{'op':32s} {'enqueue':>8s} {'unplanned':>9s} {'call':>8s} {'kernel':>8s} "
               f"{ref[:-8]:>10s}  (us per call)")
-        for row in run(dev, torch, None if dev.facts.is_cpu else cuda, args):
+        for row in run(dev, torch, None if dev.facts.is_cpu else cuda, args) + \
+                step_rows(dev, args):
             rows.append(row)
-            un = row.get("unplanned_enqueue_us")
+            un, peer = row.get("unplanned_enqueue_us"), row.get(ref)
             print(f"{row['op']:32s} {row['enqueue_us']:8.1f} "
                   f"{'-' if un is None else f'{un:.1f}':>9s} {row['call_us']:8.1f} "
-                  f"{row['kernel_us']:8.1f} {row.get(ref, float('nan')):10.1f}")
+                  f"{row['kernel_us']:8.1f} {'-' if peer is None else f'{peer:.1f}':>10s}")
     print(f"results: {_common.write_json('bench_host', {'rows': rows}, args.json)}")
 
 
