@@ -113,9 +113,10 @@ def run(dev, torch, cuda, args):
 
 def lenet(dev):
     from clnn import nn
-    return nn.Sequential([nn.Conv2d(6, 5), nn.MaxPool2d(2), nn.Conv2d(16, 5), nn.MaxPool2d(2),
-                          nn.Flatten(), nn.Dense(120, "relu"), nn.Dense(84, "relu"),
-                          nn.Dense(10, "softmax")], in_shape=(1, 32, 32), seed=0, device=dev)
+    return nn.Sequential([nn.Conv2d(6, 5), nn.MaxPool2d(2), nn.Conv2d(16, 5),
+                          nn.MaxPool2d(2), nn.Flatten(), nn.Dense(120, "relu"),
+                          nn.Dense(84, "relu"), nn.Dense(10, "softmax")],
+                         in_shape=(1, 32, 32), seed=0, device=dev)
 
 
 def step_rows(dev, args):

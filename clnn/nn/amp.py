@@ -15,13 +15,13 @@ autocast + GradScaler).
    times 1/(batch S), and after ``growth_interval`` good steps in a row S doubles.
 
 Where nothing on the host needs the step's gradients (no hook, a plain loss) and the
-optimizer can be gated (SGD, Adam, AdamW), S lives on the device (GradScaler.device_state): the
-loss kernel reads it, a kernel counts the gradients' infs and NaNs and updates S,
-and the optimizer's kernel reads whether to skip and what S to divide by (Adam its
-step count too, which the update kernel keeps on the device). The host then waits for
-no step (PyTorch's GradScaler reads its inf check back every step unless the optimizer
-is fused); reading ``scaler.scale`` or ``skipped`` (fit does at each epoch's end), or
-``optimizer.steps``, reads the state back once.
+optimizer can be gated (SGD, Adam, AdamW), S lives on the device
+(GradScaler.device_state): the loss kernel reads it, a kernel counts the gradients'
+infs and NaNs and updates S, and the optimizer's kernel reads whether to skip and what
+S to divide by (Adam its step count too, which the update kernel keeps on the device).
+The host then waits for no step (PyTorch's GradScaler reads its inf check back every
+step unless the optimizer is fused); reading ``scaler.scale`` or ``skipped`` (fit does
+at each epoch's end), or ``optimizer.steps``, reads the state back once.
 
 ``precision="bfloat16"`` runs the same steps in bfloat16 storage without the loss
 scale, its check and its read-back: bfloat16 keeps float32's exponent range (8 bits of

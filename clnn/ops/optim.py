@@ -12,7 +12,8 @@ import numpy as np
 
 from .. import programs
 from ..errors import ArgumentError, DTypeError, ShapeError
-from ._args import as_array, check, common_device, dev_empty, done, finite, launch, offset, overlaps
+from ._args import (as_array, check, common_device, dev_empty, done, finite, launch, offset,
+                    overlaps)
 from .elementwise import fill
 from .reduce import reduce3
 

@@ -64,20 +64,22 @@ def test_gated_sgd_skips_or_unscales(dev, scale, momentum, nesterov, wd):
     momentum; else it is the plain step with grad_scale / S (bitwise for a power of
     two S, whose division is exact)."""
     n = 1031
-    w0, b0 = RNG.standard_normal(n).astype(np.float32), RNG.standard_normal(n).astype(np.float32)
+    w0, b0 = (RNG.standard_normal(n).astype(np.float32) for _ in range(2))
     g = gradients(n)
     kw = dict(lr=0.1, momentum=momentum, nesterov=nesterov, weight_decay=wd)
     # found: nothing changes (canaries around every array)
     st = state_on(dev, scale)
     optim_ops.loss_scale_update(clnn.asarray(gradients(9, 4)), st.view)
     w, b = Guarded(dev, (n,), np.float32, fill=w0), Guarded(dev, (n,), np.float32, fill=b0)
-    clnn.sgd_step(w.view, guarded_input(dev, g), b.view, grad_scale=0.25, gate=st.view, **kw)
+    clnn.sgd_step(w.view, guarded_input(dev, g), b.view, grad_scale=0.25, gate=st.view,
+                  **kw)
     assert np.array_equal(w.check(), w0) and np.array_equal(b.check(), b0)
     # finite: the plain step's grad_scale divided by the S used
     st = state_on(dev, scale)
     optim_ops.loss_scale_update(clnn.asarray(g), st.view)
     w, b = Guarded(dev, (n,), np.float32, fill=w0), Guarded(dev, (n,), np.float32, fill=b0)
-    clnn.sgd_step(w.view, guarded_input(dev, g), b.view, grad_scale=0.25, gate=st.view, **kw)
+    clnn.sgd_step(w.view, guarded_input(dev, g), b.view, grad_scale=0.25, gate=st.view,
+                  **kw)
     wr, br = clnn.asarray(w0), clnn.asarray(b0)
     clnn.sgd_step(wr, clnn.asarray(g), br, grad_scale=float(np.float32(0.25) /
                                                             np.float32(scale)), **kw)
@@ -100,7 +102,8 @@ def test_gated_adam_counts_its_steps_on_the_device(dev, betas, wd, decoupled):
     kw = dict(lr=1e-2, betas=betas, weight_decay=wd, decoupled=decoupled)
     st = state_on(dev, 2.0 ** 9)
     count = Guarded(dev, (1,), np.int32, fill=[0])
-    w, m, v = (Guarded(dev, (n,), np.float32, fill=f) for f in (w0, np.zeros(n), np.zeros(n)))
+    w, m, v = (Guarded(dev, (n,), np.float32, fill=f)
+               for f in (w0, np.zeros(n), np.zeros(n)))
     wr, mr, vr = clnn.asarray(w0), clnn.zeros((n,)), clnn.zeros((n,))
     t = 0
     for i, bad_at in enumerate([None, None, 3, None, n - 1, None]):
@@ -137,8 +140,8 @@ def test_losses_scale_their_gradient_by_a_device_factor(dev, loss, dtype, kernel
     sb = Guarded(dev, (3,), np.float32, fill=[S, 5.0, 7.0])
     out = Guarded(dev, shape, dtype)
     kw = {"da" if loss == "quadratic" else "dz": out.view}
-    lv, _ = fn(guarded_input(dev, a), guarded_input(dev, y), grad_scale=1 / 37, scale_by=sb.view,
-               **kw)
+    lv, _ = fn(guarded_input(dev, a), guarded_input(dev, y), grad_scale=1 / 37,
+               scale_by=sb.view, **kw)
     ref_l, ref_g = fn(clnn.asarray(a), clnn.asarray(y), grad_scale=S / 37)
     assert np.array_equal(out.check(), ref_g.get())
     assert float(lv.get()) == float(ref_l.get())
@@ -165,15 +168,16 @@ def test_bad_states_and_gates_change_nothing(dev):
     with pytest.raises(clnn.ArgumentError):      # gated steps count on the device
         clnn.optim.Adam().step([w.view], [g], gate=st.view)
     with pytest.raises(clnn.ShapeError):
-        clnn.adam_step(w.view, g, b, clnn.zeros((4,)), step=clnn.asarray(np.zeros(2, np.int32)),
-                       gate=st.view)
+        clnn.adam_step(w.view, g, b, clnn.zeros((4,)),
+                       step=clnn.asarray(np.zeros(2, np.int32)), gate=st.view)
     with pytest.raises(clnn.ArgumentError):
-        clnn.adam_step(w.view, g, b, clnn.zeros((4,)), step=clnn.asarray(np.zeros(1, np.int32)),
-                       gate=st.view, betas=(1.0, 0.5))
+        clnn.adam_step(w.view, g, b, clnn.zeros((4,)),
+                       step=clnn.asarray(np.zeros(1, np.int32)), gate=st.view,
+                       betas=(1.0, 0.5))
     for bad, err in ((clnn.zeros((1,), np.float64), clnn.DTypeError),
                      (clnn.zeros((0,)), clnn.ShapeError)):
         with pytest.raises(err):
-            clnn.softmax_cross_entropy(clnn.zeros((2, 3)), clnn.zeros((2, 3)), dz=w.view[:0],
-                                       scale_by=bad)
+            clnn.softmax_cross_entropy(clnn.zeros((2, 3)), clnn.zeros((2, 3)),
+                                       dz=w.view[:0], scale_by=bad)
     assert np.all(w.check() == 1)
     assert np.array_equal(st.check(), optim_ops.loss_scale_state(8.0))
