@@ -11,7 +11,9 @@
 ##                     (LX, LY): clnn_reduce_wg, a work-group of LX x LY per LX outputs (GPUs)
 ##              lanes  (clnn_reduce) 1, or 8 for rows that are contiguous (rs == 1,
 ##                     inner == 1): 8 partial results side by side, which a CPU runs as
-##                     vector operations
+##                     vector operations; 32: four vectors of 8, so four additions
+##                     are in flight at once (float32; other types render the 8-lane
+##                     form: their vectors of 8 are 16-bit conversions or double8)
 ##              span   (clnn_reduce) 1, or 8: a work-item reduces 8 neighbouring
 ##                     outputs along inner (columns: 8 contiguous loads per r)
 ##              stream (clnn_reduce) a work-item per chunk of rows, adding whole rows
@@ -46,7 +48,7 @@
 % else:
 #define CLNN_IN(p, i) ((p)[i])
 % endif
-% if vec_in:
+% if vec_in or (lanes == 32 and dtype == "float32"):
 // 8 elements from p[i] as a vector (16-bit storage: converted at once)
 #define CLNN_INV(p, i) CLNN_LOADV(8, (p) + (i))
 % endif
@@ -114,7 +116,7 @@ clnn_bad8(CLNN_INV(x, x_off + ${k}))\
 </%def>
 % if map == "sq":
 inline acc_t clnn_sq(const acc_t v) { return v * v; }
-%   if vec_in:
+%   if vec_in or (lanes == 32 and dtype == "float32"):
 inline ${V} clnn_sq8(const ${V} v) { return v * v; }
 %   endif
 % elif map == "bad":
@@ -122,7 +124,7 @@ inline ${V} clnn_sq8(const ${V} v) { return v * v; }
 // isfinite says in a form PoCL vectorises (its isfinite made a count 4-5x slower
 // than a sum of the same array)
 inline acc_t clnn_bad(const acc_t v) { return (acc_t)(v - v != (acc_t)0); }
-%   if vec_in:
+%   if vec_in or (lanes == 32 and dtype == "float32"):
 inline ${V} clnn_bad8(const ${V} v) { return (${V})1 + convert_${V}(v - v == (${V})0); }
 %   endif
 % endif
@@ -233,9 +235,29 @@ ${finish("acc", "wo")}
         // chains are independent (one vector instruction each step, where a single
         // chain waits for every addition), and they meet in a fixed tree: the order
         // is the same on every run
-<% assert lanes == 8, "the row form keeps 8 partial results" %>
+<% assert lanes in (8, 32), "the row form keeps 8 or 32 partial results" %>
         int r = r0;
-%   if vec_in:
+%   if lanes == 32 and dtype == "float32":
+        // four vectors of 8: element r0 + 32 t + 8 q + j goes to lane j of vector q,
+        // then the vectors meet (q0 + q1) + (q2 + q3), the rest of the row's whole 8s
+        // go to that vector, and its lanes meet as the 8-lane form's do
+        ${V} q0 = (${V})(CLNN_INIT), q1 = q0, q2 = q0, q3 = q0;
+        for (; r + 32 <= r1; r += 32) {
+            const int k0 = o * os + r;
+            q0 = CLNN_OPV(q0, ${mapped_v("k0", "r", True)});
+            q1 = CLNN_OPV(q1, ${mapped_v("k0 + 8", "r + 8", True)});
+            q2 = CLNN_OPV(q2, ${mapped_v("k0 + 16", "r + 16", True)});
+            q3 = CLNN_OPV(q3, ${mapped_v("k0 + 24", "r + 24", True)});
+        }
+        ${V} pv = CLNN_OPV(CLNN_OPV(q0, q1), CLNN_OPV(q2, q3));
+        for (; r + 8 <= r1; r += 8) {
+            const int k0 = o * os + r;
+            pv = CLNN_OPV(pv, ${mapped_v("k0", "r", True)});
+        }
+        const ${acc}4 p4 = CLNN_OPV(pv.lo, pv.hi);
+        const ${acc}2 p2 = CLNN_OPV(p4.lo, p4.hi);
+        acc = CLNN_OP(p2.x, p2.y);
+%   elif vec_in:
         ${V} pv = (${V})(CLNN_INIT);
         for (; r + 8 <= r1; r += 8) {
             const int k0 = o * os + r;

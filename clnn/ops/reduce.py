@@ -19,6 +19,7 @@ from ._args import (check, check_out, common_device, dev_empty, dev_scratch, don
 _MIN_CHUNK = 256     # below this, a second launch costs more than it saves
 
 _LANES = 8           # partial results side by side along a contiguous row (CPUs)
+_ROW_LANES = 32      # the same for float32: four vectors of 8
 
 programs.register(
     "reduce", {"map": "x", "op": "sum", "final": "none", "inp": "real", "outp": "real",
@@ -26,6 +27,7 @@ programs.register(
     lambda: [{"map": m, "op": o, "final": f, "inp": i, "outp": p, "wg": wg,
               "lanes": lanes, "span": span, "stream": stream}
              for wg, lanes, span, stream in ((0, 1, 1, False), (0, _LANES, 1, False),
+                                             (0, _ROW_LANES, 1, False),
                                              (0, 1, _LANES, False), (0, 1, 1, True),
                                              ((1, 256), 1, 1, False), ((32, 8), 1, 1, False))
              for m, o, f, i, p in [("x", "sum", "none", "real", "real"),
@@ -117,6 +119,12 @@ def reduce3(dev, dt, x, shape3, out, *, op="sum", map="x", final="none", post=1.
         # compiler makes them vector operations; one chain per work-item waited for
         # each addition: a sum of 15M floats took 15 ms, numpy's 4)
         lanes = _LANES if inner == 1 and strides_[1] == 1 and R_ >= 4 * _LANES else 1
+        if lanes > 1 and np.dtype(dt) == np.float32:
+            # float32: four vectors of 8 side by side (sums along rows 29-32 -> 38-40
+            # GB/s on a Zen 4); 16-bit rows are bound by their conversions, which one
+            # vector keeps up with, and double8 arguments to built-ins fail PoCL 3.0's
+            # build without AVX-512 ("changes the ABI")
+            lanes = _ROW_LANES
         kern = programs.get_kernel(dev, "reduce", "clnn_reduce",
                                    dict(params, dtype=programs.dtype_name(dt), lanes=lanes,
                                         span=span))
