@@ -224,23 +224,33 @@ def test_fit_in_float16_halves_the_pool_peak(monkeypatch):
     assert grown["float16"] <= 0.6 * grown["float32"], grown
 
 
-def test_checkpoint_resumes_the_scale_bitwise(tmp_path):
+@pytest.mark.parametrize("make_opt", [None, lambda: optim.Adam(lr=1e-2)], ids=["sgd", "adam"])
+def test_checkpoint_resumes_the_scale_bitwise(tmp_path, make_opt):
+    """Saved half-way through float16 training (the scale, its counts and Adam's t are
+    on the device then: saving reads them back), loaded and trained on: bitwise the
+    uninterrupted run, scale history and step count included."""
     x, y = data(48)
+    kw = dict(epochs=4, batch_size=8, lr=0.1, momentum=0.9, precision="float16",
+              progress=False, seed=9)
+    if make_opt is not None:
+        kw = dict(kw, optimizer=make_opt())
     whole = mlp(seed=5)
     whole.scaler = nn.GradScaler(init_scale=2.0 ** 20, growth_interval=4)
-    whole.fit(x, y, "cross_entropy", epochs=4, batch_size=8, lr=0.1, momentum=0.9,
-              precision="float16", progress=False, seed=9)
+    whole.fit(x, y, "cross_entropy", **kw)
     half = mlp(seed=5)
     half.scaler = nn.GradScaler(init_scale=2.0 ** 20, growth_interval=4)
-    half.fit(x, y, "cross_entropy", epochs=2, batch_size=8, lr=0.1, momentum=0.9,
-             precision="float16", progress=False, seed=9)
+    if make_opt is not None:
+        kw = dict(kw, optimizer=make_opt())
+    half.fit(x, y, "cross_entropy", **dict(kw, epochs=2))
     path = half.save(str(tmp_path / "amp.npz"))
     again = nn.load(path)
     assert again.scaler.config() == half.scaler.config()
-    again.fit(x, y, "cross_entropy", epochs=4, batch_size=8, lr=0.1, momentum=0.9,
-              precision="float16", progress=False, seed=9, initial_epoch=2)
+    assert again.optimizer.steps == half.optimizer.steps > 0
+    # (fit without an optimizer trains with SGD: the loaded one goes in explicitly)
+    again.fit(x, y, "cross_entropy", **dict(kw, initial_epoch=2, optimizer=again.optimizer))
     assert np.array_equal(again.flat_parameters.get(), whole.flat_parameters.get())
     assert again.scaler.config() == whole.scaler.config()
+    assert again.optimizer.steps == whole.optimizer.steps == 24 - whole.scaler.skipped
 
 
 def test_bad_precision():
