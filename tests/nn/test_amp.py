@@ -224,7 +224,8 @@ def test_fit_in_float16_halves_the_pool_peak(monkeypatch):
     assert grown["float16"] <= 0.6 * grown["float32"], grown
 
 
-@pytest.mark.parametrize("make_opt", [None, lambda: optim.Adam(lr=1e-2)], ids=["sgd", "adam"])
+@pytest.mark.parametrize("make_opt", [None, lambda: optim.Adam(lr=1e-2)],
+                         ids=["sgd", "adam"])
 def test_checkpoint_resumes_the_scale_bitwise(tmp_path, make_opt):
     """Saved half-way through float16 training (the scale, its counts and Adam's t are
     on the device then: saving reads them back), loaded and trained on: bitwise the
