@@ -9,7 +9,9 @@ operands (bound: one rounding to the format plus float32 accumulation); each 16-
 training step against the float32 one from the same weights (loss to 1%, 3% for
 bfloat16's 8-bit mantissas). Then the three are timed alternately (warm-up, repeats,
 medians) and each format's speed printed as float32's time over its own: above 1
-where moving half the bytes pays. Writes benchmarks/results/bench_half.json.
+where moving half the bytes pays. Steps are timed plain and replayed as fit runs them
+("replayed" rows: the batch kept in the step's format, the kernels captured once).
+Writes benchmarks/results/bench_half.json.
 """
 
 import os
@@ -72,28 +74,37 @@ def lenet():
                           nn.Dense(10, "softmax")], in_shape=(1, 32, 32), seed=0)
 
 
-def step_case(dev, make, batch, in_shape, repeats):
+def step_case(dev, make, batch, in_shape, repeats, replay=False):
+    """Seconds per training step in each format, plain (the batch given in float32) or
+    ``replay``ed as fit runs them (the batch kept in the step's format, the step's
+    kernels captured and replayed)."""
     rng = np.random.default_rng(1)
-    x = clnn.asarray(rng.random((batch,) + in_shape, dtype=np.float32), device=dev)
-    y = clnn.asarray(np.eye(10, dtype=np.float32)[rng.integers(0, 10, batch)], device=dev)
-    nets = {}
+    x = rng.random((batch,) + in_shape, dtype=np.float32)
+    y = np.eye(10, dtype=np.float32)[rng.integers(0, 10, batch)]
+    nets, data = {}, {}
     for precision in FORMATS + ("float32",):
         net = make()
         net.optimizer = optim.SGD(lr=0.0)        # the same weights every step
         net.scaler = nn.GradScaler(init_scale=1.0)
         nets[precision] = net
-    losses = {p: float(n.train_step(x, y, loss="cross_entropy", precision=p).get())
-              for p, n in nets.items()}
+        dt = np.dtype(precision) if replay else np.float32
+        data[precision] = tuple(clnn.asarray(v.astype(dt), device=dev) for v in (x, y))
+
+    def step(p):
+        return nets[p].train_step(*data[p], loss="cross_entropy", precision=p,
+                                  replay=replay)
+
+    for _ in range(3 if replay else 1):           # replayed from the third on
+        losses = {p: float(step(p).get()) for p in nets}
     for p in FORMATS:
         if abs(losses[p] - losses["float32"]) > LOSS_TOL[p] * max(1.0, losses["float32"]):
             raise SystemExit(f"{p} step's loss {losses[p]} is not the float32 step's "
                              f"{losses['float32']}")
     samples = {p: [] for p in nets}
     for _ in range(repeats):
-        for p, n in nets.items():
-            samples[p].append(_common.median_time(
-                lambda: n.train_step(x, y, loss="cross_entropy", precision=p), 1,
-                warmup=1, sync=dev.finish))
+        for p in nets:
+            samples[p].append(_common.median_time(lambda: step(p), 1, warmup=1,
+                                                  sync=dev.finish))
     return {p: float(np.median(s)) for p, s in samples.items()}
 
 
@@ -115,9 +126,11 @@ def main(argv=None):
         for name, make, batch, shape in (("MLP step (batch 1000)", mlp, 1000, (2000,)),
                                          ("LeNet-5 step (batch 64)", lenet, 64, (1, 32, 32))):
             rows.append(_row(dev, name, step_case(dev, make, batch, shape, args.repeats)))
+            rows.append(_row(dev, name.replace("step", "replayed"),
+                             step_case(dev, make, batch, shape, args.repeats, replay=True)))
         for r in rows:
             if r["device"] == dev.name:
-                print(f"{r['case']:26s} " + "   ".join(
+                print(f"{r['case']:28s} " + "   ".join(
                     f"{f} {1e3 * r[f]:8.2f} ms ({r['float32_over_' + f]:.2f}x float32's speed)"
                     for f in FORMATS) + f"   float32 {1e3 * r['float32']:8.2f} ms")
     print(f"results: {_common.write_json('bench_half', {'rows': rows}, args.json)}")
