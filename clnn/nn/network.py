@@ -738,7 +738,8 @@ class Sequential:
             if self.flat_parameters is not None and layer_hook is None:
                 # (with a layer hook, each layer's were cast as they came)
                 clnn.cast(self._half.grads, self.dtype, out=self.flat_gradients)
-            value = clnn.cast(value, self.dtype)
+            if value.dtype != self.dtype:       # (the plain losses' is already float32,
+                value = clnn.cast(value, self.dtype)    # as PyTorch's autocast has it)
             if gate is not None:
                 # last: the one kernel here that changes what the step keeps (S, the
                 # count), enqueued after everything that could run out of memory, so
@@ -780,10 +781,11 @@ class Sequential:
                 clnn.fill(value, float("nan"))     # a mean over nothing, as PyTorch
         elif xent:
             value, _ = clnn.softmax_cross_entropy(ws.a[-1], y, dz=ws.delta[-1],
-                                                  grad_scale=scale, scale_by=gate)
+                                                  grad_scale=scale, scale_by=gate,
+                                                  loss_dtype=self.dtype)
         else:
             value, _ = clnn.quadratic_loss(ws.a[-1], y, da=ws.delta[-1], grad_scale=scale,
-                                           scale_by=gate)
+                                           scale_by=gate, loss_dtype=self.dtype)
             self.layers[-1].backward_activation(ws.delta[-1], ws.a[-1])
         for i in range(L - 1, -1, -1):
             # below the first layer with parameters no delta is needed

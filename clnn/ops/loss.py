@@ -6,7 +6,7 @@
 import numpy as np
 
 from .. import programs, tuning
-from ..errors import ShapeError
+from ..errors import DTypeError, ShapeError
 from ._args import check, check_out, common_device, dev_empty, done, finite, offset
 from .reduce import reduce3
 
@@ -29,12 +29,15 @@ def row_groups(dev, rows, cols):
     return (groups * wg,), (wg,)
 
 
-def fused_loss(stem, entry, pred, y, grad, grad_scale, names, scale_by=None):
+def fused_loss(stem, entry, pred, y, grad, grad_scale, names, scale_by=None,
+               loss_dtype=None):
     """Run a loss kernel that writes each row's loss and the gradient in one pass, then
     average the rows: returns (0-d loss, grad). ``names`` are the kernel's names for
     the prediction and the gradient, e.g. ("a", "da"). ``scale_by``: a float32 device
     array whose first element also multiplies the gradient, read by the kernel (a
-    loss scale that lives on the device, clnn/nn/amp.py)."""
+    loss scale that lives on the device, clnn/nn/amp.py). ``loss_dtype``: the loss's
+    dtype, the inputs' (default) or the type they are computed in (float32 for 16-bit
+    inputs, as PyTorch's autocast computes its losses)."""
     p, g = names
     dev = common_device(**{p: pred, "y": y, g: grad, "scale_by": scale_by})
     dt = check(pred, p, dev, ndim=2)
@@ -43,6 +46,11 @@ def fused_loss(stem, entry, pred, y, grad, grad_scale, names, scale_by=None):
         check(scale_by, "scale_by", dev, dtype=np.float32)
         if scale_by.size == 0:
             raise ShapeError("scale_by is empty; its first element is the factor")
+    acc = programs.acc_dtype(dt)
+    out_dt = dt if loss_dtype is None else np.dtype(loss_dtype)
+    if out_dt not in (dt, acc):
+        raise DTypeError(f"loss_dtype must be {dt} or {acc} for {dt} inputs, got "
+                         f"{np.dtype(loss_dtype)}")
     rows, cols = pred.shape
     if rows == 0:
         raise ShapeError("a loss over an empty batch is undefined")
@@ -64,12 +72,12 @@ def fused_loss(stem, entry, pred, y, grad, grad_scale, names, scale_by=None):
                         **{p: pred, p + "_off": offset(pred), g: grad,
                            g + "_off": offset(grad)}))
     # the mean over the batch of the per-row losses, kept in the arithmetic type
-    loss = dev_empty(dev, (), dt)
+    loss = dev_empty(dev, (), out_dt)
     return reduce3(dev, dt, loss_rows, (1, rows, 1), loss, final="scale", post=1.0 / rows,
-                   inp="acc"), grad
+                   inp="acc", outp="acc" if out_dt != dt else "real"), grad
 
 
-def quadratic_loss(a, y, *, da=None, grad_scale=None, scale_by=None):
+def quadratic_loss(a, y, *, da=None, grad_scale=None, scale_by=None, loss_dtype=None):
     """(L, dL/da) for L = sum((a - y)^2) / (2 * batch) over a (batch, features) pair.
 
     L is a 0-d device array (``float(L.get())`` reads it); the gradient (a - y) / batch
@@ -77,6 +85,9 @@ def quadratic_loss(a, y, *, da=None, grad_scale=None, scale_by=None):
     replaces the 1/batch of the gradient: clnn.nn passes 1 and folds 1/batch into the
     learning rate of its update GEMM, as the tutorial does. ``scale_by``: a float32
     device array whose first element the gradient is also multiplied by (a
-    mixed-precision step's loss scale, which stays on the device).
+    mixed-precision step's loss scale, which stays on the device). ``loss_dtype``:
+    float32 gives the loss of 16-bit inputs in float32, as summed (PyTorch's autocast
+    computes losses in float32); default the inputs' dtype.
     """
-    return fused_loss("loss", "clnn_quadratic", a, y, da, grad_scale, ("a", "da"), scale_by)
+    return fused_loss("loss", "clnn_quadratic", a, y, da, grad_scale, ("a", "da"), scale_by,
+                      loss_dtype)

@@ -40,6 +40,9 @@ programs.register(
                                    ("sq", "sum", "none", "real", "acc"),
                                    ("sq", "sum", "sqrt", "real", "real"),
                                    ("x", "sum", "scale", "acc", "real"),
+                                   # a 16-bit loss's mean and count kept in float32
+                                   ("x", "sum", "scale", "acc", "acc"),
+                                   ("x", "sum", "none", "acc", "acc"),
                                    ("x", "sum", "sqrt", "acc", "real"),
                                    ("x", "max", "none", "acc", "real"),
                                    ("xv", "sum", "axpby", "real", "real"),

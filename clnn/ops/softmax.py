@@ -62,7 +62,8 @@ def log_softmax(x, axis=-1, out=None, dtype=None):
     return _rowwise("clnn_log_softmax", _as(x, dtype), axis, out)
 
 
-def softmax_cross_entropy(z, y, *, dz=None, grad_scale=None, scale_by=None):
+def softmax_cross_entropy(z, y, *, dz=None, grad_scale=None, scale_by=None,
+                          loss_dtype=None):
     """(L, dL/dz) for the mean softmax cross-entropy of logits z against targets y.
 
     z and y are (batch, classes); y holds targets, usually distributions (one-hot rows
@@ -70,8 +71,8 @@ def softmax_cross_entropy(z, y, *, dz=None, grad_scale=None, scale_by=None):
     -sum(y * log_softmax(z)), a 0-d device array; dL/dz = (softmax(z) sum(y) - y) /
     batch per row (softmax(z) - y for distributions) goes to ``dz`` (allocated when
     None; may be z);
-    ``grad_scale`` replaces its 1/batch, ``scale_by`` also multiplies it (see
-    quadratic_loss).
+    ``grad_scale`` replaces its 1/batch, ``scale_by`` also multiplies it; ``loss_dtype``
+    float32 gives a 16-bit input's loss in float32 (see quadratic_loss).
     """
     return fused_loss("softmax", "clnn_softmax_xent", z, y, dz, grad_scale, ("z", "dz"),
-                      scale_by)
+                      scale_by, loss_dtype)

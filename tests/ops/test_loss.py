@@ -38,3 +38,30 @@ def test_quadratic_bad_input_leaves_gradient_untouched(dev):
     with pytest.raises(clnn.ShapeError):
         clnn.quadratic_loss(clnn.zeros((3, 4)), clnn.zeros((4, 3)), da=da.view)
     assert np.all(da.check() == 1)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, clnn.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("which", ["quadratic", "cross_entropy"])
+def test_a_16_bit_loss_in_float32(dev, which, dtype, kernels):
+    """loss_dtype=float32: a 16-bit input's loss as summed in float32 (PyTorch's autocast
+    computes losses so), not rounded to the input's 8 or 11 bits; the gradient is the
+    same either way. Another loss_dtype is refused before anything runs."""
+    rng = np.random.default_rng(5)
+    a = (rng.standard_normal((53, 10)) * 3).astype(dtype)
+    y = np.eye(10, dtype=dtype)[rng.integers(0, 10, 53)]
+    fn = clnn.quadratic_loss if which == "quadratic" else clnn.softmax_cross_entropy
+    a64, y64 = a.astype(np.float64), y.astype(np.float64)
+    if which == "quadratic":
+        ref = ((a64 - y64) ** 2).sum() / (2 * 53)
+    else:
+        z = a64 - a64.max(1, keepdims=True)
+        ref = -(y64 * (z - np.log(np.exp(z).sum(1, keepdims=True)))).sum() / 53
+    A, Y = guarded_input(dev, a), guarded_input(dev, y)
+    l32, g32 = fn(A, Y, loss_dtype=np.float32)
+    l16, g16 = fn(A, Y)
+    assert l32.dtype == np.float32 and l16.dtype == np.dtype(dtype)
+    assert abs(float(l32.get()) - ref) <= 1e-5 * abs(ref)
+    assert float(l16.get()) == float(np.asarray(l32.get()).astype(dtype))
+    assert np.array_equal(g32.get(), g16.get())
+    with pytest.raises(clnn.DTypeError):
+        fn(A, Y, loss_dtype=np.float64)
