@@ -56,7 +56,7 @@ def fused_loss(stem, entry, pred, y, grad, grad_scale, names, scale_by=None,
         raise ShapeError("a loss over an empty batch is undefined")
     grad = check_out(grad, pred.shape, dt, dev, inputs=(pred, y))
     gs = 1.0 / rows if grad_scale is None else finite(grad_scale, "grad_scale", dt)
-    loss_rows = dev_empty(dev, (rows,), programs.acc_dtype(dt))
+    loss_rows = dev_empty(dev, (rows,), acc)
     groups = row_groups(dev, rows, cols)
     params = {"dtype": programs.dtype_name(dt), "dscale": int(scale_by is not None)}
     extra = {"scale_by": scale_by, "sb_off": offset(scale_by)} if scale_by is not None \

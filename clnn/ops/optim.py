@@ -11,9 +11,9 @@ import math
 import numpy as np
 
 from .. import programs
-from ..errors import ArgumentError, DTypeError, ShapeError
-from ._args import (as_array, check, common_device, dev_empty, done, finite, launch, offset,
-                    overlaps)
+from ..errors import ArgumentError, ShapeError
+from ._args import (check, check_ints, common_device, dev_empty, done, finite, launch,
+                    offset, overlaps)
 from .elementwise import fill
 from .reduce import reduce3
 
@@ -63,20 +63,6 @@ def read_loss_scale_state(host):
     return float(host[0]), bool(host[1]), float(host[2]), int(ints[3]), int(ints[4])
 
 
-def _count(count, dev, name="count"):
-    """An optimizer's count of updates applied on the device: one int32 on ``dev``."""
-    as_array(count, name)
-    common_device(**{name: count})
-    if count.dtype != np.int32:
-        raise DTypeError(f"{name} has dtype {count.dtype}, expected int32")
-    if count.shape != (1,):
-        raise ShapeError(f"{name} has shape {count.shape}, expected (1,)")
-    if count.offset % 4:
-        raise ShapeError(f"{name} has a byte offset {count.offset} that is not a "
-                         "multiple of 4")
-    return count
-
-
 def loss_scale_update(grads, state, *, count=None, growth_factor=2.0, backoff_factor=0.5,
                       growth_interval=2000):
     """PyTorch's GradScaler update, on the device and without reading anything back:
@@ -90,7 +76,7 @@ def loss_scale_update(grads, state, *, count=None, growth_factor=2.0, backoff_fa
     check(grads, "grads", dev, dtype=np.float32)
     _state(state, dev)
     if count is not None:
-        _count(count, dev)
+        check_ints(count, "count", dev, shape=(1,))
     growth = finite(growth_factor, "growth_factor", np.float32)
     backoff = finite(backoff_factor, "backoff_factor", np.float32)
     if not (growth > 1 and 0 < backoff < 1):
@@ -151,7 +137,7 @@ def adam_step(weight, grad, m, v, *, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8
     if gate is not None:
         common_device(weight=weight, gate=gate, step=step)
         _state(gate, dev, "gate")
-        _count(step, dev, "step")
+        check_ints(step, "step", dev, shape=(1,))
     elif not isinstance(step, int) or isinstance(step, bool) or step < 1:
         raise ArgumentError(f"step must be an int >= 1, got {step!r}")
     lr, eps = finite(lr, "lr", dt), finite(eps, "eps", dt)
