@@ -269,15 +269,15 @@ class Kernel:
         local_size = None if local_size is None else tuple(local_size)
         return enqueue(self, global_size, local_size, values)
 
-    def launch(self, global_size, local_size, values):
+    def launch(self, global_size, local_size, values, record=True):
         """Enqueue with the argument values as the kernel takes them (buffers, and
         scalars of the declared types): what __call__ ends in, and what replay()
-        repeats."""
+        repeats (``record``: into this thread's recordings, _recorded)."""
         with self._lock:
             self.cl_kernel.set_args(*values)
             evt = cl.enqueue_nd_range_kernel(self.device.queue, self.cl_kernel,
                                              global_size, local_size)
-        return _recorded(self, global_size, local_size, evt)
+        return _recorded(self, global_size, local_size, evt) if record else evt
 
 
 class _BufferCopy:
@@ -288,11 +288,11 @@ class _BufferCopy:
     entry = stem = "copy"
     params = {}
 
-    def launch(self, global_size, local_size, values):
+    def launch(self, global_size, local_size, values, record=True):
         queue, dst, src, nbytes, src_offset, dst_offset = values
         evt = cl.enqueue_copy(queue, dst, src, byte_count=nbytes, src_offset=src_offset,
                               dst_offset=dst_offset)
-        return _recorded(self, global_size, local_size, evt)
+        return _recorded(self, global_size, local_size, evt) if record else evt
 
 
 def _recorded(kern, global_size, local_size, evt):
@@ -354,22 +354,11 @@ def captured():
 def replay(launches):
     """Enqueue captured launches again, in order; the last event (None for none)."""
     evt = None
-    if getattr(_recording, "lists", ()) or getattr(_recording, "profiles", ()):
-        for kern, global_size, local_size, values in launches:
-            evt = kern.launch(global_size, local_size, values)
-        return evt
-    # nothing records this thread's events: the kernels' own launch without the
-    # bookkeeping around it (a third of a replayed LeNet-5 step's host time on PoCL,
-    # whose enqueue itself takes 4-5 us)
-    enqueue_kernel = cl.enqueue_nd_range_kernel
+    # where nothing records this thread's events, without the bookkeeping (a third of a
+    # replayed LeNet-5 step's host time on PoCL, whose enqueue itself takes 4-5 us)
+    record = bool(getattr(_recording, "lists", ()) or getattr(_recording, "profiles", ()))
     for kern, global_size, local_size, values in launches:
-        ck = getattr(kern, "cl_kernel", None)
-        if ck is None:                      # a buffer copy
-            evt = kern.launch(global_size, local_size, values)
-            continue
-        with kern._lock:
-            ck.set_args(*values)
-            evt = enqueue_kernel(kern.device.queue, ck, global_size, local_size)
+        evt = kern.launch(global_size, local_size, values, record)
     return evt
 
 
