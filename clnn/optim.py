@@ -19,6 +19,7 @@ import numpy as np
 import clnn
 from .errors import ArgumentError
 from .ops._args import finite
+from .ops.optim import DeviceCopy
 
 
 def _nonneg(value, name):
@@ -39,34 +40,24 @@ class Optimizer:
 
     def __init__(self, lr):
         self.lr = _nonneg(lr, "lr")
-        self._steps = 0
-        self._count = None            # the device's count (device_count)
-        self._count_newer = False     # whether the device's count is the current one
-        self._steps_newer = False     # whether the host's is (the two equal: neither)
+        self._count = DeviceCopy([0], lambda v: np.array(v, np.int32),
+                                 lambda a: [int(a[0])])
         self.state = None             # per parameter: a list of device arrays
 
     @property
     def steps(self):
-        if self._count_newer:
-            self._steps = int(self._count.get()[0])
-            self._count_newer = False
-        return self._steps
+        return self._count.values()[0]
 
     @steps.setter
     def steps(self, value):
-        self._steps, self._count_newer, self._steps_newer = int(value), False, True
+        self._count.set(0, int(value))
 
     def device_count(self, dev):
         """The count of updates applied as an int32 array of one on device ``dev``
         (uploaded from ``steps`` when that is newer), which gated steps count on
         (clnn.ops.optim.loss_scale_update) and Adam reads its t from: from now on the
         device's count is the current one."""
-        if self._count is None or clnn.device_of(self._count) is not dev:
-            self._count = clnn.asarray(np.array([self.steps], np.int32), device=dev)
-        elif self._steps_newer:
-            self._count.set(np.array([self._steps], np.int32))
-        self._steps_newer, self._count_newer = False, True
-        return self._count
+        return self._count.on(dev)
 
     def buffers(self):
         return ()
@@ -86,7 +77,7 @@ class Optimizer:
         must have been given for this step."""
         if gate is not None and not self.gated:
             raise ArgumentError(f"{self.kind or type(self).__name__} takes no gate")
-        if gate is not None and not self._count_newer:
+        if gate is not None and not self._count.device_newer:
             raise ArgumentError("a gated step counts on the device: pass device_count() "
                                 "to loss_scale_update first")
         self.prepare(params)
@@ -166,7 +157,8 @@ class Adam(Optimizer):
 
     def _update(self, p, g, s, grad_scale, gate=None):
         # gated: t is the device's count, which the loss-scale update just moved
-        clnn.adam_step(p, g, s[0], s[1], step=self.steps if gate is None else self._count,
+        clnn.adam_step(p, g, s[0], s[1],
+                       step=self.steps if gate is None else self._count.array,
                        lr=self.lr, betas=self.betas, eps=self.eps,
                        weight_decay=self.weight_decay, decoupled=self.decoupled,
                        grad_scale=grad_scale, gate=gate)

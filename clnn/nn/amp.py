@@ -70,25 +70,17 @@ class GradScaler:
         self.growth_factor = float(growth_factor)
         self.backoff_factor = float(backoff_factor)
         self.growth_interval = int(growth_interval)
-        self._host = [float(init_scale), 0, 0]     # scale, good steps, skipped
-        self._state = None        # the device's copy (clnn.ops.optim.loss_scale_state)
-        self._on_device = False   # whether the device's copy is the newer one
-        self._on_host = False     # whether the host's is (the two equal: neither)
-
-    def _read(self):
-        if self._on_device:
-            s, _, _, good, skipped = optim_ops.read_loss_scale_state(self._state.get())
-            self._host = [s, good, skipped]
-            self._on_device = False
-        return self._host
+        # scale, good steps, skipped; on the device clnn.ops.optim.loss_scale_state
+        self._state = optim_ops.DeviceCopy(
+            [float(init_scale), 0, 0], lambda v: optim_ops.loss_scale_state(*v),
+            lambda a: [optim_ops.read_loss_scale_state(a)[i] for i in (0, 3, 4)])
 
     def _field(i):
         def get(self):
-            return self._read()[i]
+            return self._state.values()[i]
 
         def put(self, value):
-            self._read()[i] = value
-            self._on_host = True
+            self._state.set(i, value)
         return property(get, put)
 
     scale, good_steps, skipped = _field(0), _field(1), _field(2)
@@ -110,19 +102,13 @@ class GradScaler:
         """The state as a float32 array on device ``dev`` (uploaded from the host's
         when that is newer), which the step's kernels then read and update: from now
         on the device's copy is the current one."""
-        if self._state is None or clnn.device_of(self._state) is not dev:
-            host = optim_ops.loss_scale_state(*self._read())
-            self._state = clnn.asarray(host, device=dev)
-        elif self._on_host:
-            self._state.set(optim_ops.loss_scale_state(*self._host))
-        self._on_host, self._on_device = False, True
-        return self._state
+        return self._state.on(dev)
 
     def device_update(self, grads, count):
         """The step's check and update on the device (from device_state's array): the
         float32 ``grads`` all finite or not, as update() would do it; ``count`` (an
         optimizer's device_count) counts the step unless it is skipped."""
-        optim_ops.loss_scale_update(grads, self._state, count=count,
+        optim_ops.loss_scale_update(grads, self._state.array, count=count,
                                     growth_factor=self.growth_factor,
                                     backoff_factor=self.backoff_factor,
                                     growth_interval=self.growth_interval)

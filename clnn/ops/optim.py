@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from .. import programs
+from ..device import device_of
 from ..errors import ArgumentError, ShapeError
 from ._args import (check, check_ints, common_device, dev_empty, done, finite, launch,
                     offset, overlaps)
@@ -61,6 +62,42 @@ def read_loss_scale_state(host):
     """(S, found, S used, good steps, skipped steps) from a state read back."""
     ints = np.asarray(host, np.float32).view(np.int32)
     return float(host[0]), bool(host[1]), float(host[2]), int(ints[3]), int(ints[4])
+
+
+class DeviceCopy:
+    """Host values that steps update on a device (a loss scale and its counts, an
+    optimizer's count of its updates), read by the host now and then: ``pack`` turns
+    the values into the array's host contents, ``unpack`` the array's contents read
+    back into the values. values() are the host's, read back once where the device's
+    are newer; set() makes the host's the newer; on(dev) is the array on ``dev``,
+    uploaded where the host's are newer, and the device's are the newer from then
+    on (the caller's kernels update them)."""
+
+    def __init__(self, values, pack, unpack):
+        self._values, self._pack, self._unpack = list(values), pack, unpack
+        self.array = None
+        self.device_newer = False
+        self._host_newer = False
+
+    def values(self):
+        if self.device_newer:
+            self._values = list(self._unpack(self.array.get()))
+            self.device_newer = False
+        return self._values
+
+    def set(self, i, value):
+        self.values()[i] = value
+        self._host_newer = True
+
+    def on(self, dev):
+        if self.array is None or device_of(self.array) is not dev:
+            host = self._pack(self.values())
+            self.array = dev_empty(dev, host.shape, host.dtype)
+            self.array.set(host)
+        elif self._host_newer:
+            self.array.set(self._pack(self._values))
+        self._host_newer, self.device_newer = False, True
+        return self.array
 
 
 def loss_scale_update(grads, state, *, count=None, growth_factor=2.0, backoff_factor=0.5,
