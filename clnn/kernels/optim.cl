@@ -47,6 +47,16 @@ __kernel void clnn_loss_scale_update(__global const float *bad,
     }
 }
 
+## gs, the gradient's factor, and the gated kernels' skip (clnn_sgd_step's comment)
+<%def name="gate_scale()">\
+% if gated:
+    if (state[st_off + CLNN_LS_FOUND] != 0.0f)
+        return;
+    const acc_t gs = scale / (acc_t)state[st_off + CLNN_LS_USED];
+% else:
+    const acc_t gs = scale;
+% endif
+</%def>
 // torch.optim.SGD (dampening 0) on the gradient g = scale * grad + wd * w:
 //   buf = momentum * buf + g;  d = nesterov ? g + momentum * buf : buf;  w -= lr * d
 // (with momentum 0, buf is g: the plain step). Gated: nothing changes after a step
@@ -61,13 +71,7 @@ __kernel void clnn_sgd_step(const int n, const acc_t lr, const acc_t momentum,
                             __global real_t *buf, const int b_off,
                             __global real_t *w, const int w_off)
 {
-% if gated:
-    if (state[st_off + CLNN_LS_FOUND] != 0.0f)
-        return;
-    const acc_t gs = scale / (acc_t)state[st_off + CLNN_LS_USED];
-% else:
-    const acc_t gs = scale;
-% endif
+${gate_scale()}\
     CLNN_FOR_EACH(i, n) {
         const acc_t wi = CLNN_LOAD(w, w_off + i);
         acc_t g = gs * CLNN_LOAD(grad, g_off + i);
@@ -103,15 +107,11 @@ __kernel void clnn_adam_step(const int n, const acc_t lr, const acc_t beta1,
                              __global real_t *v, const int v_off,
                              __global real_t *w, const int w_off)
 {
+${gate_scale()}\
 % if gated:
-    if (state[st_off + CLNN_LS_FOUND] != 0.0f)
-        return;
-    const acc_t gs = scale / (acc_t)state[st_off + CLNN_LS_USED];
     const acc_t t = (acc_t)count[count_off];
     const acc_t step_size = lr / -expm1(t * log_beta1);
     const acc_t bc2_sqrt = sqrt(-expm1(t * log_beta2));
-% else:
-    const acc_t gs = scale;
 % endif
     CLNN_FOR_EACH(i, n) {
         acc_t wi = CLNN_LOAD(w, w_off + i);

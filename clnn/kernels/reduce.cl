@@ -42,13 +42,16 @@
     # arrays of 8 scalars, which PoCL vectorises better by itself (a float32 row 1.6x
     # faster so)
     vec_in = storage_only and inp == "real"
+    # float32's 32-lane row form: four float8 vectors of the input's own elements
+    rows32 = lanes == 32 and dtype == "float32"
+    vec_loads = vec_in or rows32
 %>
 % if inp == "real":
 #define CLNN_IN(p, i) CLNN_LOAD(p, i)
 % else:
 #define CLNN_IN(p, i) ((p)[i])
 % endif
-% if vec_in or (lanes == 32 and dtype == "float32"):
+% if vec_loads:
 // 8 elements from p[i] as a vector (16-bit storage: converted at once)
 #define CLNN_INV(p, i) CLNN_LOADV(8, (p) + (i))
 % endif
@@ -116,7 +119,7 @@ clnn_bad8(CLNN_INV(x, x_off + ${k}))\
 </%def>
 % if map == "sq":
 inline acc_t clnn_sq(const acc_t v) { return v * v; }
-%   if vec_in or (lanes == 32 and dtype == "float32"):
+%   if vec_loads:
 inline ${V} clnn_sq8(const ${V} v) { return v * v; }
 %   endif
 % elif map == "bad":
@@ -124,7 +127,7 @@ inline ${V} clnn_sq8(const ${V} v) { return v * v; }
 // isfinite says in a form PoCL vectorises (its isfinite made a count 4-5x slower
 // than a sum of the same array)
 inline acc_t clnn_bad(const acc_t v) { return (acc_t)(v - v != (acc_t)0); }
-%   if vec_in or (lanes == 32 and dtype == "float32"):
+%   if vec_loads:
 inline ${V} clnn_bad8(const ${V} v) { return (${V})1 + convert_${V}(v - v == (${V})0); }
 %   endif
 % endif
@@ -237,7 +240,7 @@ ${finish("acc", "wo")}
         // is the same on every run
 <% assert lanes in (8, 32), "the row form keeps 8 or 32 partial results" %>
         int r = r0;
-%   if lanes == 32 and dtype == "float32":
+%   if rows32:
         // four vectors of 8: element r0 + 32 t + 8 q + j goes to lane j of vector q,
         // then the vectors meet (q0 + q1) + (q2 + q3), the rest of the row's whole 8s
         // go to that vector, and its lanes meet as the 8-lane form's do
