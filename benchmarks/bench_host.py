@@ -29,6 +29,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
+from bench_lenet import make_net  # noqa: E402  (bench_lenet.py's LeNet-5)
 
 import clnn  # noqa: E402
 from clnn.tuner import median_kernel_time  # noqa: E402
@@ -111,14 +112,6 @@ def run(dev, torch, cuda, args):
     return rows
 
 
-def lenet(dev):
-    from clnn import nn
-    return nn.Sequential([nn.Conv2d(6, 5), nn.MaxPool2d(2), nn.Conv2d(16, 5),
-                          nn.MaxPool2d(2), nn.Flatten(), nn.Dense(120, "relu"),
-                          nn.Dense(84, "relu"), nn.Dense(10, "softmax")],
-                         in_shape=(1, 32, 32), seed=0, device=dev)
-
-
 def step_rows(dev, args):
     """Host time of replayed LeNet-5 training steps per precision (see the module's
     docstring), each checked against plain steps first."""
@@ -130,7 +123,7 @@ def step_rows(dev, args):
     for precision in (None, "float16", "bfloat16"):
         dt = np.dtype(precision or np.float32)
         xd, yd = (clnn.asarray(v.astype(dt), device=dev) for v in (x, y))
-        nets = [lenet(dev), lenet(dev)]
+        nets = [make_net(dev), make_net(dev)]
         for net in nets:
             net.optimizer = optim.SGD(lr=0.01, momentum=0.9)
         for _ in range(4):                  # plain, and seen, captured, replayed
