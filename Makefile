@@ -24,7 +24,7 @@ $(PY):
 
 $(STAMP): $(PY) setup.cfg pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[pocl,test,data,plot,mpi]'
+	$(PY) -m pip install -q -e '.[pocl,test,data,plot,mpi,ptx]'
 	@touch $@
 
 # the main job: train a dense network on real MNIST digits on the default device

@@ -161,13 +161,14 @@ AWKWARD = [1, 2, 7, 31, 64, 97, 1000003]
 
 
 
-def gate(tool, present):
-    """Mark a test that needs an external checker (clang, oclgrind).
+def gate(tool, present, missing=None):
+    """Mark a test that needs an external checker (clang, oclgrind); ``missing``: what to
+    install, where that is not the Debian package named ``tool``.
 
     Without the tool the test is skipped with a line saying which gate did not run;
     with CLNN_REQUIRE_GATES=1 (set by .ci/run) a missing tool fails the test instead.
     """
-    return pytest.mark.clnn_gate(tool=tool, present=present)
+    return pytest.mark.clnn_gate(tool=tool, present=present, missing=missing)
 
 
 def pytest_configure(config):
@@ -179,8 +180,8 @@ def pytest_runtest_setup(item):
         if mark.kwargs["present"]:
             continue
         tool = mark.kwargs["tool"]
-        reason = (f"{tool} not installed (Debian: apt-get install {tool}); the {tool} "
-                  "kernel gate did not run")
+        how = mark.kwargs.get("missing") or f"Debian: apt-get install {tool}"
+        reason = f"{tool} not installed ({how}); the {tool} kernel gate did not run"
         if os.environ.get("CLNN_REQUIRE_GATES"):
             pytest.fail(reason + ", and CLNN_REQUIRE_GATES is set")
         pytest.skip(reason)

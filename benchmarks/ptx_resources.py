@@ -1,0 +1,79 @@
+"""Registers, spills and local memory of NVIDIA's GEMM and matrix-engine rows, from
+ptxas, without a GPU.
+
+    python benchmarks/ptx_resources.py [--arch sm_90] [--json FILE]
+
+Each row of GEMM_TABLE's and CONV_TABLE's NVIDIA entries (float32, as a GEMM X·Wᵀ and
+as a forward convolution) and of MMA_TABLE (TF32, float16; the float16 rows also with
+ldmatrix) is rendered, compiled by clang's NVPTX target with libclc's built-ins and
+assembled by ptxas (clnn/ptx.py). Registers and spills are a proxy for what NVIDIA's
+OpenCL compiler does, which writes its own PTX (on an H100 the engine rows used 125
+to 167 registers there, none spilling); compare rows with each other, and before with
+after a change of the template, not with the driver's numbers. The local memory is
+exact. No timing: a row's speed needs a GPU (benchmarks/bench_gemm.py,
+bench_engines.py).
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _common  # noqa: E402
+
+from clnn import plans, programs, ptx, tuning  # noqa: E402
+
+
+def rows():
+    """(table, label, dtype, gemm.cl parameters)"""
+    def params(row, dtype, conv="none", trans_b=True, vec=4):
+        return {"dtype": dtype, "variant": "local", "trans_a": False, "trans_b": trans_b,
+                "act": "none", "bias": "none", "conv": conv, "vec": vec, "vec_c": False,
+                "partial": False, "tuning": tuning.template_tuning(row, dtype)}
+
+    def label(row):
+        extra = "".join(f" {k}={row[k]}" for k in ("WM", "WN", "LDSM") if k in row)
+        return (f"{row['MWG']}x{row['NWG']}x{row['KWG']} {row['MDIMC']}x{row['NDIMC']}"
+                f"{extra}")
+    for row in tuning.GEMM_TABLE["vendor"][("nvidia", "GPU")]:
+        yield "GEMM_TABLE", label(row), row, params(row, "float32")
+    for row in tuning.CONV_TABLE["vendor"][("nvidia", "GPU")]:
+        yield "CONV_TABLE (fwd)", label(row), row, params(row, "float32", "fwd", False, 1)
+    for row in tuning.MMA_TABLE[("nvidia", "GPU")]:
+        dtype = "float32" if row["MMA"] == "tf32" else "float16"
+        yield f"MMA_TABLE {row['MMA']}", label(row), row, params(row, dtype)
+        if row["MMA"] == "f16" and row["WN"] % 16 == 0:
+            ldsm = dict(row, LDSM=True)
+            yield "MMA_TABLE f16 (LDSM)", label(ldsm), ldsm, params(ldsm, dtype)
+
+
+def main():
+    ap = _common.arg_parser(__doc__)
+    ap.add_argument("--arch", default=ptx.ARCH, help="ptxas -arch (default sm_90)")
+    args = ap.parse_args()
+    if None in ptx.tools():
+        sys.exit("missing " + ptx.missing())
+    print(f"# clang {ptx.tools()[0]}, libclc {ptx.tools()[1]}, ptxas {ptx.tools()[2]}, "
+          f"-arch={args.arch}")
+    print(f"{'table':24} {'row':36} {'regs':>5} {'spill B':>8} {'local B':>8} "
+          f"{'planned':>8}")
+    out = []
+    for table, label, row, prm in rows():
+        size = 2 if prm["dtype"] == "float16" else 4
+        try:
+            res = ptx.assemble(programs.render("gemm", prm), arch=args.arch)["clnn_gemm_tiled"]
+        except ptx.PTXError as e:
+            print(f"{table:24} {label:36} {e.stage} failed")
+            out.append({"table": table, "row": row, "error": e.log})
+            continue
+        planned = plans.local_bytes(row, size)
+        print(f"{table:24} {label:36} {res.registers:5d} {res.spill_bytes:8d} "
+              f"{res.local_bytes:8d} {planned:8d}")
+        out.append({"table": table, "row": row, "registers": res.registers,
+                    "spill_bytes": res.spill_bytes, "local_bytes": res.local_bytes,
+                    "planned_local_bytes": planned})
+    print("results:", _common.write_json("ptx_resources", {"arch": args.arch, "rows": out},
+                                         args.json))
+
+
+if __name__ == "__main__":
+    main()

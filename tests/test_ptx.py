@@ -1,0 +1,107 @@
+"""The GPU rows assembled for an H100 without one (clnn/ptx.py: clang's NVPTX target with
+libclc's built-ins, then NVIDIA's ptxas for sm_90).
+
+The matrix-engine rows' inline PTX (mma.sync, ldmatrix) is text clang never reads: a
+wrong operand, type or state space would otherwise first show on a GPU. Every engine
+variant the NVPTX syntax gate renders (tests/test_engines.py) assembles here, and each
+kernel's local memory, as ptxas counts it, is what the planner budgets for its row
+(plans.local_bytes), so a row the planner thinks fits 48 KiB does."""
+
+import pytest
+
+from clnn import plans, programs, ptx, tuning
+from conftest import gate
+from test_engines import engine_variants
+from test_plans import H100
+
+TOOLS = all(t is not None for t in ptx.tools())
+needs_ptxas = gate("ptxas", TOOLS, missing="missing: " + ptx.missing())
+
+
+def _row_of(params):
+    t = dict(params["tuning"])
+    return dict(t, variant="local")
+
+
+@needs_ptxas
+@pytest.mark.parametrize("params", list(engine_variants()))
+def test_engine_kernels_assemble_for_sm_90(params):
+    source = programs.render("gemm", params)
+    try:
+        res = ptx.assemble(source)
+    except ptx.PTXError as e:
+        pytest.fail(f"{e}\n" + programs.numbered(source))
+    tiled = res["clnn_gemm_tiled"]
+    row = _row_of(params)
+    size = 4 if row["MMA"] == "tf32" else 2
+    budget = plans.local_bytes(row, size)
+    assert tiled.local_bytes <= H100.local_mem_size
+    if row.get("LDSM"):
+        # the planner takes the larger of an operand's two layouts (it does not know
+        # the transposes): never less than the kernel declares
+        assert tiled.local_bytes <= budget
+    else:
+        assert tiled.local_bytes == budget, (tiled, budget)
+    assert tiled.registers <= 255
+
+
+def _gpu_gemm_rows():
+    rows = tuning.GEMM_TABLE["vendor"][("nvidia", "GPU")]
+    conv = tuning.CONV_TABLE["vendor"][("nvidia", "GPU")]
+    for kind, table in (("gemm", rows), ("conv", conv)):
+        for i, row in enumerate(table):
+            yield pytest.param(kind, row, id=f"{kind}-{i}-{row['MWG']}x{row['NWG']}")
+
+
+@needs_ptxas
+@pytest.mark.parametrize("kind,row", list(_gpu_gemm_rows()))
+def test_nvidia_float32_rows_assemble_and_fit(kind, row):
+    """NVIDIA's float32 tile rows, as GEMMs and as forward convolutions: ptxas's local
+    memory is the planner's (at most), and within the H100's 48 KiB where the planner
+    keeps the row."""
+    params = {"dtype": "float32", "variant": "local", "trans_a": False, "trans_b": True,
+              "act": "relu", "bias": "col" if kind == "gemm" else "row",
+              "conv": "none" if kind == "gemm" else "fwd", "vec": 4, "vec_c": False,
+              "partial": False, "tuning": tuning.template_tuning(row, "float32")}
+    if kind == "conv":
+        params.update(trans_b=False, vec=1)
+    res = ptx.assemble(programs.render("gemm", params))
+    tiled = res["clnn_gemm_tiled"]
+    budget = plans.local_bytes(row, 4)
+    if kind == "gemm":
+        assert tiled.local_bytes == budget, (tiled, row)
+    else:
+        # a gathered operand's rows need no padding against transposing stores: the
+        # planner, which does not know the loader, budgets the padded rows
+        assert budget - 1024 <= tiled.local_bytes <= budget, (tiled, row)
+    assert (tiled.local_bytes <= H100.local_mem_size) == \
+        (not tuning.gemm_problems(row, H100, 4))
+
+
+def test_ptxas_reports_are_read_per_kernel():
+    log = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'clnn_gemm_splitk' for 'sm_90'
+ptxas info    : Function properties for clnn_gemm_splitk
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 28 registers, used 0 barriers
+ptxas info    : Compiling entry function 'clnn_gemm_tiled' for 'sm_90'
+ptxas info    : Function properties for clnn_gemm_tiled
+    56 bytes stack frame, 52 bytes spill stores, 52 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 56 bytes cumulative stack size, 34816 bytes smem
+"""
+    got = ptx.parse(log)
+    assert got["clnn_gemm_splitk"] == ptx.Resources(28, 0, 0, 0)
+    assert got["clnn_gemm_tiled"] == ptx.Resources(255, 52, 34816, 56)
+
+
+@needs_ptxas
+def test_a_bad_ptx_operand_fails_the_check():
+    """The gate can fail: an mma.sync given one B register too few."""
+    params = next(iter(engine_variants())).values[0]
+    source = programs.render("gemm", params)
+    bad = source.replace("{%8,%9}", "{%8}", 1)
+    assert bad != source
+    with pytest.raises(ptx.PTXError) as e:
+        ptx.assemble(bad)
+    assert e.value.stage == "ptxas"
+
