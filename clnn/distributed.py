@@ -330,7 +330,7 @@ class DataParallel:
         return None
 
     # ---------------------------------------------------------------- training
-    def fit(self, x, y, loss="quadratic", epochs=1, batch_size=32, lr=0.1, momentum=0.0,
+    def fit(self, x, y, loss="quadratic", epochs=1, batch_size=32, lr=None, momentum=None,
             optimizer=None, scheduler=None, shuffle=True, seed=0, validation=None,
             initial_epoch=0, callback=None, precision=None):
         """``Sequential.fit`` across ranks: ``batch_size`` is the global batch; every
@@ -349,11 +349,9 @@ class DataParallel:
             low = amp.check_precision(precision, net)
             scaled = amp.scaled(low)
             dt = low if low is not None else net.dtype   # the data's dtype, as fit's
+            net._check_fit_optimizer(optimizer, lr, momentum)
             xd, yd, lr, momentum = net._train_args(x_host, y_host, loss, lr, momentum, dt)
-            if optimizer is not None:
-                net.optimizer = optimizer
-            else:
-                net._optimizer(lr, momentum)
+            net._fit_optimizer(optimizer, lr, momentum)
             n = xd.shape[0]
             x_all = x_host.astype(dt, copy=False)
             y_all = yd.get()

@@ -817,19 +817,47 @@ class Sequential:
             keys.append(key)
         return keys
 
+    def _check_fit_optimizer(self, optimizer, lr, momentum):
+        """fit's rule for its optimizer, checked before anything reaches the device:
+        ``optimizer`` comes with its own rates (lr or momentum beside it would be
+        ignored, so they are refused), and momentum is SGD's."""
+        if optimizer is not None and not isinstance(optimizer, optim.Optimizer):
+            raise ArgumentError(f"optimizer must be a clnn.optim optimizer, got "
+                                f"{type(optimizer).__name__}")
+        if optimizer is not None and (lr is not None or momentum is not None):
+            raise ArgumentError("pass lr and momentum to the optimizer, not beside it")
+        own = self.optimizer
+        if optimizer is None and momentum is not None and own is not None and \
+                not isinstance(own, optim.SGD):
+            raise ArgumentError(f"momentum is SGD's; the network trains with "
+                                f"{type(own).__name__} (pass optimizer= to change it)")
+
+    def _fit_optimizer(self, optimizer, lr, momentum):
+        """The optimizer fit trains with: ``optimizer`` when given; else the network's
+        own, whatever its kind (a loaded Adam stays Adam), with ``lr`` and ``momentum``
+        set where given; SGD(lr=0.1, momentum or 0) for a network without one."""
+        if optimizer is not None:
+            self.optimizer = optimizer
+            return optimizer
+        return self._optimizer(0.1 if lr is None and self.optimizer is None else lr,
+                               momentum)
+
     def _train_args(self, x, y, loss, lr, momentum, dtype=None):
         """The training data on the device in ``dtype`` (default the network's) and
-        the checked rates."""
+        the checked rates (None stays None: not given)."""
         self._check_loss(loss)
-        lr, momentum = float(lr), float(momentum)
-        if not (np.isfinite(lr) and lr > 0):
-            raise ArgumentError(f"lr must be a positive number, got {lr}")
-        if not (np.isfinite(momentum) and 0 <= momentum < 1):
-            raise ArgumentError(f"momentum must lie in [0, 1), got {momentum}")
+        if lr is not None:
+            lr = float(lr)
+            if not (np.isfinite(lr) and lr > 0):
+                raise ArgumentError(f"lr must be a positive number, got {lr}")
+        if momentum is not None:
+            momentum = float(momentum)
+            if not (np.isfinite(momentum) and 0 <= momentum < 1):
+                raise ArgumentError(f"momentum must lie in [0, 1), got {momentum}")
         xd = self._input(x, dtype=dtype)
         return xd, self._targets(y, xd.shape[0], loss, dtype), lr, momentum
 
-    def fit(self, x, y, loss="quadratic", epochs=1, batch_size=32, lr=0.1, momentum=0.0,
+    def fit(self, x, y, loss="quadratic", epochs=1, batch_size=32, lr=None, momentum=None,
             shuffle=True, seed=None, validation=None, progress=None, optimizer=None,
             scheduler=None, hook=None, initial_epoch=0, callback=None, precision=None,
             replay=True):
@@ -841,8 +869,12 @@ class Sequential:
         uninterrupted run would. ``callback(epoch, history)`` runs after every epoch
         (e.g. to save a checkpoint).
 
-        ``optimizer``: a clnn.optim optimizer (it becomes ``self.optimizer``); without
-        one, SGD with ``lr`` and ``momentum``. ``scheduler``: a clnn.optim schedule,
+        ``optimizer``: a clnn.optim optimizer (it becomes ``self.optimizer``; its rates
+        are its own, so ``lr`` and ``momentum`` beside it are refused). Without one,
+        fit trains with the network's optimizer as it is (one set before, or loaded
+        with a checkpoint: a resumed Adam stays Adam, its rates and state kept), with
+        ``lr`` and ``momentum`` (SGD's) changed where given; a network without one
+        gets SGD(lr=0.1, momentum=0), or the rates given. ``scheduler``: a clnn.optim schedule,
         stepped after every epoch. ``hook``: see train_step. ``progress``: a tqdm bar
         with the running loss (default: when stderr is a terminal).
 
@@ -864,9 +896,7 @@ class Sequential:
         low = amp.check_precision(precision, self)
         scaled = amp.scaled(low)
         dt = low if low is not None else self.dtype    # the data's dtype on the device
-        if optimizer is not None and not isinstance(optimizer, optim.Optimizer):
-            raise ArgumentError(f"optimizer must be a clnn.optim optimizer, got "
-                                f"{type(optimizer).__name__}")
+        self._check_fit_optimizer(optimizer, lr, momentum)
         if scheduler is not None and not isinstance(scheduler, optim.Schedule):
             raise ArgumentError(f"scheduler must be a clnn.optim schedule, got "
                                 f"{type(scheduler).__name__}")
@@ -883,12 +913,7 @@ class Sequential:
         if not isinstance(epochs, (int, np.integer)) or epochs < 0:
             raise ArgumentError(f"epochs must be a non-negative int, got {epochs!r}")
         xd, yd, lr, momentum = self._train_args(x_host, y_host, loss, lr, momentum, dt)
-        if optimizer is not None:
-            self.optimizer = optimizer
-        elif isinstance(self.optimizer, optim.SGD):
-            self._optimizer(lr, momentum)
-        else:
-            self.optimizer = optim.SGD(lr=lr, momentum=momentum)
+        self._fit_optimizer(optimizer, lr, momentum)
         n = xd.shape[0]
         self._check_batches(n, batch_size)
         y_dense = yd.get()                       # targets as (batch, classes) rows

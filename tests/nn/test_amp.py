@@ -231,10 +231,9 @@ def test_checkpoint_resumes_the_scale_bitwise(tmp_path, make_opt):
     on the device then: saving reads them back), loaded and trained on: bitwise the
     uninterrupted run, scale history and step count included."""
     x, y = data(48)
-    kw = dict(epochs=4, batch_size=8, lr=0.1, momentum=0.9, precision="float16",
-              progress=False, seed=9)
-    if make_opt is not None:
-        kw = dict(kw, optimizer=make_opt())
+    kw = dict(epochs=4, batch_size=8, precision="float16", progress=False, seed=9)
+    kw = dict(kw, optimizer=make_opt()) if make_opt is not None else \
+        dict(kw, lr=0.1, momentum=0.9)
     whole = mlp(seed=5)
     whole.scaler = nn.GradScaler(init_scale=2.0 ** 20, growth_interval=4)
     whole.fit(x, y, "cross_entropy", **kw)
@@ -247,8 +246,9 @@ def test_checkpoint_resumes_the_scale_bitwise(tmp_path, make_opt):
     again = nn.load(path)
     assert again.scaler.config() == half.scaler.config()
     assert again.optimizer.steps == half.optimizer.steps > 0
-    # (fit without an optimizer trains with SGD: the loaded one goes in explicitly)
-    again.fit(x, y, "cross_entropy", **dict(kw, initial_epoch=2, optimizer=again.optimizer))
+    # fit without optimizer= trains on with the loaded one (SGD or Adam)
+    kw.pop("optimizer", None)
+    again.fit(x, y, "cross_entropy", **dict(kw, initial_epoch=2))
     assert np.array_equal(again.flat_parameters.get(), whole.flat_parameters.get())
     assert again.scaler.config() == whole.scaler.config()
     assert again.optimizer.steps == whole.optimizer.steps == 24 - whole.scaler.skipped

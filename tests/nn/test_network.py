@@ -247,6 +247,68 @@ def test_fit_history_and_learning(dev):
     assert hist["val_accuracy"][-1] > 0.9
 
 
+
+def test_fit_trains_with_the_networks_own_optimizer(dev, tmp_path):
+    """fit without optimizer= keeps the one the network has (a loaded Adam stays Adam,
+    its moments and step count carried on), changing only the rates it is given; a
+    network without one gets SGD(lr=0.1)."""
+    from clnn import optim
+    x = RNG.random((12, 5)).astype(np.float32)
+    y = RNG.random((12, 3)).astype(np.float32)
+    kw = dict(batch_size=4, progress=False, seed=3)
+
+    def make():
+        return nn.Sequential([nn.Dense(4, "tanh"), nn.Dense(3, "sigmoid")], 5, seed=1)
+
+    # Adam for two epochs, saved, resumed with a plain fit(): the uninterrupted run's
+    # weights, bitwise
+    whole = make()
+    whole.fit(x, y, epochs=2, optimizer=optim.Adam(lr=0.01), **kw)
+    whole.fit(x, y, epochs=4, initial_epoch=2, **kw)
+    half = make()
+    half.fit(x, y, epochs=2, optimizer=optim.Adam(lr=0.01), **kw)
+    resumed = nn.load(half.save(str(tmp_path / "mid.npz")))
+    resumed.fit(x, y, epochs=4, initial_epoch=2, **kw)
+    assert isinstance(resumed.optimizer, optim.Adam) and resumed.optimizer.steps == 12
+    for a, b in zip(whole.parameters(), resumed.parameters()):
+        assert np.array_equal(a.get(), b.get())
+
+    # the rates given change the network's optimizer; those not given stay
+    net = make()
+    net.optimizer = optim.SGD(lr=0.05, momentum=0.9)
+    net.fit(x, y, epochs=1, **kw)
+    assert (net.optimizer.lr, net.optimizer.momentum) == (0.05, 0.9)
+    net.fit(x, y, epochs=1, lr=0.02, **kw)
+    assert (net.optimizer.lr, net.optimizer.momentum) == (0.02, 0.9)
+    fresh = make()
+    fresh.fit(x, y, epochs=1, **kw)
+    assert isinstance(fresh.optimizer, optim.SGD)
+    assert (fresh.optimizer.lr, fresh.optimizer.momentum) == (0.1, 0.0)
+
+
+@pytest.mark.parametrize("kwargs,why", [
+    (dict(optimizer="adam"), "clnn.optim optimizer"),
+    (dict(optimizer=True, lr=0.1), "clnn.optim optimizer"),
+    (dict(lr=0.1, optimizer=None, momentum=0.5, adam=True), "momentum is SGD's"),
+    (dict(lr=0.1, optimizer="new"), "not beside it"),
+    (dict(momentum=0.5, optimizer="new"), "not beside it"),
+])
+def test_fit_refuses_rates_it_would_ignore(dev, kwargs, why):
+    from clnn import optim
+    net = nn.Sequential([nn.Dense(3, "sigmoid")], 5, seed=1)
+    if kwargs.pop("adam", False):
+        net.optimizer = optim.Adam(lr=0.01)
+    if kwargs.get("optimizer") == "new":
+        kwargs["optimizer"] = optim.SGD(lr=0.3)
+    before = [p.get() for p in net.parameters()]
+    old = net.optimizer
+    with pytest.raises(clnn.ArgumentError, match=why):
+        net.fit(RNG.random((4, 5)).astype(np.float32), RNG.random((4, 3)).astype(np.float32),
+                progress=False, **kwargs)
+    assert net.optimizer is old
+    for a, b in zip(before, net.parameters()):
+        assert np.array_equal(a, b.get())
+
 class TestBadInput:
     def params(self, net):
         return [(l.weight.get().tobytes(), l.bias.get().tobytes()) for l in net.layers]
