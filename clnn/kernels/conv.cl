@@ -94,11 +94,19 @@ __kernel void clnn_conv_pack(const int K, const int RUN, const int cols, const i
     }
     int kq = k0 / KD, kr = k0 % KD;
     __global acc_t *dst = b_pk + (nb * K + k0) * NWI;
+    // a whole panel checks no column bound per element, so its loads (16-bit ones with
+    // their conversions) vectorise
+    const int whole = (nb + 1) * NWI <= cols;
     for (int t = 0; t < kn; ++t, dst += NWI) {
         __global const real_t *s = src + src_off + kq * KS + (flip ? KD - 1 - kr : kr);
-        for (int j = 0; j < NWI; ++j) {
-            const int col = nb * NWI + j;
-            dst[j] = col < cols ? CLNN_LOAD(s, col * CS) : (acc_t)0;
+        if (whole) {
+            for (int j = 0; j < NWI; ++j)
+                dst[j] = CLNN_LOAD(s, (nb * NWI + j) * CS);
+        } else {
+            for (int j = 0; j < NWI; ++j) {
+                const int col = nb * NWI + j;
+                dst[j] = col < cols ? CLNN_LOAD(s, col * CS) : (acc_t)0;
+            }
         }
         if (++kr == KD) { kr = 0; ++kq; }
     }

@@ -192,6 +192,13 @@ __kernel void clnn_pack_a(const int M, const int K, const int Mb, const int k0,
         return;
     a += a_off + batch * a_bstride;
     __global acc_t *dst = a_pk + ((batch * Mb + mb) * K + k) * MWI;
+    if ((mb + 1) * MWI <= M) {
+        // a whole panel: no bounds to check per element, so the work-group loop
+        // vectorises across k (16-bit loads and their conversions included)
+        for (int i = 0; i < MWI; ++i)
+            dst[i] = CLNN_A(mb * MWI + i, k0 + k);
+        return;
+    }
     for (int i = 0; i < MWI; ++i) {
         const int m = mb * MWI + i;
         dst[i] = m < M ? CLNN_A(m, k0 + k) : (acc_t)0;
@@ -222,6 +229,11 @@ __kernel void clnn_pack_b(const int N, const int K, const int Nb, const int k0,
         return;
     }
 %   endif
+    if (n_base + (nb + 1) * NWI <= N) {      // a whole panel, as in clnn_pack_a
+        for (int j = 0; j < NWI; ++j)
+            dst[j] = CLNN_B(k0 + k, n_base + nb * NWI + j);
+        return;
+    }
     for (int j = 0; j < NWI; ++j) {
         const int n = n_base + nb * NWI + j;
         dst[j] = n < N ? CLNN_B(k0 + k, n) : (acc_t)0;
