@@ -74,6 +74,8 @@ def _ops():
     close(W.get(), x * (1 - 0.001) - 0.01 * y / (np.abs(y) + 1e-8), 1e-4)
     bad = np.array([1.0, np.inf, -np.inf, np.nan] * 1300, np.float32)
     assert clnn.count_nonfinite(clnn.asarray(bad)) == 3900
+    # 16-bit storage counted on its bits, 8 elements at a time and a tail
+    assert clnn.count_nonfinite(clnn.asarray(bad[:1203].astype(np.float16))) == 902
     _loss_scale(x, y)
     close(clnn.bias_add(X, clnn.asarray(x[0])).get(), x + x[0])
     close(clnn.bias_grad(X).get(), x.sum(0))

@@ -45,6 +45,8 @@
     # float32's 32-lane row form: four float8 vectors of the input's own elements
     rows32 = lanes == 32 and dtype == "float32"
     vec_loads = vec_in or rows32
+    # counting infs and NaNs of 16-bit storage reads the bits: every exponent bit set
+    bad_bits = map == "bad" and vec_in
 %>
 % if inp == "real":
 #define CLNN_IN(p, i) CLNN_LOAD(p, i)
@@ -78,6 +80,8 @@ CLNN_IN(x, x_off + ${k}) * CLNN_IN(y, y_off + ${k})\
 clnn_sq(CLNN_IN(x, x_off + ${k}))\
 % elif map == "xv":
 CLNN_IN(x, x_off + ${k}) * CLNN_IN(y, y_off + ${r})\
+% elif map == "bad" and bad_bits:
+clnn_bad_bits(x, x_off + ${k})\
 % elif map == "bad":
 clnn_bad(CLNN_IN(x, x_off + ${k}))\
 % else:
@@ -97,6 +101,8 @@ clnn_sq8(CLNN_INV(x, x_off + ${k}))\
 CLNN_INV(x, x_off + ${k}) * CLNN_INV(y, y_off + ${r})\
 % elif map == "xv":
 CLNN_INV(x, x_off + ${k}) * CLNN_IN(y, y_off + ${r})\
+% elif map == "bad" and bad_bits:
+clnn_bad_bits8(x, x_off + ${k})\
 % elif map == "bad":
 clnn_bad8(CLNN_INV(x, x_off + ${k}))\
 % endif
@@ -122,6 +128,21 @@ inline acc_t clnn_sq(const acc_t v) { return v * v; }
 %   if vec_loads:
 inline ${V} clnn_sq8(const ${V} v) { return v * v; }
 %   endif
+% elif bad_bits:
+// 1 for an inf or a NaN, else 0: a 16-bit element's exponent bits all set, read on
+// its bits without converting it (a float16 count took twice a float32 one's time
+// on PoCL when it converted first)
+#define CLNN_EXP_BITS ${"0x7c00" if dtype == "float16" else "0x7f80"}
+inline acc_t clnn_bad_bits(__global const real_t *p, const int i)
+{
+    return (acc_t)((((__global const ushort *)p)[i] & CLNN_EXP_BITS) == CLNN_EXP_BITS);
+}
+inline ${V} clnn_bad_bits8(__global const real_t *p, const int i)
+{
+    const ushort8 e = CLNN_ELEMS_LOAD8(ushort, (__global const ushort *)p + i)
+                      & (ushort8)CLNN_EXP_BITS;
+    return -convert_${V}(e == (ushort8)CLNN_EXP_BITS);    // (true is -1 in a vector)
+}
 % elif map == "bad":
 // 1 for an inf or a NaN, else 0: v - v is 0 for a finite v and NaN otherwise, what
 // isfinite says in a form PoCL vectorises (its isfinite made a count 4-5x slower

@@ -744,7 +744,9 @@ class Sequential:
                 # last: the one kernel here that changes what the step keeps (S, the
                 # count), enqueued after everything that could run out of memory, so
                 # that _replayed may run the passes again after a failed capture
-                self.scaler.device_update(self.flat_gradients, count)
+                # (counted in the 16-bit gradients: the same infs and NaNs as their
+                # float32 copy, at half the bytes)
+                self.scaler.device_update(self._half.grads, count)
         return value, grad_scale
 
     def _forward_backward(self, ws, x, y, loss, grads, scale, layer_hook, example_offset,

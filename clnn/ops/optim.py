@@ -11,8 +11,8 @@ import math
 import numpy as np
 
 from .. import programs
-from ..device import device_of
-from ..errors import ArgumentError, ShapeError
+from ..device import BFLOAT16, device_of
+from ..errors import ArgumentError, DTypeError, ShapeError
 from ._args import (check, check_ints, common_device, dev_empty, done, finite, launch,
                     offset, overlaps)
 from .elementwise import fill
@@ -103,14 +103,19 @@ class DeviceCopy:
 def loss_scale_update(grads, state, *, count=None, growth_factor=2.0, backoff_factor=0.5,
                       growth_interval=2000):
     """PyTorch's GradScaler update, on the device and without reading anything back:
-    count ``grads``' (a float32 array's) infs and NaNs and update ``state`` (see
+    count ``grads``' (a float32, float16 or bfloat16 array's: the 16-bit gradients of a
+    mixed-precision step, read at half the bytes of their float32 copy) infs and NaNs
+    and update ``state`` (see
     loss_scale_state): a step with any is marked found (a gated sgd_step or adam_step
     then changes nothing) and S times ``backoff_factor``; after ``growth_interval``
     good steps in a row S times ``growth_factor``. ``count`` (an int32 device array of
     one, an optimizer's count of the updates applied) goes up by one unless the step
     is skipped. Returns state."""
     dev = common_device(grads=grads, state=state, count=count)
-    check(grads, "grads", dev, dtype=np.float32)
+    gdt = check(grads, "grads", dev)
+    if gdt not in (np.float32, np.float16, BFLOAT16):
+        raise DTypeError(f"grads has dtype {gdt}: the loss scale checks float32, float16 "
+                         f"or bfloat16 gradients")
     _state(state, dev)
     if count is not None:
         check_ints(count, "count", dev, shape=(1,))
@@ -127,7 +132,7 @@ def loss_scale_update(grads, state, *, count=None, growth_factor=2.0, backoff_fa
     if count is None:
         count = dev_empty(dev, (1,), np.int32)        # counted, and never read
     if grads.size:
-        reduce3(dev, np.dtype(np.float32), grads, (1, grads.size, 1), bad, map="bad")
+        reduce3(dev, gdt, grads, (1, grads.size, 1), bad, map="bad", outp="acc")
     else:
         fill(bad, 0.0)
     kern = _kernel(dev, np.dtype(np.float32), "clnn_loss_scale_update")

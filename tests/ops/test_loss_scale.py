@@ -27,10 +27,13 @@ def gradients(n, bad_at=None, bad=np.nan):
 
 
 @pytest.mark.parametrize("n", [1, 7, 4099, 100003])
-def test_the_device_update_is_the_host_scalers(dev, n):
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_the_device_update_is_the_host_scalers(dev, n, dtype):
     """A run of steps, some with an inf or NaN (first, last or inside the gradients),
     through loss_scale_update and through GradScaler.update: the same S, S used, found,
-    good and skipped counts after every step, and nothing written around the state."""
+    good and skipped counts after every step, and nothing written around the state;
+    16-bit gradients (a mixed-precision step counts its own) as float32 ones."""
+    dt = np.dtype(clnn.bfloat16 if dtype == "bfloat16" else dtype)
     host = nn.GradScaler(init_scale=2.0 ** 12, growth_interval=3)
     st = state_on(dev, host.scale)
     cases = [None, None, None, 0, None, n - 1, None, None, None, n // 2, None]
@@ -38,7 +41,8 @@ def test_the_device_update_is_the_host_scalers(dev, n):
     for i, at in enumerate(cases):
         g = gradients(n, at, bads[i % 3])
         used = host.scale
-        optim_ops.loss_scale_update(guarded_input(dev, g), st.view, growth_interval=3)
+        optim_ops.loss_scale_update(guarded_input(dev, g.astype(dt)), st.view,
+                                    growth_interval=3)
         host.update(at is None)
         s, found, s_used, good, skipped = optim_ops.read_loss_scale_state(st.check())
         assert (s, found, s_used, good, skipped) == \
