@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Every GPU measurement the open issues ask for, in parts that each fit one 10-minute
+# command on a lent GPU machine (../shared/gpu/README.md; run from the project's root
+# after `source .gpu/setup.sh`). Each part writes its logs and JSON under OUT (default
+# results/gpu-<date>), and goes on past a failing step so that one error costs one
+# table, not the session.
+#
+#   bash benchmarks/gpu_session.sh tests    # the suite on the GPU (about 3 minutes)
+#   bash benchmarks/gpu_session.sh gemm     # GEMMs with cuBLAS/CLBlast, engines per row,
+#                                           # 16-bit against float32, peers.py
+#   bash benchmarks/gpu_session.sh steps    # convolutions, training steps, host time,
+#                                           # memory-bound ops
+#   bash benchmarks/gpu_session.sh all      # the three in turn (for a longer window)
+#
+# DEVICE (default gpu) picks the clnn device; PYTHON (default python3) the interpreter.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+part=${1:-all}
+DEVICE=${DEVICE:-gpu}
+PY=${PYTHON:-python3}
+OUT=${OUT:-results/gpu-$(date +%Y%m%d)}
+mkdir -p "$OUT"
+failed=0
+
+step() {       # step NAME COMMAND...: run it, its output to OUT/NAME.log, timed
+  local name=$1
+  shift
+  local t0=$SECONDS
+  echo "== $name: $*"
+  "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "   rc=$rc, $((SECONDS - t0)) s, log $OUT/$name.log"
+  tail -n 25 "$OUT/$name.log"
+  [ $rc -eq 0 ] || failed=$((failed + 1))
+}
+
+bench() {      # bench SCRIPT [ARGS...]: a benchmarks/ script on DEVICE, JSON into OUT
+  local script=$1
+  shift
+  step "$script" "$PY" "benchmarks/$script.py" --device "$DEVICE" \
+    --json "$OUT/$script.json" "$@"
+}
+
+run_tests() {
+  step devices "$PY" -m clnn devices
+  step tests env CLNN_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q -n 8 -p no:cacheprovider \
+    tests
+}
+
+run_gemm() {
+  bench bench_gemm --sizes 1024,2048,4096,8192
+  bench bench_engines --each-row
+  bench bench_half
+  if [ -e .gpu/peers.py ]; then
+    step peers "$PY" .gpu/peers.py --json "$OUT/peers.json"
+  fi
+}
+
+run_steps() {
+  bench bench_conv --repeats 9
+  bench bench_lenet
+  bench bench_mlp
+  bench bench_tutorial
+  bench bench_host
+  bench bench_ops
+}
+
+case $part in
+  tests) run_tests ;;
+  gemm) run_gemm ;;
+  steps) run_steps ;;
+  all) run_tests; run_gemm; run_steps ;;
+  *) echo "usage: $0 tests|gemm|steps|all" >&2; exit 2 ;;
+esac
+echo "$failed step(s) failed; logs and JSON in $OUT"
+[ $failed -eq 0 ]
