@@ -43,8 +43,10 @@ bench() {      # bench SCRIPT [ARGS...]: a benchmarks/ script on DEVICE, JSON in
 
 run_tests() {
   step devices "$PY" -m clnn devices
-  step tests env CLNN_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q -n 8 -p no:cacheprovider \
-    tests
+  local workers=()      # pytest-xdist where the machine has it (GPU images often lack it)
+  "$PY" -c "import xdist" 2>/dev/null && workers=(-n 8)
+  step tests env CLNN_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q "${workers[@]}" \
+    -p no:cacheprovider tests
 }
 
 run_gemm() {
