@@ -48,7 +48,10 @@
 // input, never stored: every element of A is a load from x (N or C images of H x W),
 //   A(row, k) = x[base(row) + off(k)]  at image position (hrow + hk, wrow + wk),
 // zero where that position is in the padding. A row and a k index each split into
-// three parts (a, b, c); the routine passes their sizes and steps:
+// three parts (a, b, c); the routine passes their sizes and steps as int4
+// descriptors, row_split (rows / (R2 R3), R2, R3), row_steps (RA, RBH, RCW), k_split
+// (K1, K2, K3) and k_steps (KA, KBH, KCW), with x_geom (H, W, ph, pw), and out_steps
+// (OA, OB, OC, OM): row (a, b, c) and column m go to out[a OA + b OB + c OC + m OM].
 //   base(row) = a * RA + (b * RBH - ph) * W + c * RCW - pw,  hrow = b * RBH - ph, ...
 //   off(k)    = k1 * KA + k2 * KBH * W + k3 * KCW,           hk = k2 * KBH, ...
 // forward:         rows (n, p, q), k (c, r, s), cols m:  y = unroll(x)^T @ w^T
@@ -62,7 +65,7 @@
 // touches are a few kilobytes.
 
 // b_pk[(nb * K + k) * NWI + j] = src[col * CS + (k / KD) * KS + (flip ? KD - 1 - k % KD
-// : k % KD)] for col = nb * NWI + j < cols, else 0:
+// : k % KD)] for col = nb * NWI + j < cols, else 0, with src_steps (CS, KD, KS, flip):
 //   forward  w (M, CRS):              CS = CRS, KD = CRS, KS = 0,   flip = 0
 //   flipped  w (M, C, R, S) as (C, MRS) with the taps reversed (data gradient):
 //                                     CS = RS,  KD = RS,  KS = CRS, flip = 1
@@ -73,13 +76,15 @@
 // A work-item packs RUN consecutive k: it divides for the first and steps through
 // the rest (dividing for every k took two thirds of LeNet C3's weight-gradient
 // packing), and its loads of one column run along k.
-__kernel void clnn_conv_pack(const int K, const int RUN, const int cols, const int Nb,
-                             __global const real_t *src, const int src_off, const int CS,
-                             const int KD, const int KS, const int flip,
-                             __global acc_t *b_pk, const int K2, const int K3,
-                             const int KA, const int KBH, const int KCW, const int W,
+__kernel void clnn_conv_pack(const int RUN, const int cols, const int Nb,
+                             __global const real_t *src, const int src_off,
+                             const int4 src_steps, __global acc_t *b_pk,
+                             const int4 k_split, const int4 k_steps, const int W,
                              __global int *koff)
 {
+    const int CS = src_steps.s0, KD = src_steps.s1, KS = src_steps.s2, flip = src_steps.s3;
+    const int K2 = k_split.s1, K3 = k_split.s2, K = k_split.s0 * K2 * K3;
+    const int KA = k_steps.s0, KBH = k_steps.s1, KCW = k_steps.s2;
     const int k0 = (int)get_global_id(0) * RUN;
     const int nb = (int)get_global_id(1);
     if (k0 >= K || nb >= Nb)
@@ -155,21 +160,26 @@ typedef real_t x_t;
 
 // One work-item: MWI consecutive rows x NWI columns of C in MWI * NWI / VW vector
 // registers; work-items run along rows, work-groups share one B panel.
-__kernel void clnn_conv_gather(const int rows, const int R2, const int R3,
-                               const int RA, const int RBH, const int RCW,
-                               const int K1, const int K2, const int K3,
-                               const int KA, const int KBH, const int KCW,
-                               __global const x_t *x, const int x_off,
-                               const int H, const int W, const int ph, const int pw,
+__kernel void clnn_conv_gather(const int4 row_split, const int4 row_steps,
+                               const int4 k_split, const int4 k_steps,
+                               __global const x_t *x, const int x_off, const int4 x_geom,
                                const int zlo, const int zhi,
                                const int cols, __global const acc_t *b_pk,
                                __global const int *koff,
                                __global ${'acc_t' if vstore else 'real_t'} *out,
-                               const int out_off,
-                               const int OA, const int OB, const int OC, const int OM,
+                               const int out_off, const int4 out_steps,
                                const acc_t alpha, const acc_t beta, const acc_t act_p, const acc_t act_q,
                                __global const real_t *bias, const int bias_off)
 {
+    // the descriptors' parts under the names the comment at the top uses
+    const int R2 = row_split.s1, R3 = row_split.s2, rows = row_split.s0 * R2 * R3;
+    const int RA = row_steps.s0, RBH = row_steps.s1, RCW = row_steps.s2;
+    const int K1 = k_split.s0, K2 = k_split.s1, K3 = k_split.s2;
+    const int KA = k_steps.s0, KBH = k_steps.s1, KCW = k_steps.s2;
+    const int H = x_geom.s0, W = x_geom.s1, ph = x_geom.s2, pw = x_geom.s3;
+    const int OA = out_steps.s0, OB = out_steps.s1, OC = out_steps.s2, OM = out_steps.s3;
+    (void)H, (void)RCW, (void)KA, (void)KBH, (void)KCW, (void)OM;  // (not every variant
+                                                                   // reads every part)
     const int rb = (int)get_global_id(0);
     const int nb = (int)get_global_id(1);
     x += x_off;

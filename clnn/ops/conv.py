@@ -149,25 +149,30 @@ def _run_gather(dev, dt, p, *, x, x_off, H, W, ph, pw, rows3, row_steps, k3, k_s
     b_pk, koff = scratch or _gather_scratch(dev, dt, cols, K, nwi)
     pack = programs.get_kernel(dev, "conv", "clnn_conv_pack", prm)
     runs = -(-K // PACK_RUN)               # a work-item packs PACK_RUN k (conv.cl)
-    pack((-(-runs // 64) * 64, Nb), (64, 1), K=K, RUN=PACK_RUN, cols=cols, Nb=Nb, src=src,
-         src_off=src_off, CS=CS, KD=KD, KS=KS, flip=flip, b_pk=b_pk, K2=k3[1], K3=k3[2],
-         KA=k_steps[0], KBH=k_steps[1], KCW=k_steps[2], W=W, koff=koff)
+    k_split, k_step = _int4(*k3), _int4(*k_steps)
+    pack((-(-runs // 64) * 64, Nb), (64, 1), RUN=PACK_RUN, cols=cols, Nb=Nb, src=src,
+         src_off=src_off, src_steps=_int4(CS, KD, KS, int(flip)), b_pk=b_pk,
+         k_split=k_split, k_steps=k_step, W=W, koff=koff)
     kern = programs.get_kernel(dev, "conv", "clnn_conv_gather", prm)
     Rb = rows // rows3[2] * -(-rows3[2] // mwi) if line else -(-rows // mwi)
     # work-groups of WG, fewer when that would leave compute units idle (a weight
     # gradient has a few long rows: LeNet C1's 25 taps make 4 work-items)
     wg = max(1, min(p["WG"], dev.facts.max_work_group_size,
                     Rb * Nb // (2 * dev.facts.compute_units)))
-    return kern((-(-Rb // wg) * wg, Nb), (wg, 1), rows=rows, R2=rows3[1], R3=rows3[2],
-                RA=row_steps[0], RBH=row_steps[1], RCW=row_steps[2], K1=k3[0], K2=k3[1],
-                K3=k3[2], KA=k_steps[0], KBH=k_steps[1], KCW=k_steps[2], x=x, x_off=x_off,
-                H=H, W=W, ph=ph, pw=pw, zlo=zero_rows[0] if zero_rows else 0,
+    return kern((-(-Rb // wg) * wg, Nb), (wg, 1), row_split=_int4(*rows3),
+                row_steps=_int4(*row_steps), k_split=k_split, k_steps=k_step, x=x,
+                x_off=x_off, x_geom=_int4(H, W, ph, pw),
+                zlo=zero_rows[0] if zero_rows else 0,
                 zhi=H - zero_rows[1] if zero_rows else H, cols=cols, b_pk=b_pk, koff=koff,
-                out=out, out_off=offset(out),
-                OA=out_steps[0], OB=out_steps[1], OC=out_steps[2], OM=out_steps[3],
+                out=out, out_off=offset(out), out_steps=_int4(*out_steps),
                 alpha=alpha, beta=beta, act_p=act_p[0], act_q=act_p[1],
                 bias=bias if bias is not None else out,
                 bias_off=offset(bias) if bias is not None else 0)
+
+
+def _int4(*parts):
+    """An OpenCL int4 kernel argument (conv.cl's descriptors) from up to four ints."""
+    return np.array(tuple(int(p) for p in parts) + (0,) * (4 - len(parts)), cltypes.int4)
 
 
 def _gather_scratch(dev, dt, cols, K, nwi):
