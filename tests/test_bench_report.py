@@ -1,4 +1,5 @@
-"""benchmarks/report.py turns result files into a table and plots (no timing here)."""
+"""benchmarks/report.py turns result files into a table and plots, and benchmarks/gpu_session.sh
+calls scripts and options that exist (no timing here)."""
 
 import json
 import os
@@ -45,3 +46,23 @@ def test_report_from_result_files(tmp_path):
     assert "| dev | relu | 50.0 |  | 90.0 | 40.0 | 45.0 |" in text
     assert "| dev | conv2d | 80.0 | 230.0 | 370.0 | 320.0 | 390.0 |" in text
     assert (tmp_path / "gemm.png").exists() and (tmp_path / "conv.png").exists()
+
+
+def test_the_gpu_session_script_names_scripts_and_options_that_exist():
+    """benchmarks/gpu_session.sh runs where no one can fix it mid-session (a lent GPU,
+    minutes of device time): its shell parses, and every benchmark it calls exists and
+    takes the options it passes."""
+    import re
+    import subprocess
+    bench = os.path.join(os.path.dirname(HERE), "benchmarks")
+    path = os.path.join(bench, "gpu_session.sh")
+    assert subprocess.run(["bash", "-n", path]).returncode == 0
+    text = open(path).read()
+    calls = re.findall(r"^\s*bench (\w+)(.*)$", text, re.M)
+    assert len(calls) >= 8
+    for script, rest in calls:
+        help_text = subprocess.run(
+            [sys.executable, os.path.join(bench, f"{script}.py"), "--help"],
+            capture_output=True, text=True, timeout=120).stdout
+        for opt in re.findall(r"--[\w-]+", rest) + ["--device", "--json"]:
+            assert opt in help_text, (script, opt)
