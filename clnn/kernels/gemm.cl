@@ -218,20 +218,18 @@ __kernel void clnn_pack_b(const int N, const int K, const int Nb, const int k0,
     b += b_off + batch * b_bstride;
     __global acc_t *dst = b_pk + ((batch * Nb + nb) * K + k) * NWI;
 % if conv == "none":
+    if (n_base + (nb + 1) * NWI <= N) {      // a whole panel, as in clnn_pack_a
 %   if not trans_b and VW in (2, 4, 8):
-    // rows of B run along n: whole vectors where the panel lies inside B (16-bit
-    // storage converted a vector at a time)
-    if (n_base + (nb + 1) * NWI <= N) {
+        // rows of B run along n: whole vectors (16-bit storage converted a vector at
+        // a time)
         __global const real_t *src = b + (k0 + k) * ldb + n_base + nb * NWI;
 %     for v in range(t["NWI"] // VW):
         *(__global ${rvec} *)(dst + ${v * VW}) = CLNN_LOADV(${VW}, src + ${v * VW});
 %     endfor
-        return;
-    }
-%   endif
-    if (n_base + (nb + 1) * NWI <= N) {      // a whole panel, as in clnn_pack_a
+%   else:
         for (int j = 0; j < NWI; ++j)
             dst[j] = CLNN_B(k0 + k, n_base + nb * NWI + j);
+%   endif
         return;
     }
     for (int j = 0; j < NWI; ++j) {
