@@ -80,7 +80,7 @@ CLNN_IN(x, x_off + ${k}) * CLNN_IN(y, y_off + ${k})\
 clnn_sq(CLNN_IN(x, x_off + ${k}))\
 % elif map == "xv":
 CLNN_IN(x, x_off + ${k}) * CLNN_IN(y, y_off + ${r})\
-% elif map == "bad" and bad_bits:
+% elif bad_bits:
 clnn_bad_bits(x, x_off + ${k})\
 % elif map == "bad":
 clnn_bad(CLNN_IN(x, x_off + ${k}))\
@@ -101,7 +101,7 @@ clnn_sq8(CLNN_INV(x, x_off + ${k}))\
 CLNN_INV(x, x_off + ${k}) * CLNN_INV(y, y_off + ${r})\
 % elif map == "xv":
 CLNN_INV(x, x_off + ${k}) * CLNN_IN(y, y_off + ${r})\
-% elif map == "bad" and bad_bits:
+% elif bad_bits:
 clnn_bad_bits8(x, x_off + ${k})\
 % elif map == "bad":
 clnn_bad8(CLNN_INV(x, x_off + ${k}))\
