@@ -25,6 +25,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 
 # clang 14 knows up to sm_86: the PTX says sm_80 (every instruction the kernels use
@@ -56,8 +57,7 @@ def _ptxas():
     """CLNN_PTXAS, else the nvidia-cuda-nvcc wheel's (the declared one, whatever CUDA
     toolkit the machine has), else one on PATH."""
     if os.environ.get("CLNN_PTXAS"):
-        path = shutil.which(os.environ["CLNN_PTXAS"])
-        return path
+        return shutil.which(os.environ["CLNN_PTXAS"])
     for base in sys.path:        # the wheel: nvidia/cuda_nvcc/bin/ptxas
         cand = os.path.join(base or ".", "nvidia", "cuda_nvcc", "bin", "ptxas")
         if os.path.isfile(cand) and os.access(cand, os.X_OK):
@@ -107,7 +107,6 @@ def parse(log):
 def assemble(source, arch=ARCH, workdir=None, timeout=120):
     """Compile rendered OpenCL C ``source`` to PTX and assemble it for ``arch``:
     {entry: Resources}, or PTXError."""
-    import tempfile
     clang, libclc, ptxas = tools()
     if None in (clang, libclc, ptxas):
         raise PTXError("setup", "missing " + missing())

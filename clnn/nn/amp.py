@@ -107,8 +107,8 @@ class GradScaler:
     def device_update(self, grads, count):
         """The step's check and update on the device (from device_state's array): the
         ``grads`` (float32, or the step's 16-bit ones) all finite or not, as update()
-        would do it; ``count`` (an
-        optimizer's device_count) counts the step unless it is skipped."""
+        would do it; ``count`` (an optimizer's device_count) counts the step unless it
+        is skipped."""
         optim_ops.loss_scale_update(grads, self._state.array, count=count,
                                     growth_factor=self.growth_factor,
                                     backoff_factor=self.backoff_factor,

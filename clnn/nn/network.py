@@ -876,8 +876,8 @@ class Sequential:
         fit trains with the network's optimizer as it is (one set before, or loaded
         with a checkpoint: a resumed Adam stays Adam, its rates and state kept), with
         ``lr`` and ``momentum`` (SGD's) changed where given; a network without one
-        gets SGD(lr=0.1, momentum=0), or the rates given. ``scheduler``: a clnn.optim schedule,
-        stepped after every epoch. ``hook``: see train_step. ``progress``: a tqdm bar
+        gets SGD(lr=0.1, momentum=0), or the rates given. ``scheduler``: a clnn.optim
+        schedule, stepped after every epoch. ``hook``: see train_step. ``progress``: a tqdm bar
         with the running loss (default: when stderr is a terminal).
 
         ``precision="float16"``: mixed precision (clnn/nn/amp.py): float16 activations,

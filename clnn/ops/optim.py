@@ -105,10 +105,9 @@ def loss_scale_update(grads, state, *, count=None, growth_factor=2.0, backoff_fa
     """PyTorch's GradScaler update, on the device and without reading anything back:
     count ``grads``' (a float32, float16 or bfloat16 array's: the 16-bit gradients of a
     mixed-precision step, read at half the bytes of their float32 copy) infs and NaNs
-    and update ``state`` (see
-    loss_scale_state): a step with any is marked found (a gated sgd_step or adam_step
-    then changes nothing) and S times ``backoff_factor``; after ``growth_interval``
-    good steps in a row S times ``growth_factor``. ``count`` (an int32 device array of
+    and update ``state`` (see loss_scale_state): a step with any is marked found (a
+    gated sgd_step or adam_step then changes nothing) and S times ``backoff_factor``;
+    after ``growth_interval`` good steps in a row S times ``growth_factor``. ``count`` (an int32 device array of
     one, an optimizer's count of the updates applied) goes up by one unless the step
     is skipped. Returns state."""
     dev = common_device(grads=grads, state=state, count=count)
