@@ -25,16 +25,15 @@
     MWI, NWI, VW = t["MWI"], t["NWI"], t["VW"]
     NVW = NWI // VW
     vec = f"{acc}{VW}" if VW > 1 else acc
-    comps = "0123456789abcdef"
-    # the epilogue takes the activation on a vector of VW where it calls math built-ins
-    # (PoCL calls the scalar forms once per element: LeNet C1's tanh took 8x its
-    # convolution)
-    vec_act = not vstore and VW in (2, 4, 8) and act in math_acts
+    if bias not in ("none", "col"):
+        raise ValueError(f"the gathered convolution adds a bias per column, not {bias!r}")
     if VW > cpu_lanes:      # VW counts float32 lanes: conv.py halves it for float64
         raise ValueError(f"VW={VW} vectors of {acc} are wider than 256 bits "
                          f"(programs.CPU_LANES)")
 %>
-<%include file="_activation.cl" args="act=act, vector=VW if vec_act else 0"/>
+<%namespace name="rb" file="_regblock.cl"/>
+## the fused epilogue (clnn_epilogue, and clnn_epilogue_v on a vector of VW columns)
+<%include file="_epilogue.cl" args="act=act, bias=bias, width=VW if VW > 1 and not vstore else 0, vector_act=True"/>
 //
 // ---- tuning parameters
 #define MWI ${MWI}    // rows of C per work-item, each gathered from the input
@@ -128,35 +127,30 @@ typedef real_t x_t;
 #define CLNN_XSTORE(v, p, i) CLNN_STORE(v, p, i)
 % endif
 
-## One k step of the micro-kernel: NVW vector loads of B, MWI gathered values of A.
-<%def name="step()">\
-% for v in range(NVW):
-                const vec_t b${v} = *(__global const vec_t *)(bp + k * NWI + ${v * VW});
-% endfor
-% for i in range(MWI):
-                {
-%   if padded:
-                    // a padding position loads x[0] and is then replaced by zero:
-                    // both are selects, no branch per element
-%     if line:
-                    const bool ok = hv && (uint)(wrow + ${i} + wk) < (uint)W;
-                    const acc_t v = CLNN_XLOAD(xrow, ok ? off + ${i} : x0);
-%     else:
-                    const bool ok = hv${i} && (uint)(wrow${i} + wk) < (uint)W;
-                    const acc_t v = CLNN_XLOAD(x, ok ? base${i} + off : 0);
-%     endif
-                    const vec_t a_pm = (vec_t)(ok ? v : (acc_t)0);
-%   elif line:
-                    const vec_t a_pm = (vec_t)(CLNN_XLOAD(xrow, off + ${i}));
-%   else:
-                    const vec_t a_pm = (vec_t)(CLNN_XLOAD(x, base${i} + off));
-%   endif
-%   for v in range(NVW):
-                    c${i}_${v} += a_pm * b${v};
-%   endfor
-                }
-% endfor
-</%def>
+% if padded:
+// A gathered value whose position may lie in the padding (ok false): that loads
+// p[i0], which is in bounds, and is then replaced by zero: both are selects, no
+// branch per element.
+inline acc_t clnn_gathered(__global const x_t *p, const int i, const bool ok, const int i0)
+{
+    const acc_t v = CLNN_XLOAD(p, ok ? i : i0);
+    return ok ? v : (acc_t)0;
+}
+% endif
+<%
+    # A's value for row i of a work-item's block at this k (the micro-kernel's a_elem)
+    if padded and line:
+        a_elem = "clnn_gathered(xrow, off + {i}, hv && (uint)(wrow + {i} + wk) < (uint)W, x0)"
+    elif padded:
+        a_elem = "clnn_gathered(x, base{i} + off, hv{i} && (uint)(wrow{i} + wk) < (uint)W, 0)"
+    elif line:
+        a_elem = "CLNN_XLOAD(xrow, off + {i})"
+    else:
+        a_elem = "CLNN_XLOAD(x, base{i} + off)"
+%>
+## One k step of the micro-kernel (_regblock.cl): NVW vector loads of B, MWI gathered
+## values of A.
+<%def name="step(indent=16)">${rb.multiply(MWI, NVW, VW, "bp + k * NWI", a_elem, indent=indent)}</%def>
 
 // One work-item: MWI consecutive rows x NWI columns of C in MWI * NWI / VW vector
 // registers; work-items run along rows, work-groups share one B panel.
@@ -223,9 +217,7 @@ __kernel void clnn_conv_gather(const int4 row_split, const int4 row_steps,
 %   endfor
 % endif
 
-% for i in range(MWI):
-    vec_t ${" ".join(f"c{i}_{v} = (vec_t)(0){',' if v < NVW - 1 else ';'}" for v in range(NVW))}
-% endfor
+${rb.accumulators(MWI, NVW)}\
 % if padded:
     int k = 0;
     for (int k1 = 0; k1 < K1; ++k1) {
@@ -240,7 +232,7 @@ __kernel void clnn_conv_gather(const int4 row_split, const int4 row_steps,
 %   endif
             for (int k3 = 0; k3 < K3; ++k3, ++k) {
                 const int wk = k3 * KCW, off = off2 + wk;
-${step()}
+${step()}\
             }
         }
     }
@@ -256,7 +248,7 @@ ${step()}
             const int kend = (k1 * K2 + k2hi) * K3;
             for (int k = (k1 * K2 + k2lo) * K3; k < kend; ++k) {
                 const int off = koff[k];
-${step()}
+${step()}\
             }
         }
     } else
@@ -267,7 +259,7 @@ ${step()}
         // third of the time on LeNet's layers.
         for (int k = 0; k < K; ++k) {
             const int off = koff[k];
-${step()}
+${step(12)}\
         }
     }
 % endif
@@ -291,49 +283,11 @@ ${step()}
 % else:
     // C(row, col) is out[a * OA + b * OB + c * OC + col * OM]
     const int col0 = nb * NWI;
-% for i in range(MWI):
 %   if line:
-    if (${i} >= first) {
-        const int oidx${i} = orow + ${i} * OC;
+${rb.epilogue(MWI, NVW, VW, "out", "{i} >= first", "orow + {i} * OC + ({n}) * OM", "0", "col0", "cols", "all" if VW > 1 else None, step="OM")}\
 %   else:
-    if (row0 + ${i} < rows) {
+${rb.epilogue(MWI, NVW, VW, "out", "row0 + {i} < rows", "oidx{i} + ({n}) * OM", "0", "col0", "cols", "all" if VW > 1 else None, step="OM")}\
 %   endif
-%   for v in range(NVW):
-%     if vec_act:
-        {
-            // (lanes past the last column hold zeros and are not stored)
-            vec_t r = alpha * c${i}_${v};
-            if (beta != (acc_t)0)
-                r += beta * (vec_t)(${", ".join(f"col0 + {v * VW + j} < cols ? CLNN_LOAD(out, oidx{i} + (col0 + {v * VW + j}) * OM) : (acc_t)0" for j in range(VW))});
-%       if bias == "col":
-            r += (vec_t)(${", ".join(f"col0 + {v * VW + j} < cols ? CLNN_LOAD(bias, col0 + {v * VW + j}) : (acc_t)0" for j in range(VW))});
-%       endif
-            r = clnn_f${VW}(r, act_p, act_q);
-%       for j in range(VW):
-            if (col0 + ${v * VW + j} < cols)
-                CLNN_STORE(r.s${comps[j]}, out, oidx${i} + (col0 + ${v * VW + j}) * OM);
-%       endfor
-        }
-%     else:
-%       for j in range(VW):
-        if (col0 + ${v * VW + j} < cols) {
-            const int idx = oidx${i} + (col0 + ${v * VW + j}) * OM;
-            acc_t r = alpha * c${i}_${v}${f".s{comps[j]}" if VW > 1 else ""};
-            if (beta != (acc_t)0)
-                r += beta * CLNN_LOAD(out, idx);
-%         if bias == "col":
-            r += CLNN_LOAD(bias, col0 + ${v * VW + j});
-%         endif
-%         if act != "none":
-            r = clnn_f(r, act_p, act_q);
-%         endif
-            CLNN_STORE(r, out, idx);
-        }
-%       endfor
-%     endif
-%   endfor
-    }
-% endfor
 % endif
 }
 

@@ -26,12 +26,8 @@
 <%
     t = dict(tuning)
     VW = t.get("VW", 1)
-    # the CPU kernel's vector epilogue takes the activation on a vector of VW where it
-    # calls math built-ins (PoCL calls the scalar forms once per element)
-    vec_act = variant == "reg" and VW in (2, 4, 8) and conv in ("none", "wgrad") and \
-        act in math_acts
 %>
-<%include file="_activation.cl" args="act=act, vector=VW if vec_act else 0"/>
+<%namespace name="rb" file="_regblock.cl"/>
 //
 // Layouts are row-major with a leading dimension (row stride, in elements) and an
 // element offset per operand, so blocks of rows or columns of bigger matrices work:
@@ -41,27 +37,6 @@
 // Batches (dimension 2 of the launch) add *_bstride elements per batch; a stride of 0
 // shares that operand across the batch. With beta == 0 the old C is never read, so
 // NaN there cannot leak into the result.
-
-// The fused epilogue for one element of C.
-inline void clnn_epilogue(__global real_t *c, const int idx, const int m, const int n,
-                          const acc_t acc, const acc_t alpha, const acc_t beta,
-                          const acc_t act_p, const acc_t act_q, __global const real_t *bias)
-{
-    acc_t v = alpha * acc;
-    if (beta != (acc_t)0)
-        v += beta * CLNN_LOAD(c, idx);
-% if bias == "col":
-    v += CLNN_LOAD(bias, n);     // one bias per column: dense layers, batch-first
-% elif bias == "row":
-    v += CLNN_LOAD(bias, m);     // one bias per row: output channels of a convolution
-% elif bias == "one":
-    v += CLNN_LOAD(bias, 0);     // one value for all of C (addmm's input of shape ())
-% endif
-% if act != "none":
-    v = clnn_f(v, act_p, act_q);
-% endif
-    CLNN_STORE(v, c, idx);
-}
 
 % if variant == "reg":
 // ---- tuning parameters (reg variant)
@@ -306,50 +281,17 @@ typedef ${rvec} vec_t;
     # C's rows are contiguous (plain GEMMs and weight gradients): a work-item stores a
     # whole vector of a row at once where the vector lies inside C
     vec_store = VW in (2, 4, 8) and conv in ("none", "wgrad")
-    def lanes(fmt):
-        return ", ".join(fmt.format(j=j, c=comps[j]) for j in range(VW))
 %>
-% if vec_store:
+// the fused epilogue: clnn_epilogue, and clnn_epilogue_v for runs of VW columns where
+// C's rows are contiguous
+<%include file="_epilogue.cl" args="act=act, bias=bias, width=VW if vec_store else 0, vector_act=True"/>
 
-// The epilogue of VW consecutive elements of a row of C at once: one vector store (in
-// float16 on a CPU, of the halves' bits converted as a vector: scalar stores of
-// converted halves took a sixth of a 512^3 GEMM on PoCL; bfloat16 likewise).
-inline void clnn_epilogue_v(__global real_t *c, const int idx, const int m, const int n,
-                            const vec_t acc, const acc_t alpha, const acc_t beta,
-                            const acc_t act_p, const acc_t act_q,
-                            __global const real_t *bias)
-{
-    vec_t v = alpha * acc;
-    if (beta != (acc_t)0)
-        v += beta * (vec_t)(${lanes("CLNN_LOAD(c, idx + {j})")});
-%   if bias == "col":
-    v += (vec_t)(${lanes("CLNN_LOAD(bias, n + {j})")});
-%   elif bias == "row":
-    v += (vec_t)(CLNN_LOAD(bias, m));
-%   elif bias == "one":
-    v += (vec_t)(CLNN_LOAD(bias, 0));
-%   endif
-%   if vec_act:
-    v = clnn_f${VW}(v, act_p, act_q);
-%   elif act != "none":
-%     for j in range(VW):
-    v.s${comps[j]} = clnn_f(v.s${comps[j]}, act_p, act_q);
-%     endfor
-%   endif
-    CLNN_STOREV(${VW}, v, c + idx);
-}
-% endif
-
-// Register-blocked micro-kernel for CPUs. Each work-item owns an MWI x NWI block of C
-// in MWI * NVW vector registers (unrolled by the template, so the compiler keeps every
-// accumulator in a register). Per k it loads NVW vectors from its B panel and MWI
-// scalars from its A panel and does MWI * NVW vector multiply-adds: the lecture's
-// loop nest with the two loops over the output block kept in registers. Work-groups
-// run along M, so the work-items of a group (which PoCL runs one after another on one
-// core) share one B panel while it is in cache. No local memory and no barriers: on a
-// CPU local memory is ordinary memory and a barrier splits the work-item loop.
-// b_pk panels start at multiples of NWI elements (a multiple of VW) from a buffer
-// start, so the vector loads are aligned.
+// Register-blocked micro-kernel for CPUs (_regblock.cl): a work-item's MWI x NWI block
+// of C, from its A panel and its B panel. Work-groups run along M, so the work-items of
+// a group (which PoCL runs one after another on one core) share one B panel while it is
+// in cache. No local memory and no barriers: on a CPU local memory is ordinary memory
+// and a barrier splits the work-item loop. b_pk panels start at multiples of NWI
+// elements (a multiple of VW) from a buffer start, so the vector loads are aligned.
 __kernel void clnn_gemm_packed(const int M, const int N, const int K,
                                const acc_t alpha, const acc_t beta, const acc_t act_p, const acc_t act_q,
                                const int Mb, const int Nb, const int a_batched, const int b_batched,
@@ -368,45 +310,13 @@ __kernel void clnn_gemm_packed(const int M, const int N, const int K,
     c += c_off + batch * c_bstride;
     bias += bias_off;
 
-% for i in range(t["MWI"]):
-    vec_t ${" ".join(f"c{i}_{v} = (vec_t)(0){',' if v < NVW - 1 else ';'}" for v in range(NVW))}
-% endfor
+${rb.accumulators(t["MWI"], NVW)}\
     for (int k = 0; k < K; ++k) {
-% for v in range(NVW):
-        const vec_t b${v} = *(__global const vec_t *)(bp + k * NWI + ${v * VW});
-% endfor
-% for i in range(t["MWI"]):
-        {
-            const vec_t a_pm = (vec_t)(ap[k * MWI + ${i}]);
-%   for v in range(NVW):
-            c${i}_${v} += a_pm * b${v};
-%   endfor
-        }
-% endfor
+${rb.multiply(t["MWI"], NVW, VW, "bp + k * NWI", "ap[k * MWI + {i}]")}\
     }
 
     const int m0 = mb * MWI, n0 = n_base + nb * NWI;
-% for i in range(t["MWI"]):
-    if (m0 + ${i} < M) {
-%   for v in range(NVW):
-%     if vec_store:
-        if (n0 + ${(v + 1) * VW} <= N) {
-            clnn_epilogue_v(c, CLNN_C_IDX(m0 + ${i}, n0 + ${v * VW}), m0 + ${i},
-                            n0 + ${v * VW}, c${i}_${v}, alpha, beta, act_p, act_q, bias);
-        } else {
-%     endif
-%     for j in range(VW):
-        if (n0 + ${v * VW + j} < N)
-            clnn_epilogue(c, CLNN_C_IDX(m0 + ${i}, n0 + ${v * VW + j}), m0 + ${i},
-                          n0 + ${v * VW + j}, c${i}_${v}${f".s{comps[j]}" if VW > 1 else ""},
-                          alpha, beta, act_p, act_q, bias);
-%     endfor
-%     if vec_store:
-        }
-%     endif
-%   endfor
-    }
-% endfor
+${rb.epilogue(t["MWI"], NVW, VW, "c", "m0 + {i} < M", "CLNN_C_IDX(m0 + {i}, {n})", "m0 + {i}", "n0", "N", "whole" if vec_store else None)}\
 }
 % if conv == "none":
 // y = alpha * op(A) x + beta * y for one vector: one work-item per output row. Row m
@@ -569,18 +479,7 @@ ${nn_k_loop(True)}
         } else {
 ${nn_k_loop(False)}
         }
-%     for i in range(DM):
-        if (m0 + ${i} < M) {
-%       for v in range(DN):
-%         for j in range(VW):
-            if (n0 + ${v * VW + j} < N)
-                clnn_epilogue(c, (m0 + ${i}) * ldc + n0 + ${v * VW + j}, m0 + ${i},
-                              n0 + ${v * VW + j}, s${i}_${v}${f".s{comps[j]}" if VW > 1 else ""},
-                              alpha, beta, act_p, act_q, bias);
-%         endfor
-%       endfor
-        }
-%     endfor
+${rb.epilogue(DM, DN, VW, "c", "m0 + {i} < M", "(m0 + {i}) * ldc + {n}", "m0 + {i}", "n0", "N", "whole" if vec_store else None, acc="s", indent=8)}\
     }
 %   endif
 }
@@ -672,6 +571,8 @@ ${nn_k_loop(False)}
     if LDSM:
         g.update(RSA=RSA, RSB=RSB, SZA=SZA, SZB=SZB)
 %>
+<%include file="_epilogue.cl" args="act=act, bias=bias, width=VWN if VWN > 1 and vec_c and not c_map else 0, aligned=True"/>
+
 // ---- tuning parameters (local variant)
 #define MWG ${MWG}    // rows of C per work-group tile
 #define NWG ${NWG}    // columns of C per work-group tile
@@ -1350,27 +1251,11 @@ ${store_ldsm("(buf ^ 1)", g, "A") + store_ldsm("(buf ^ 1)", g, "B") if LDSM else
             const int n = n0 + (tn + ${j * NDIMC}) * VWN;
             const ${vt(VWN)} s = c${i * VWM + v}_${j};
 %         if VWN > 1 and vec_c and not c_map:
-            if (inside) {
-                // whole vectors: the routine checked that C's rows are aligned to VWN
-                ${vt(VWN)} r = alpha * s;
-                if (beta != (acc_t)0)
-                    r += beta * ${loadv(VWN, "c", "m * ldc + n").replace("const ", "")};
-%           if bias == "col":
-                r += (${vt(VWN)})(${", ".join(f"CLNN_LOAD(bias, n + {u})" for u in range(VWN))});
-%           elif bias in ("row", "one"):
-                r += CLNN_LOAD(bias, ${"m" if bias == "row" else "0"});
-%           endif
-%           if act != "none":
-%             for u in range(VWN):
-                r.s${comps[u]} = clnn_f(r.s${comps[u]}, act_p, act_q);
-%             endfor
-%           endif
-%           if storage_only:
-                CLNN_STOREV(${VWN}, r, c + m * ldc + n);
-%           else:
-                *(__global ${rt(VWN)} *)(c + m * ldc + n) = r;
-%           endif
-            } else
+            // whole vectors at once (the routine checked that C's rows are aligned to VWN)
+            if (m < M && n + ${VWN} <= N)
+                clnn_epilogue_v(c, m * ldc + n, 1, m, n, ${VWN}, s, alpha, beta, act_p, act_q,
+                                bias);
+            else
 %         endif
             if (m < M) {
 %         for u in range(VWN):
