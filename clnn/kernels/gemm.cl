@@ -34,9 +34,11 @@
 //   op(A) is M x K:  A(m, k) = a[m * lda + k]       or, transposed, a[k * lda + m]
 //   op(B) is K x N:  B(k, n) = b[k * ldb + n]       or, transposed, b[n * ldb + k]
 //   C is M x N:      C(m, n) = c[m * ldc + n]
-// Batches (dimension 2 of the launch) add *_bstride elements per batch; a stride of 0
-// shares that operand across the batch. With beta == 0 the old C is never read, so
-// NaN there cannot leak into the result.
+// Every kernel takes a matrix operand as its buffer and one int4 descriptor, x_desc =
+// (element offset, leading dimension, batch stride, unused) (clnn/ops/gemm.py's
+// Operand.desc). Batches (the last dimension of the launch) add the batch stride per
+// batch; a stride of 0 shares that operand across the batch. With beta == 0 the old C
+// is never read, so NaN there cannot leak into the result.
 
 % if variant == "reg":
 // ---- tuning parameters (reg variant)
@@ -157,15 +159,17 @@ inline acc_t clnn_unrolled_xt(__global const real_t *x, const int k, const int j
 // dimensions), needs no edge checks, and transposes cost nothing extra. Panels hold
 // acc_t, so 16-bit inputs (float16, bfloat16) are converted once here.
 __kernel void clnn_pack_a(const int M, const int K, const int Mb, const int k0,
-                          __global const real_t *a, const int a_off, const int lda,
-                          const int a_bstride, __global acc_t *a_pk${conv_sig})
+                          __global const real_t *a, const int4 a_desc,
+                          __global acc_t *a_pk${conv_sig})
 {
     const int k = (int)get_global_id(0);
     const int mb = (int)get_global_id(1);
     const int batch = (int)get_global_id(2);
     if (k >= K || mb >= Mb)
         return;
-    a += a_off + batch * a_bstride;
+    const int lda = a_desc.s1;
+    (void)lda;      // (the data and weight gradients' loaders read none)
+    a += a_desc.s0 + batch * a_desc.s2;
     __global acc_t *dst = a_pk + ((batch * Mb + mb) * K + k) * MWI;
     if ((mb + 1) * MWI <= M) {
         // a whole panel: no bounds to check per element, so the work-group loop
@@ -182,15 +186,17 @@ __kernel void clnn_pack_a(const int M, const int K, const int Mb, const int k0,
 
 __kernel void clnn_pack_b(const int N, const int K, const int Nb, const int k0,
                           const int n_base,
-                          __global const real_t *b, const int b_off, const int ldb,
-                          const int b_bstride, __global acc_t *b_pk${conv_sig})
+                          __global const real_t *b, const int4 b_desc,
+                          __global acc_t *b_pk${conv_sig})
 {
     const int k = (int)get_global_id(0);
     const int nb = (int)get_global_id(1);
     const int batch = (int)get_global_id(2);
     if (k >= K || nb >= Nb)
         return;
-    b += b_off + batch * b_bstride;
+    const int ldb = b_desc.s1;
+    (void)ldb;      // (the convolution loaders read none)
+    b += b_desc.s0 + batch * b_desc.s2;
     __global acc_t *dst = b_pk + ((batch * Nb + nb) * K + k) * NWI;
 % if conv == "none":
     if (n_base + (nb + 1) * NWI <= N) {      // a whole panel, as in clnn_pack_a
@@ -297,8 +303,8 @@ __kernel void clnn_gemm_packed(const int M, const int N, const int K,
                                const int Mb, const int Nb, const int a_batched, const int b_batched,
                                __global const acc_t *a_pk, __global const acc_t *b_pk,
                                __global const real_t *bias, const int bias_off,
-                               __global real_t *c, const int c_off, const int ldc,
-                               const int c_bstride, const int n_base${conv_sig})
+                               __global real_t *c, const int4 c_desc,
+                               const int n_base${conv_sig})
 {
     const int mb = (int)get_global_id(0);
     const int nb = (int)get_global_id(1);
@@ -307,7 +313,9 @@ __kernel void clnn_gemm_packed(const int M, const int N, const int K,
         return;
     __global const acc_t *ap = a_pk + ((a_batched * batch * Mb + mb) * K) * MWI;
     __global const acc_t *bp = b_pk + ((b_batched * batch * Nb + nb) * K) * NWI;
-    c += c_off + batch * c_bstride;
+    const int ldc = c_desc.s1;
+    (void)ldc;      // (the convolution's C index reads none)
+    c += c_desc.s0 + batch * c_desc.s2;
     bias += bias_off;
 
 ${rb.accumulators(t["MWI"], NVW)}\
@@ -323,11 +331,12 @@ ${rb.epilogue(t["MWI"], NVW, VW, "c", "m0 + {i} < M", "CLNN_C_IDX(m0 + {i}, {n})
 // of op(A) is contiguous when A is not transposed; when it is, neighbouring
 // work-items read neighbouring addresses instead. beta == 0 never reads y.
 __kernel void clnn_gemv(const int M, const int K, const acc_t alpha, const acc_t beta,
-                        __global const real_t *a, const int a_off, const int lda,
+                        __global const real_t *a, const int4 a_desc,
                         __global const real_t *x, const int x_off,
                         __global real_t *y, const int y_off)
 {
-    a += a_off;
+    const int lda = a_desc.s1;
+    a += a_desc.s0;
     x += x_off;
     for (int m = (int)get_global_id(0); m < M; m += (int)get_global_size(0)) {
         acc_t acc = (acc_t)0;
@@ -372,18 +381,16 @@ __kernel void clnn_gemv(const int M, const int K, const acc_t alpha, const acc_t
 __kernel void clnn_gemm_direct(const int M, const int N, const int K,
                                const acc_t alpha, const acc_t beta, const acc_t act_p,
                                const acc_t act_q,
-                               __global const real_t *a, const int a_off, const int lda,
-                               const int a_bstride,
-                               __global const real_t *b, const int b_off, const int ldb,
-                               const int b_bstride,
+                               __global const real_t *a, const int4 a_desc,
+                               __global const real_t *b, const int4 b_desc,
                                __global const real_t *bias, const int bias_off,
-                               __global real_t *c, const int c_off, const int ldc,
-                               const int c_bstride)
+                               __global real_t *c, const int4 c_desc)
 {
     const int batch = (int)get_global_id(1);
-    a += a_off + batch * a_bstride;
-    b += b_off + batch * b_bstride;
-    c += c_off + batch * c_bstride;
+    const int lda = a_desc.s1, ldb = b_desc.s1, ldc = c_desc.s1;
+    a += a_desc.s0 + batch * a_desc.s2;
+    b += b_desc.s0 + batch * b_desc.s2;
+    c += c_desc.s0 + batch * c_desc.s2;
     bias += bias_off;
 %   if trans_b:
     const int n0 = (int)get_global_id(0) * ${DN};

@@ -10,6 +10,7 @@ import numbers
 
 import numpy as np
 import pyopencl.array as cla
+import pyopencl.cltypes as cltypes
 
 from ..device import device_of
 from ..errors import ArgumentError, DeviceError, DTypeError, ShapeError
@@ -109,6 +110,13 @@ def check_extent(x, name):
     if hi // x.dtype.itemsize > INT_MAX:
         raise ShapeError(f"{name} reaches element {hi // x.dtype.itemsize} of its buffer; "
                          "clnn indexes with 32-bit ints")
+
+
+def int4(*parts):
+    """An OpenCL int4 kernel argument from up to four ints, the rest 0: the descriptors
+    kernels take instead of scalars per operand (a matrix's (offset, leading dimension,
+    batch stride), a convolution's sizes and steps)."""
+    return np.array(tuple(int(p) for p in parts) + (0,) * (4 - len(parts)), cltypes.int4)
 
 
 def offset(x):

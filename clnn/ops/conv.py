@@ -34,7 +34,7 @@ import pyopencl.cltypes as cltypes
 from .. import programs, tuning
 from ..errors import ArgumentError, ShapeError
 from ._args import (INT_MAX, check, check_out, common_device, dev_scratch, done, finite,
-                    launch_size, offset, pair, scratch_cap)
+                    int4, launch_size, offset, pair, scratch_cap)
 from ._memo import memoized
 from .elementwise import ACTIVATIONS, activation_parameter
 from .gemm import Operand, run_gemm, tiled_workspace
@@ -149,9 +149,9 @@ def _run_gather(dev, dt, p, *, x, x_off, H, W, ph, pw, rows3, row_steps, k3, k_s
     b_pk, koff = scratch or _gather_scratch(dev, dt, cols, K, nwi)
     pack = programs.get_kernel(dev, "conv", "clnn_conv_pack", prm)
     runs = -(-K // PACK_RUN)               # a work-item packs PACK_RUN k (conv.cl)
-    k_split, k_step = _int4(*k3), _int4(*k_steps)
+    k_split, k_step = int4(*k3), int4(*k_steps)
     pack((-(-runs // 64) * 64, Nb), (64, 1), RUN=PACK_RUN, cols=cols, Nb=Nb, src=src,
-         src_off=src_off, src_steps=_int4(CS, KD, KS, int(flip)), b_pk=b_pk,
+         src_off=src_off, src_steps=int4(CS, KD, KS, int(flip)), b_pk=b_pk,
          k_split=k_split, k_steps=k_step, W=W, koff=koff)
     kern = programs.get_kernel(dev, "conv", "clnn_conv_gather", prm)
     Rb = rows // rows3[2] * -(-rows3[2] // mwi) if line else -(-rows // mwi)
@@ -159,20 +159,15 @@ def _run_gather(dev, dt, p, *, x, x_off, H, W, ph, pw, rows3, row_steps, k3, k_s
     # gradient has a few long rows: LeNet C1's 25 taps make 4 work-items)
     wg = max(1, min(p["WG"], dev.facts.max_work_group_size,
                     Rb * Nb // (2 * dev.facts.compute_units)))
-    return kern((-(-Rb // wg) * wg, Nb), (wg, 1), row_split=_int4(*rows3),
-                row_steps=_int4(*row_steps), k_split=k_split, k_steps=k_step, x=x,
-                x_off=x_off, x_geom=_int4(H, W, ph, pw),
+    return kern((-(-Rb // wg) * wg, Nb), (wg, 1), row_split=int4(*rows3),
+                row_steps=int4(*row_steps), k_split=k_split, k_steps=k_step, x=x,
+                x_off=x_off, x_geom=int4(H, W, ph, pw),
                 zlo=zero_rows[0] if zero_rows else 0,
                 zhi=H - zero_rows[1] if zero_rows else H, cols=cols, b_pk=b_pk, koff=koff,
-                out=out, out_off=offset(out), out_steps=_int4(*out_steps),
+                out=out, out_off=offset(out), out_steps=int4(*out_steps),
                 alpha=alpha, beta=beta, act_p=act_p[0], act_q=act_p[1],
                 bias=bias if bias is not None else out,
                 bias_off=offset(bias) if bias is not None else 0)
-
-
-def _int4(*parts):
-    """An OpenCL int4 kernel argument (conv.cl's descriptors) from up to four ints."""
-    return np.array(tuple(int(p) for p in parts) + (0,) * (4 - len(parts)), cltypes.int4)
 
 
 def _gather_scratch(dev, dt, cols, K, nwi):

@@ -10,12 +10,10 @@ from typing import NamedTuple
 
 import numpy as np
 
-import pyopencl.cltypes as cltypes
-
 from .. import plans, programs, tuning
 from ..errors import ArgumentError, ShapeError
 from ._args import (INT_MAX, as_array, check, common_device, dev_empty, dev_scratch, done,
-                    finite, overlaps, scratch_cap)
+                    finite, int4, overlaps, scratch_cap)
 from ._memo import memoized
 from .elementwise import ACTIVATIONS, activation_parameter
 from .reduce import reduce3
@@ -31,7 +29,7 @@ programs.register(
 class Operand(NamedTuple):
     """A matrix operand as the kernels see it: the array (or a bare buffer), its element
     offset, leading dimension (row stride) and batch stride (0: shared by every batch),
-    and how many batches it has. The tiled kernel takes (off, ld, bstride) as one int4."""
+    and how many batches it has. Kernels take (off, ld, bstride) as one int4 (desc)."""
 
     data: object
     off: int = 0
@@ -40,7 +38,7 @@ class Operand(NamedTuple):
     batches: int = 1
 
     def desc(self):
-        return np.array((self.off, self.ld, self.bstride, 0), cltypes.int4)
+        return int4(self.off, self.ld, self.bstride)
 
 
 def _complete(params):
@@ -265,7 +263,7 @@ def tiled_workspace(dev, dt, rows, *, M, N, K, nbatch, a, b, c, act="none",
     return plan.workspace if plan.splits > 1 else 0
 
 
-_PLAIN = np.array((0, 0, 0, 0), cltypes.int4)
+_PLAIN = int4()
 # (device, dtype, sizes, structure, alignment, rows) -> (frozen rows, plan, kernels): a
 # training step asks for the same GEMMs every step, and planning and choosing the
 # kernel's parameters cost more Python than the launch itself
@@ -335,17 +333,14 @@ def _gemm_direct(dev, prm, a, b, c, nbatch, common):
     cols = 4 if prm["trans_b"] else 2 * vw          # columns of C per work-item
     wg = min(8, dev.facts.max_work_group_size)
     items = -(-common["N"] // cols)
-    return kern((-(-items // wg) * wg, nbatch), (wg, 1), a=a.data, a_off=a.off, lda=a.ld,
-                a_bstride=a.bstride, b=b.data, b_off=b.off, ldb=b.ld, b_bstride=b.bstride,
-                c=c.data, c_off=c.off, ldc=c.ld, c_bstride=c.bstride, **common)
+    return kern((-(-items // wg) * wg, nbatch), (wg, 1), a=a.data, a_desc=a.desc(), b=b.data,
+                b_desc=b.desc(), c=c.data, c_desc=c.desc(), **common)
 
 
 def _gemm_packed(dev, dt, prm, params, a, b, c, nbatch, common, geometry):
     """The CPU variant: pack op(A) and op(B) into pool workspace, then multiply."""
     a_batches, b_batches = a.batches, b.batches
-    a_args = dict(a=a.data, a_off=a.off, lda=a.ld, a_bstride=a.bstride)
-    b_args = dict(b=b.data, b_off=b.off, ldb=b.ld, b_bstride=b.bstride)
-    common = dict(common, c=c.data, c_off=c.off, ldc=c.ld, c_bstride=c.bstride)
+    common = dict(common, c=c.data)
     M, N, K = common["M"], common["N"], common["K"]
     mwi, nwi, wgm = params["MWI"], params["NWI"], params["WGM"]
     Mb = -(-M // mwi)
@@ -395,23 +390,23 @@ def _gemm_packed(dev, dt, prm, params, a, b, c, nbatch, common, geometry):
     for g0 in range(0, nbatch, group):
         gn = min(group, nbatch - g0)
         ga, gb = (gn if a_batches > 1 else 1), (gn if b_batches > 1 else 1)
-        a_g = dict(a_args, a_off=a_args["a_off"] + (g0 * a_args["a_bstride"]
-                                                     if a_batches > 1 else 0))
-        b_g = dict(b_args, b_off=b_args["b_off"] + (g0 * b_args["b_bstride"]
-                                                     if b_batches > 1 else 0))
+        # this group's first batch of each operand
+        a_desc = a._replace(off=a.off + (g0 * a.bstride if a_batches > 1 else 0)).desc()
+        b_desc = b._replace(off=b.off + (g0 * b.bstride if b_batches > 1 else 0)).desc()
+        c_desc = c._replace(off=c.off + g0 * c.bstride).desc()
         for k0 in range(0, max(K, 1), max(kc, 1)):
             kn = min(kc, K - k0)
             kpad = -(-max(kn, 1) // pack_wg) * pack_wg
             if kn:
-                pack_a((kpad, Mb, ga), (pack_wg, 1, 1), M=M, K=kn, Mb=Mb, k0=k0, a_pk=a_pk,
-                       **a_g, **geometry)
+                pack_a((kpad, Mb, ga), (pack_wg, 1, 1), M=M, K=kn, Mb=Mb, k0=k0, a=a.data,
+                       a_desc=a_desc, a_pk=a_pk, **geometry)
             for n0 in range(0, N, nc):
                 Nb = -(-min(nc, N - n0) // nwi)
                 if kn:
                     pack_b((kpad, Nb, gb), (pack_wg, 1, 1), N=N, K=kn, Nb=Nb, k0=k0,
-                           n_base=n0, b_pk=b_pk, **b_g, **geometry)
+                           n_base=n0, b=b.data, b_desc=b_desc, b_pk=b_pk, **geometry)
                 step = dict(common, K=kn, beta=common["beta"] if k0 == 0 else 1.0,
-                            c_off=common["c_off"] + g0 * common["c_bstride"])
+                            c_desc=c_desc)
                 evt = kern((-(-Mb // wg) * wg, Nb, gn), (wg, 1, 1), Mb=Mb, Nb=Nb,
                            a_batched=int(ga > 1), b_batched=int(gb > 1), a_pk=a_pk,
                            b_pk=b_pk, n_base=n0, **step, **geometry)
@@ -466,7 +461,7 @@ def gemv(a, x, y=None, *, alpha=1.0, beta=0.0, trans_a=False):
         "tuning": tuning.template_tuning(tuning.GEMM_TABLE["type"]["CPU"], dt)})
     wg = min(64, dev.facts.max_work_group_size)
     groups = max(1, min(-(-M // wg), dev.facts.compute_units * 64))
-    evt = kern((groups * wg,), (wg,), M=M, K=K, alpha=alpha, beta=beta, a=a, a_off=A.off,
-               lda=A.ld, x=x, x_off=x.offset // dt.itemsize, y=y,
+    evt = kern((groups * wg,), (wg,), M=M, K=K, alpha=alpha, beta=beta, a=a,
+               a_desc=A.operand(a).desc(), x=x, x_off=x.offset // dt.itemsize, y=y,
                y_off=y.offset // dt.itemsize)
     return done(y, evt)
