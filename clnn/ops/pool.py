@@ -132,10 +132,12 @@ def _forward(mode, x, kernel_size, stride, padding, out, dilation=1, ceil_mode=F
     if out.size == 0:
         return (out, indices) if want_indices else out
     if _is_22(mode, k, s, p, d, H, W, P, Q) and not want_indices:
+        per = _per(dev)
         kern = programs.get_kernel(dev, "pool", "clnn_pool22_forward",
-                                   {"dtype": programs.dtype_name(dt), "mode": mode})
-        evt = kern(*_flat(dev, N * C * P * -(-Q // 4)), planes=N * C, H=H, W=W, P=P, Q=Q, x=x,
-                   x_off=offset(x), y=out, y_off=offset(out))
+                                   {"dtype": programs.dtype_name(dt), "mode": mode, "per": per})
+        evt = kern(*_flat(dev, N * C * P * (-(-Q // 4) if per == "element" else 1)),
+                   planes=N * C, H=H, W=W, P=P, Q=Q, x=x, x_off=offset(x), y=out,
+                   y_off=offset(out))
         return done(out, evt)
     per = _per(dev)
     kern = programs.get_kernel(dev, "pool", "clnn_pool_forward",
@@ -167,10 +169,12 @@ def _backward(mode, dy, x, kernel_size, stride, padding, out, dilation=1, ceil_m
     if out.size == 0:
         return out
     if _is_22(mode, k, s, p, d, H, W, P, Q):
+        per = _per(dev)
         kern = programs.get_kernel(dev, "pool", "clnn_pool22_backward",
-                                   {"dtype": programs.dtype_name(dt), "mode": mode})
+                                   {"dtype": programs.dtype_name(dt), "mode": mode, "per": per})
         windows_h, windows_w = -(-H // 2), -(-W // 2)      # odd edges included
-        evt = kern(*_flat(dev, N * C * windows_h * -(-windows_w // 4)), planes=N * C, H=H,
+        blocks = -(-windows_w // 4) if per == "element" else 1
+        evt = kern(*_flat(dev, N * C * windows_h * blocks), planes=N * C, H=H,
                    W=W, P=P, Q=Q, x=x, x_off=offset(x), dy=dy, dy_off=offset(dy), dx=out,
                    dx_off=offset(out))
         return done(out, evt)

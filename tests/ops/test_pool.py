@@ -3,6 +3,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import clnn
+from clnn import tuning
 from conftest import Guarded, assert_close, f64, float_dtypes, guarded_input
 from reference import pool2d_ref
 
@@ -117,7 +118,6 @@ def test_general_kernels_per_element(mode, dtype):
     """GPUs run the general pooling kernels with a work-item per element (forced here
     with the GPUs' row-wise kernels): forward (with the max indices) and backward
     against the reference, bitwise as the CPUs' work-item per row, canaries intact."""
-    from clnn import tuning
     fwd = clnn.max_pool2d if mode == "max" else clnn.avg_pool2d
     bwd = clnn.max_pool2d_backward if mode == "max" else clnn.avg_pool2d_backward
     x = RNG.integers(-3, 4, (2, 3, 9, 7)).astype(dtype)          # ties
@@ -159,13 +159,15 @@ def test_general_kernels_per_element(mode, dtype):
                      scale=np.maximum(backward(np.abs(dy.astype(np.float64))), 1))
 
 
+@pytest.mark.parametrize("per", ["row", "element"])
 @pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
 @pytest.mark.parametrize("H,W", [(4, 4), (7, 9), (28, 28), (1 + 2 * 5, 2 * 8), (4, 17)])
-def test_2x2_max_pooling_ties_and_nans(H, W, dtype):
+def test_2x2_max_pooling_ties_and_nans(H, W, dtype, per):
     """2x2 windows with stride 2 have their own kernels (four windows along a row as
-    vectors, a block at the right edge element by element): the first maximum in
-    row-major order wins, a NaN beats any number, rows and columns past the last window
-    get no gradient; offsets and canaries around every array. Checked against the reference
+    vectors, a block at the right edge element by element; a work-item per row of
+    blocks on CPUs, per block on GPUs, forced here): the first maximum in row-major
+    order wins, a NaN beats any number, rows and columns past the last window get no
+    gradient; offsets and canaries around every array. Checked against the reference
     and against the general kernels."""
     import sys
     from unittest import mock
@@ -176,8 +178,11 @@ def test_2x2_max_pooling_ties_and_nans(H, W, dtype):
     dy = RNG.standard_normal(ref.shape).astype(dtype)
     X, DY = guarded_input(clnn.device(), x), guarded_input(clnn.device(), dy)
     y, dx = Guarded(clnn.device(), ref.shape, dtype), Guarded(clnn.device(), x.shape, dtype)
-    clnn.max_pool2d(X, 2, out=y.view)
-    clnn.max_pool2d_backward(DY, X, 2, out=dx.view)
+    with tuning.override("rows", {"wg": per == "element"}), clnn.profile() as prof:
+        clnn.max_pool2d(X, 2, out=y.view)
+        clnn.max_pool2d_backward(DY, X, 2, out=dx.view)
+    assert [(r.entry, r.params["per"]) for r in prof.records] == \
+        [("clnn_pool22_forward", per), ("clnn_pool22_backward", per)]
     fast = y.check(), dx.check()
     np.testing.assert_array_equal(f64(fast[0]), f64(ref.astype(dtype)))
     np.testing.assert_array_equal(f64(fast[1]), f64(backward(dy).astype(dtype)))
