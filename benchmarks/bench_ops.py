@@ -5,7 +5,8 @@ where a GPU is there) in the same run, on every device.
     python benchmarks/bench_ops.py [--device SPEC] [--repeats 5] [--scale 1.0]
 
 The shapes are the GPU issue's (64M floats, a 4096 x 4096 softmax, 16384 x 1024 for
-the sums along rows and columns); ``--scale`` multiplies the element counts. Each clnn
+the sums along rows and columns), and 2x2 max pooling of 2048 planes of 56 x 56 (a
+ResNet stage's 32 x 64); ``--scale`` multiplies the element counts. Each clnn
 result is checked first against numpy in float64 (sums to a bound that grows with
 their length, the rest to a few float32 units); then every library is timed with a
 warm-up and the median of repeats, wall-clock with its queue finished after each call
@@ -31,6 +32,11 @@ def _softmax(z):
     return e / e.sum(axis=1, keepdims=True)
 
 
+def _max_pool22(x):
+    n, c, h, w = x.shape
+    return x.reshape(n, c, h // 2, 2, w // 2, 2).max(axis=(3, 5))
+
+
 def cases(scale):
     """(name, shape, clnn op, numpy op, torch op, bytes moved, sums: None, or the
     length of each sum and the numpy sums of magnitudes that bound its error, None for
@@ -38,6 +44,8 @@ def cases(scale):
     n = int(64 * 2 ** 20 * scale)
     rows = max(1, int(16384 * scale))
     sq = max(1, int(4096 * scale ** 0.5))
+    planes = max(1, int(2048 * scale))          # 32 x 64 planes of 56 x 56 at scale 1
+    pooled = planes * 56 * 56
     return [
         ("relu", (n,), lambda x: clnn.relu(x), lambda x: np.maximum(x, 0),
          lambda t, x: t.relu(x), 8 * n, None),
@@ -54,6 +62,8 @@ def cases(scale):
          (rows, lambda m: m.sum(axis=0))),
         ("softmax", (sq, sq), lambda x: clnn.softmax(x), _softmax,
          lambda t, x: t.softmax(x, 1), 8 * sq * sq, (sq, None)),
+        ("max_pool2d 2x2", (planes, 1, 56, 56), lambda x: clnn.max_pool2d(x, 2),
+         _max_pool22, lambda t, x: t.nn.functional.max_pool2d(x, 2), 5 * pooled, None),
     ]
 
 
