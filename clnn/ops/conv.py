@@ -84,13 +84,19 @@ def _most_rows(nvw, regs):
     return min(_MOST_ROWS[nvw], (regs - 1 - nvw) // nvw)
 
 
+# what the line layout's one pointer saves over rows at offsets of their own, in
+# loads per multiply-add (the flat layout must win by more to be chosen)
+LINE_GAIN = 1.05
+FLAT_MIN_K = 64
+
+
 def _load_cost(nvw, mwi):
     """Loads per vector multiply-add of an MWI x NVW tile: NVW of B and MWI of A per k
     feed MWI * NVW multiply-adds."""
     return 1.0 / nvw + 1.0 / mwi
 
 
-def _tiles(p, dt, cols, line_len):
+def _tiles(p, dt, cols, line_len, k=0):
     """(MWI, NWI, VW, line) of the gathered kernel for ``cols`` columns of C.
 
     NWI is NVW vectors (at most four), NVW the one whose tile of the most rows that
@@ -100,7 +106,8 @@ def _tiles(p, dt, cols, line_len):
     rows (a unit step along the last row index) the "line" layout addresses a
     work-item's rows from one pointer; MWI is then the one that covers a line with
     the least cost per useful row (the rows past the line's end cost like the
-    others). Shorter lines (a 3x3 weight gradient's rows are lines of 3 taps) leave
+    others), unless rows at offsets of their own cost less (LINE_GAIN) over a sum of
+    ``k`` >= FLAT_MIN_K terms. Shorter lines (a 3x3 weight gradient's rows are lines of 3 taps) leave
     too few rows per work-item: there each row keeps its own offset (1.6x faster on
     the 56x56x64 layer's weight gradient).
     A parameter set may fix MWI, NWI and LINE instead (the tuner, tests).
@@ -123,6 +130,16 @@ def _tiles(p, dt, cols, line_len):
         mwi = min(range(min(3, most), min(most, line_len) + 1),
                   key=lambda m: (-(-line_len // m) * m / line_len * _load_cost(nvw, m), -m))
         line = True
+        # a line that MWI does not divide computes rows twice; rows at offsets of their
+        # own compute each once, but find their offsets first (on PoCL, lines of 14 in
+        # blocks of 4, 16 rows for 14: flat 5-9% faster on the 14x14 and 7x7 layers'
+        # forward passes and data gradients, and on the 28x28 stride-2 one's, k 256 to
+        # 4608; LeNet C1's dcol, k = 6, 1.6x slower)
+        flat = min(8, most)
+        waste = -(-line_len // mwi) * mwi / line_len
+        if k >= FLAT_MIN_K and \
+                waste * _load_cost(nvw, mwi) > LINE_GAIN * _load_cost(nvw, flat):
+            mwi, line = flat, False
     else:
         mwi, line = min(8, most), False
     return mwi, nwi, vw, line
@@ -137,9 +154,9 @@ def _run_gather(dev, dt, p, *, x, x_off, H, W, ph, pw, rows3, row_steps, k3, k_s
     all-zero border rows of a padded copy, which the kernel skips. ``scratch``: the
     buffers from _gather_scratch for at least this K, when a caller that launches
     several times must hold them all before its first write."""
-    mwi, nwi_auto, vw, line = _tiles(p, dt, cols, rows3[2] if row_steps[2] == 1 else 0)
-    nwi = nwi or nwi_auto
     K = k3[0] * k3[1] * k3[2]
+    mwi, nwi_auto, vw, line = _tiles(p, dt, cols, rows3[2] if row_steps[2] == 1 else 0, K)
+    nwi = nwi or nwi_auto
     rows = rows3[0] * rows3[1] * rows3[2]
     Nb = -(-cols // nwi)
     prm = {"dtype": programs.dtype_name(dt), "padded": bool(ph or pw), "act": act, "line": line,

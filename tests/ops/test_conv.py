@@ -152,6 +152,25 @@ def test_gathered_tiles_fit_the_registers(regs):
     assert len(picked) > 4
 
 
+def test_lines_that_blocks_do_not_divide():
+    """A line of 14 rows in blocks of 4 computes 16: over a long sum the rows go at
+    offsets of their own instead (each computed once), over a short one (LeNet C1's
+    dcol, k = 6: their setup) and where the blocks divide the line, along the line."""
+    tiles = conv_module._tiles
+    assert tiles(GATHER, np.float32, 256, 14, k=2304) == (4, 24, 8, False)
+    assert tiles(GATHER, np.float32, 256, 14, k=6)[3]
+    assert tiles(GATHER, np.float32, 256, 56, k=2304) == (4, 24, 8, True)
+    assert tiles(GATHER, np.float32, 25, 28, k=6)[3]
+    # and both layouts give the right sums: a 14-wide layer with 20 filters (panels of
+    # 24 columns, blocks of 4 rows), k = 6 * 9 along lines and 54 * 9 row by row
+    for C, line in ((6, True), (54, False)):
+        with clnn.profile() as prof:
+            check_conv(2, C, 14, 14, 20, 3, 3, (1, 1), (1, 1))
+        forward = next(r for r in prof.records if r.entry == "clnn_conv_gather")
+        assert forward.params["line"] == line
+        assert dict(forward.params["tuning"])["NWI"] == 24
+
+
 @pytest.mark.parametrize("dgrad", ["col2im", "flip"])
 def test_padding_as_wide_as_the_filter(dgrad):
     """The flipped data gradient pads dy by R - 1 - ph, negative here: a crop, which
