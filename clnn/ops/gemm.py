@@ -231,8 +231,7 @@ def run_gemm(dev, dt, *, M, N, K, nbatch, a, b, c, alpha=1.0, beta=0.0, act="non
         prm = {"dtype": programs.dtype_name(dt), "variant": "reg", "trans_a": bool(trans_a),
                "trans_b": bool(trans_b), "act": act, "bias": bias_mode, "conv": conv,
                "tuning": tuning.template_tuning(rows[0], dt)}
-        if conv == "none" and not trans_a and \
-                M <= (DIRECT_M if dt != np.float16 else DIRECT_M_HALF):
+        if conv == "none" and not trans_a and _direct(dt, M, N, K, nbatch):
             return _gemm_direct(dev, prm, a, b, c, nbatch, common)
         return _gemm_packed(dev, dt, prm, rows[0], a, b, c, nbatch, common, conv_args or {})
     plan, kern, red = _tiled_launch(dev, dt, rows, M, N, K, nbatch, a, b, c, act,
@@ -324,6 +323,19 @@ PANEL_BYTES = 32 << 20
 # direct kernel wins only while one block covers every row.
 DIRECT_M = 16
 DIRECT_M_HALF = 2
+# Small products with more rows too, in float32 and float64: there the packed path's
+# three launches cost more than its faster multiply saves (LeNet-5's and the MNIST
+# MLP's dense layers at batch 64, 0.1 to 26 MFLOP, forward and data gradient: 1.3-4x
+# less kernel time on PoCL; a 64 x 2000 by 2000 x 5000 NN product, 1.3 GFLOP, 2.5x
+# more, and 256^3, 34 MFLOP, either way by the run).
+DIRECT_FLOPS = 32e6
+
+
+def _direct(dt, M, N, K, nbatch):
+    """Whether the CPU variant takes the direct kernel (op(A) not transposed)."""
+    if dt == np.float16:
+        return M <= DIRECT_M_HALF
+    return M <= DIRECT_M or (dt.itemsize >= 4 and 2.0 * M * N * K * nbatch <= DIRECT_FLOPS)
 
 
 def _gemm_direct(dev, prm, a, b, c, nbatch, common):

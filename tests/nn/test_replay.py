@@ -334,7 +334,7 @@ def test_an_inference_capture_that_runs_out_of_memory_falls_back(dev):
 def test_a_changed_setting_captures_anew(dev, monkeypatch):
     """A captured step or inference pass keeps the kernels chosen when it was captured;
     a change of a setting those choices read (a module attribute of the ops: here the
-    CPU GEMM's limit for reading operands in place) captures anew, as clear_caches()
+    CPU GEMM's limits for reading operands in place) captures anew, as clear_caches()
     does."""
     x, y = data(dev, 6, (9,), 5)
     net = mlp(dev)
@@ -343,6 +343,7 @@ def test_a_changed_setting_captures_anew(dev, monkeypatch):
         net.predict(x)
     gemm_module = sys.modules["clnn.ops.gemm"]
     monkeypatch.setattr(gemm_module, "DIRECT_M", 0)
+    monkeypatch.setattr(gemm_module, "DIRECT_FLOPS", 0)
     for _ in range(3):
         with clnn.profile() as step:
             net.train_step(x, y, 0.1, loss="cross_entropy", replay=True)

@@ -159,15 +159,17 @@ def test_vector_epilogue(variant, dtype):
                          ids=lambda v: v if isinstance(v, str) else np.dtype(v).name)
 def test_direct_kernel_for_few_rows(variant, dtype):
     """Up to DIRECT_M rows of C with op(A) not transposed, the CPU variant reads A and B
-    in place (clnn_gemm_direct, one launch): both B layouts, K past and short of a
-    whole vector, N past a work-item's columns, every bias form, beta, activations,
-    batches (B shared too), vectors of 8 (float32, float16), 4 (float64) and 1; one
-    row more takes the packed kernels."""
+    in place (clnn_gemm_direct, one launch), and so do products of up to DIRECT_FLOPS
+    in float32 and float64 (LeNet-5's dense layers): both B layouts, K past and short
+    of a whole vector, N past a work-item's columns, every bias form, beta,
+    activations, batches (B shared too), vectors of 8 (float32, float16), 4 (float64)
+    and 1; one row more, in a bigger product, takes the packed kernels."""
     gemm_module = sys.modules["clnn.ops.gemm"]
     top = gemm_module.DIRECT_M if dtype != np.float16 else gemm_module.DIRECT_M_HALF
+    small = [(64, 121, 83)] if np.dtype(dtype).itemsize >= 4 else []   # 2.6 MFLOP
     with tuning.override("gemm", VARIANTS[variant]):
-        for M, N, K in ((1, 1, 1), (1, 37, 21), (2, 5, 8), (min(3, top), 17, 3),
-                        (top, 33, 45)):
+        for M, N, K in [(1, 1, 1), (1, 37, 21), (2, 5, 8), (min(3, top), 17, 3),
+                        (top, 33, 45)] + small:
             for tb in (False, True):
                 with clnn.profile() as prof:
                     check_gemm(M, N, K, False, tb, 1.0, 0.0, dtype, bias=(1, N), act="tanh")
@@ -182,8 +184,10 @@ def test_direct_kernel_for_few_rows(variant, dtype):
         got = clnn.gemm(clnn.asarray(a), clnn.asarray(w), trans_b=True).get()
         np.testing.assert_allclose(got, a.astype(np.float64) @ w.T, rtol=4 * eps(dtype),
                                    atol=8 * eps(dtype))
+        # past both bounds: 2 (top + 1) N K > DIRECT_FLOPS, or float16
+        n = 1 + int((gemm_module.DIRECT_FLOPS / (2 * (top + 1))) ** 0.5)
         with clnn.profile() as prof:
-            check_gemm(top + 1, 9, 5, False, True, 1.0, 0.0, dtype)
+            check_gemm(top + 1, n, n, False, True, 1.0, 0.0, dtype)
         assert "clnn_gemm_direct" not in {r.entry for r in prof.records}
 
 
