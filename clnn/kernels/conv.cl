@@ -107,10 +107,12 @@ __kernel void clnn_conv_pack(const int RUN, const int cols, const int Nb,
             for (int j = 0; j < NWI; ++j)
                 dst[j] = CLNN_LOAD(s, (nb * NWI + j) * CS);
         } else {
-            for (int j = 0; j < NWI; ++j) {
-                const int col = nb * NWI + j;
-                dst[j] = col < cols ? CLNN_LOAD(s, col * CS) : (acc_t)0;
-            }
+            // the last panel: its columns, then zeros (no test per element)
+            const int jn = cols - nb * NWI;
+            for (int j = 0; j < jn; ++j)
+                dst[j] = CLNN_LOAD(s, (nb * NWI + j) * CS);
+            for (int j = jn; j < NWI; ++j)
+                dst[j] = (acc_t)0;
         }
         if (++kr == KD) { kr = 0; ++kq; }
     }
