@@ -327,15 +327,19 @@ DIRECT_M_HALF = 2
 # three launches cost more than its faster multiply saves (LeNet-5's and the MNIST
 # MLP's dense layers at batch 64, 0.1 to 26 MFLOP, forward and data gradient: 1.3-4x
 # less kernel time on PoCL; a 64 x 2000 by 2000 x 5000 NN product, 1.3 GFLOP, 2.5x
-# more, and 256^3, 34 MFLOP, either way by the run).
+# more, and 256^3, 34 MFLOP, either way by the run). Up to DIRECT_ROWS rows: a
+# work-item of the direct kernel loops over every row of C, so a tall, narrow product
+# would leave most of a many-core CPU idle (measured up to 1000 rows here).
 DIRECT_FLOPS = 32e6
+DIRECT_ROWS = 1024
 
 
 def _direct(dt, M, N, K, nbatch):
     """Whether the CPU variant takes the direct kernel (op(A) not transposed)."""
     if dt == np.float16:
         return M <= DIRECT_M_HALF
-    return M <= DIRECT_M or (dt.itemsize >= 4 and 2.0 * M * N * K * nbatch <= DIRECT_FLOPS)
+    return M <= DIRECT_M or (dt.itemsize >= 4 and M <= DIRECT_ROWS and
+                             2.0 * M * N * K * nbatch <= DIRECT_FLOPS)
 
 
 def _gemm_direct(dev, prm, a, b, c, nbatch, common):

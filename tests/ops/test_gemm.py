@@ -184,10 +184,12 @@ def test_direct_kernel_for_few_rows(variant, dtype):
         got = clnn.gemm(clnn.asarray(a), clnn.asarray(w), trans_b=True).get()
         np.testing.assert_allclose(got, a.astype(np.float64) @ w.T, rtol=4 * eps(dtype),
                                    atol=8 * eps(dtype))
-        # past both bounds: 2 (top + 1) N K > DIRECT_FLOPS, or float16
+        # past both bounds: 2 (top + 1) N K > DIRECT_FLOPS, or float16; and a small
+        # product of more than DIRECT_ROWS rows
         n = 1 + int((gemm_module.DIRECT_FLOPS / (2 * (top + 1))) ** 0.5)
         with clnn.profile() as prof:
             check_gemm(top + 1, n, n, False, True, 1.0, 0.0, dtype)
+            check_gemm(gemm_module.DIRECT_ROWS + 1, 3, 5, False, False, 1.0, 0.0, dtype)
         assert "clnn_gemm_direct" not in {r.entry for r in prof.records}
 
 
