@@ -266,17 +266,17 @@ ${step(12)}\
     }
 % endif
 
+<%
+    # row i of a work-item's block: whether it is stored, and where its row of C starts
+    row_ok, row_out = ("{i} >= first", "orow + {i} * OC") if line else \
+        ("row0 + {i} < rows", "oidx{i}")
+%>\
 % if vstore:
     // C is a scratch matrix whose rows are whole panels (OC and OA multiples of
     // NWI, OM == 1, no epilogue): every accumulator goes out as one aligned vector.
 %   for i in range(MWI):
-%     if line:
-    if (${i} >= first) {
-        __global vec_t *o = (__global vec_t *)(out + orow + ${i} * OC + nb * NWI);
-%     else:
-    if (row0 + ${i} < rows) {
-        __global vec_t *o = (__global vec_t *)(out + oidx${i} + nb * NWI);
-%     endif
+    if (${row_ok.format(i=i)}) {
+        __global vec_t *o = (__global vec_t *)(out + ${row_out.format(i=i)} + nb * NWI);
 %     for v in range(NVW):
         o[${v}] = c${i}_${v};
 %     endfor
@@ -285,11 +285,7 @@ ${step(12)}\
 % else:
     // C(row, col) is out[a * OA + b * OB + c * OC + col * OM]
     const int col0 = nb * NWI;
-%   if line:
-${rb.epilogue(MWI, NVW, VW, "out", "{i} >= first", "orow + {i} * OC + ({n}) * OM", "0", "col0", "cols", "all" if VW > 1 else None, step="OM")}\
-%   else:
-${rb.epilogue(MWI, NVW, VW, "out", "row0 + {i} < rows", "oidx{i} + ({n}) * OM", "0", "col0", "cols", "all" if VW > 1 else None, step="OM")}\
-%   endif
+${rb.epilogue(MWI, NVW, VW, "out", row_ok, row_out + " + ({n}) * OM", "0", "col0", "cols", "all" if VW > 1 else None, step="OM")}\
 % endif
 }
 
