@@ -107,9 +107,9 @@ def _tiles(p, dt, cols, line_len, k=0):
     work-item's rows from one pointer; MWI is then the one that covers a line with
     the least cost per useful row (the rows past the line's end cost like the
     others), unless rows at offsets of their own cost less (LINE_GAIN) over a sum of
-    ``k`` >= FLAT_MIN_K terms. Shorter lines (a 3x3 weight gradient's rows are lines of 3 taps) leave
-    too few rows per work-item: there each row keeps its own offset (1.6x faster on
-    the 56x56x64 layer's weight gradient).
+    ``k`` >= FLAT_MIN_K terms. Shorter lines (a 3x3 weight gradient's rows are lines
+    of 3 taps) leave too few rows per work-item: there each row keeps its own offset
+    (1.6x faster on the 56x56x64 layer's weight gradient).
     A parameter set may fix MWI, NWI and LINE instead (the tuner, tests).
     """
     vw = programs.vector_width(p["VW"], dt)

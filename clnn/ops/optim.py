@@ -107,9 +107,9 @@ def loss_scale_update(grads, state, *, count=None, growth_factor=2.0, backoff_fa
     mixed-precision step, read at half the bytes of their float32 copy) infs and NaNs
     and update ``state`` (see loss_scale_state): a step with any is marked found (a
     gated sgd_step or adam_step then changes nothing) and S times ``backoff_factor``;
-    after ``growth_interval`` good steps in a row S times ``growth_factor``. ``count`` (an int32 device array of
-    one, an optimizer's count of the updates applied) goes up by one unless the step
-    is skipped. Returns state."""
+    after ``growth_interval`` good steps in a row S times ``growth_factor``.
+    ``count`` (an int32 device array of one, an optimizer's count of the updates
+    applied) goes up by one unless the step is skipped. Returns state."""
     dev = common_device(grads=grads, state=state, count=count)
     gdt = check(grads, "grads", dev)
     if gdt not in (np.float32, np.float16, BFLOAT16):

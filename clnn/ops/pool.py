@@ -131,17 +131,15 @@ def _forward(mode, x, kernel_size, stride, padding, out, dilation=1, ceil_mode=F
         raise ArgumentError("indices are written only with return_indices=True")
     if out.size == 0:
         return (out, indices) if want_indices else out
+    per = _per(dev)
+    prm = {"dtype": programs.dtype_name(dt), "mode": mode, "per": per}
     if _is_22(mode, k, s, p, d, H, W, P, Q) and not want_indices:
-        per = _per(dev)
-        kern = programs.get_kernel(dev, "pool", "clnn_pool22_forward",
-                                   {"dtype": programs.dtype_name(dt), "mode": mode, "per": per})
+        kern = programs.get_kernel(dev, "pool", "clnn_pool22_forward", prm)
         evt = kern(*_flat(dev, N * C * P * (-(-Q // 4) if per == "element" else 1)),
                    planes=N * C, H=H, W=W, P=P, Q=Q, x=x, x_off=offset(x), y=out,
                    y_off=offset(out))
         return done(out, evt)
-    per = _per(dev)
-    kern = programs.get_kernel(dev, "pool", "clnn_pool_forward",
-                               {"dtype": programs.dtype_name(dt), "mode": mode, "per": per})
+    kern = programs.get_kernel(dev, "pool", "clnn_pool_forward", prm)
     g, l = launch_size(dev, N * C * P * (Q if per == "element" else 1))
     idx = indices if want_indices else out      # a placeholder the kernel never writes
     evt = kern(g, l, x=x, x_off=offset(x), y=out, y_off=offset(out), idx=idx,
@@ -168,19 +166,17 @@ def _backward(mode, dy, x, kernel_size, stride, padding, out, dilation=1, ceil_m
     out = check_out(out, x.shape, dt, dev, inputs=(dy, x), allow_alias=False)
     if out.size == 0:
         return out
+    per = _per(dev)
+    prm = {"dtype": programs.dtype_name(dt), "mode": mode, "per": per}
     if _is_22(mode, k, s, p, d, H, W, P, Q):
-        per = _per(dev)
-        kern = programs.get_kernel(dev, "pool", "clnn_pool22_backward",
-                                   {"dtype": programs.dtype_name(dt), "mode": mode, "per": per})
+        kern = programs.get_kernel(dev, "pool", "clnn_pool22_backward", prm)
         windows_h, windows_w = -(-H // 2), -(-W // 2)      # odd edges included
         blocks = -(-windows_w // 4) if per == "element" else 1
         evt = kern(*_flat(dev, N * C * windows_h * blocks), planes=N * C, H=H,
                    W=W, P=P, Q=Q, x=x, x_off=offset(x), dy=dy, dy_off=offset(dy), dx=out,
                    dx_off=offset(out))
         return done(out, evt)
-    per = _per(dev)
-    kern = programs.get_kernel(dev, "pool", "clnn_pool_backward",
-                               {"dtype": programs.dtype_name(dt), "mode": mode, "per": per})
+    kern = programs.get_kernel(dev, "pool", "clnn_pool_backward", prm)
     g, l = launch_size(dev, N * C * H * (W if per == "element" else 1))
     evt = kern(g, l, x=x, x_off=offset(x), dy=dy, dy_off=offset(dy), dx=out,
                dx_off=offset(out), **_args(N, C, H, W, P, Q, k, s, p, d, *divisor))
