@@ -116,9 +116,11 @@ def test_overflow_skips_the_step_and_halves_the_scale():
     assert np.array_equal(net.flat_parameters.get(), before)     # nothing changed
     assert net.scaler.skipped == 1 and net.scaler.scale == 2.0 ** 39
     # fit backs off until the scale fits (gradients S times the batch mean's, stored
-    # in half: below 65504), counts the skipped steps, then trains
+    # in half: below 65504), counts the skipped steps, then trains. Its shuffles are
+    # seeded: unseeded, about one run in twelve overflowed once more in the last epoch
+    # (the scale grows back after a run of good steps)
     hist = net.fit(x, y, "cross_entropy", epochs=10, batch_size=4, precision="float16",
-                   progress=False)
+                   progress=False, seed=0)
     assert 15 <= sum(hist["skipped_steps"]) < 40 and hist["loss_scale"][-1] < 2.0 ** 20
     assert hist["skipped_steps"][-1] == 0
     assert not np.array_equal(net.flat_parameters.get(), before)
