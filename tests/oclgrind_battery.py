@@ -255,7 +255,8 @@ def conv():
                                                   padding=1).get(), dw_ref, 1e-4)
         checked += 1
     # conv.cl's gathered kernels: flat and line layouts, the padded copy and the
-    # bounds-checked reads, both data-gradient methods, float64's narrower vectors
+    # bounds-checked reads, both data-gradient methods, float64's narrower vectors;
+    # convpx.cl's pixel rows
     from unittest import mock
     conv_module = sys.modules["clnn.ops.conv"]
     x1 = rng.standard_normal((2, 3, 7, 9)).astype(np.float32)
@@ -267,7 +268,9 @@ def conv():
     base = dict(tuning.CONV_TABLE["type"]["CPU"])
     for extra in ({}, {"MWI": 3, "NWI": 8, "LINE": True, "DGRAD": "flip"},
                   {"MWI": 2, "NWI": 16, "LINE": False, "DGRAD": "col2im"},
-                  {"MWI": 4, "VW": 4, "NWI": 4, "DGRAD": "flip"}):
+                  {"MWI": 4, "VW": 4, "NWI": 4, "DGRAD": "flip"},
+                  # convpx.cl's pixel rows (forward passes; rows of 9 in blocks of 4)
+                  {"PIXELS": True, "QV": 1, "VW": 4, "MB": 3, "DGRAD": "flip"}):
         for pad_bytes in (conv_module.PAD_BYTES, 0):
             with tuning.override("conv", dict(base, **extra)), \
                     mock.patch.object(conv_module, "PAD_BYTES", pad_bytes):

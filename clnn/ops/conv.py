@@ -17,6 +17,11 @@ elements lives in the input while the GEMM reads it. Two kernels do this:
                       input is hardly bigger than the output ("flip"), a forward pass
                       over dy padded by R - 1 - ph with the filters flipped.
 
+  A forward pass (the flipped one included) at unit column stride over an input with
+  no padding left to check may take convpx.cl's "pixel rows" instead: the same
+  product with a work-item's vectors along an output row, so each channel's outputs
+  leave as whole vectors (_pixel_tile says when that is cheaper).
+
 - Elsewhere (and when a GEMM parameter set is forced), gemm.cl with its ``conv``
   loaders, which share the GEMM's tiles:
 
@@ -47,6 +52,7 @@ _TILES = ((("MWI", 10), ("NWI", 16), ("VW", 8)), (("MWI", 5), ("NWI", 8), ("VW",
           (("MWI", 4), ("NWI", 24), ("VW", 8)))
 
 
+PX_WG = 4           # work-items per work-group of clnn_conv_pixels
 PACK_RUN = 8        # consecutive k per work-item of clnn_conv_pack
 
 
@@ -66,6 +72,16 @@ programs.register(
                        {"act": "none", "bias": "none", "vstore": True})]
     + [{"padded": False, "line": ln, "vstore": False, "act": "relu", "bias": "col",
         "x_acc": True, "tuning": _TILES[1]} for ln in (False, True)])
+
+# (MB, QV, VW) of convpx.cl's pixel rows: MB output channels by QV vectors of VW
+# positions per work-item. The gate renders these; _pixel_tile picks MB.
+_PX_TILES = ((("MB", 6), ("QV", 2), ("VW", 8)), (("MB", 4), ("QV", 2), ("VW", 8)),
+             (("MB", 3), ("QV", 1), ("VW", 4)))
+programs.register(
+    "convpx", {"act": "none", "bias": "none", "x_acc": False, "tuning": _PX_TILES[0]},
+    lambda: [dict(e, tuning=t) for t in _PX_TILES
+             for e in ({"act": "none", "bias": "none"}, {"act": "relu", "bias": "row"},
+                       {"act": "tanh", "bias": "row", "x_acc": True})])
 
 # A work-item's tile lives in vector registers: MWI * NVW accumulators, the NVW B
 # vectors of one k and the broadcast A value. REGS (CONV_TABLE) is how many the
@@ -145,16 +161,75 @@ def _tiles(p, dt, cols, line_len, k=0):
     return mwi, nwi, vw, line
 
 
+# What an output costs the two CPU kernels, in units of one k step of it (measured on
+# an AMD EPYC Zen 4, PoCL 3.0, float32, 14 layers from 3 to 64 channels at 16x16 to
+# 64x64): the gathered kernel stores a position's channels P Q elements apart, about
+# 39 k steps an output, and 87 more when that distance is a multiple of 4 KiB (a
+# 32x32 float32 plane: every store of a work-item falls in one cache set); the pixel
+# rows store whole vectors (8) but their k steps cost 1.08 of the gathered kernel's
+# (more input vectors loaded per panel of channels). Their crossing on the 56x56x64
+# layer is near k = 300; on 3-channel input layers pixel rows are 1.3-3.6x faster.
+GATHER_STORE, GATHER_ALIASED, PX_STORE, PX_PER_K = 39, 87, 8, 1.08
+# the channels per pixel-row work-item (MB) to choose from: the least loads per
+# multiply-add over the padded channels, then the most channels, within the
+# registers (MB * QV accumulators, QV input vectors and one broadcast filter value);
+# on the 16x16x64 layer MB 4 took twice as long as MB 6
+_PX_PANELS = (12, 8, 6, 4)
+
+
+def _pixel_tile(p, dt, cols, rows3, row_steps, out_steps, K, *, padded, vstore):
+    """(MB, QV, VW) when convpx.cl's pixel rows should compute this gathered GEMM, else
+    None: only a forward pass whose rows run along contiguous output rows (out_steps[2]
+    == 1) and read the input at unit column stride (row_steps[2] == 1) with no padding
+    to check, and rows (rows3[2]) at least one work-item's QW positions long (a weight
+    gradient's rows, filter taps, are lines of S: shorter, unless QV and VW are set
+    small); then
+    whichever kernel's cost model (GATHER_STORE ...) says is cheaper, padded tiles
+    included. A parameter set may decide instead (PIXELS True or False, and QV, MB,
+    VW: the tests)."""
+    if vstore or padded or row_steps[2] != 1 or out_steps[2] != 1 or \
+            p.get("PIXELS") is False:
+        return None
+    vw = programs.vector_width(p["VW"], dt)
+    qv = p.get("QV", 2)
+    Q = rows3[2]
+    if Q < qv * vw:
+        return None
+    regs = p.get("REGS", DEFAULT_REGS)
+    mb = p.get("MB") or min((b for b in _PX_PANELS if b * qv + qv + 1 <= regs),
+                            key=lambda b: (-(-cols // b) * b * _load_cost(b, qv), -b))
+    tile = (mb, qv, vw)
+    if p.get("PIXELS"):
+        return tile
+    mwi, nwi, _, line = _tiles(p, dt, cols, Q, K)
+    waste_px = -(-Q // (qv * vw)) * qv * vw / Q * (-(-cols // mb) * mb / cols)
+    waste = -(-cols // nwi) * nwi / cols * (-(-Q // mwi) * mwi / Q if line else 1.0)
+    aliased = out_steps[3] * np.dtype(dt).itemsize % 4096 == 0
+    gather = waste * (GATHER_STORE + GATHER_ALIASED * aliased + K)
+    return tile if waste_px * (PX_STORE + PX_PER_K * K) < gather else None
+
+
 def _run_gather(dev, dt, p, *, x, x_off, H, W, ph, pw, rows3, row_steps, k3, k_steps,
                 cols, src, src_off, CS, KD, KS, flip, out, out_steps, alpha=1.0,
                 beta=0.0, act="none", act_p=(0.0, 0.0), bias=None, vstore=False, nwi=None,
-                zero_rows=None, scratch=None):
+                zero_rows=None, scratch=None, pixels="auto"):
     """One gathered GEMM (conv.cl): pack B, then the kernel. See conv.cl for the
     meaning of the row, k and output steps; ``zero_rows`` (top, bottom) counts the
     all-zero border rows of a padded copy, which the kernel skips. ``scratch``: the
     buffers from _gather_scratch for at least this K, when a caller that launches
-    several times must hold them all before its first write."""
+    several times must hold them all before its first write (wide enough for either
+    kernel's panels). Pixel rows (convpx.cl) instead where _pixel_tile picks them
+    (``pixels``: "auto", or a tile or None decided by the caller)."""
     K = k3[0] * k3[1] * k3[2]
+    if pixels == "auto":
+        pixels = _pixel_tile(p, dt, cols, rows3, row_steps, out_steps, K,
+                             padded=bool(ph or pw), vstore=vstore)
+    if pixels:
+        return _run_pixels(dev, dt, pixels, x=x, x_off=x_off, H=H, W=W, rows3=rows3,
+                           row_steps=row_steps, k3=k3, k_steps=k_steps, cols=cols, src=src,
+                           src_off=src_off, CS=CS, KD=KD, KS=KS, flip=flip, out=out,
+                           out_steps=out_steps, alpha=alpha, beta=beta, act=act,
+                           act_p=act_p, bias=bias, zero_rows=zero_rows, scratch=scratch)
     mwi, nwi_auto, vw, line = _tiles(p, dt, cols, rows3[2] if row_steps[2] == 1 else 0, K)
     nwi = nwi or nwi_auto
     rows = rows3[0] * rows3[1] * rows3[2]
@@ -163,7 +238,7 @@ def _run_gather(dev, dt, p, *, x, x_off, H, W, ph, pw, rows3, row_steps, k3, k_s
            "vstore": vstore, "x_acc": isinstance(x, _Converted),
            "bias": "col" if bias is not None else "none",
            "tuning": (("MWI", mwi), ("NWI", nwi), ("VW", vw))}
-    b_pk, koff = scratch or _gather_scratch(dev, dt, cols, K, nwi)
+    b_pk, koff = _own_scratch(dev, dt, scratch, cols, K, nwi)
     pack = programs.get_kernel(dev, "conv", "clnn_conv_pack", prm)
     runs = -(-K // PACK_RUN)               # a work-item packs PACK_RUN k (conv.cl)
     k_split, k_step = int4(*k3), int4(*k_steps)
@@ -187,10 +262,57 @@ def _run_gather(dev, dt, p, *, x, x_off, H, W, ph, pw, rows3, row_steps, k3, k_s
                 bias_off=offset(bias) if bias is not None else 0)
 
 
-def _gather_scratch(dev, dt, cols, K, nwi):
-    """(packed B, k offsets) of one gathered GEMM with ``cols`` columns and K k."""
-    return (dev_scratch(dev, -(-cols // nwi) * K * nwi, programs.acc_dtype(dt)),
-            dev_scratch(dev, K, np.int32))
+def _run_pixels(dev, dt, tile, *, x, x_off, H, W, rows3, row_steps, k3, k_steps, cols,
+                src, src_off, CS, KD, KS, flip, out, out_steps, alpha, beta, act, act_p,
+                bias, zero_rows, scratch):
+    """_run_gather's GEMM as pixel rows (convpx.cl, ``tile`` from _pixel_tile): the
+    filters packed in panels of MB channels, then one work-item per QW positions of an
+    output row and panel."""
+    mb, qv, vw = tile
+    K = k3[0] * k3[1] * k3[2]
+    prm = {"dtype": programs.dtype_name(dt), "act": act, "x_acc": isinstance(x, _Converted),
+           "bias": "row" if bias is not None else "none",
+           "tuning": (("MB", mb), ("QV", qv), ("VW", vw))}
+    Nb = -(-cols // mb)
+    b_pk, koff = _own_scratch(dev, dt, scratch, cols, K, mb)
+    pack = programs.get_kernel(dev, "convpx", "clnn_conv_pack", prm)
+    runs = -(-K // PACK_RUN)
+    k_split, k_step = int4(*k3), int4(*k_steps)
+    pack((-(-runs // 64) * 64, Nb), (64, 1), RUN=PACK_RUN, cols=cols, Nb=Nb, src=src,
+         src_off=src_off, src_steps=int4(CS, KD, KS, int(flip)), b_pk=b_pk,
+         k_split=k_split, k_steps=k_step, W=W, koff=koff)
+    kern = programs.get_kernel(dev, "convpx", "clnn_conv_pixels", prm)
+    items = rows3[0] * rows3[1] * -(-rows3[2] // (qv * vw)) * Nb
+    wg = max(1, min(PX_WG, dev.facts.max_work_group_size,
+                    items // (2 * dev.facts.compute_units)))
+    return kern((-(-items // wg) * wg,), (wg,), row_split=int4(*rows3),
+                row_steps=int4(*row_steps), k_split=k_split, k_steps=k_step, x=x,
+                x_off=x_off, W=W, zlo=zero_rows[0] if zero_rows else 0,
+                zhi=H - zero_rows[1] if zero_rows else H, cols=cols, b_pk=b_pk, koff=koff,
+                out=out, out_off=offset(out), out_steps=int4(*out_steps), alpha=alpha,
+                beta=beta, act_p=act_p[0], act_q=act_p[1],
+                bias=bias if bias is not None else out,
+                bias_off=offset(bias) if bias is not None else 0)
+
+
+def _own_scratch(dev, dt, scratch, cols, K, width):
+    """A caller's _gather_scratch buffers, checked to hold panels of ``width`` columns
+    (a kernel writing past them would corrupt the host heap on PoCL, silently until
+    some later allocation), else new ones."""
+    if scratch is None:
+        return _gather_scratch(dev, dt, cols, K, width)
+    need = -(-cols // width) * width * K * programs.acc_dtype(dt).itemsize
+    if scratch[0].size < need or scratch[1].size < 4 * K:
+        raise AssertionError(f"scratch of {scratch[0].size} bytes for {need} bytes of "
+                             f"panels {width} wide")
+    return scratch
+
+
+def _gather_scratch(dev, dt, cols, K, *widths):
+    """(packed B, k offsets) of one gathered GEMM with ``cols`` columns and K k, packed
+    in panels of one of ``widths`` columns (NWI, or pixel rows' MB)."""
+    panel = max(-(-cols // n) * n for n in widths)
+    return (dev_scratch(dev, panel * K, programs.acc_dtype(dt)), dev_scratch(dev, K, np.int32))
 
 
 def _dgrad_method(C, H, W, M, P, Q, R, S):
@@ -516,11 +638,12 @@ def _conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_pa
         # of images at a time when a 16-bit input's float copy would be large
         per_image = C * (H + 2 * pd[0]) * (W + 2 * pd[1])
         group = _copy_group(dt, N, per_image)
-        into = scratch = nwi = None
+        into = scratch = None
         if group < N:           # every group's buffers are taken before the first write
             into = dev_scratch(dev, group * per_image, programs.acc_dtype(dt))
-            nwi = _tiles(p, dt, M, Q if st[1] == 1 else 0)[1]
-            scratch = _gather_scratch(dev, dt, M, C * R * S, nwi)
+            # (panels wide enough for either kernel: each group's call picks its own)
+            scratch = _gather_scratch(dev, dt, M, C * R * S,
+                                      _tiles(p, dt, M, 0)[1], p.get("MB", 4), *_PX_PANELS)
         for n0 in range(0, N, group):
             g = min(group, N - n0)
             xs, ys = (x, out) if g == N else (x[n0:n0 + g], out[n0:n0 + g])
@@ -533,7 +656,7 @@ def _conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_pa
                               cols=M, src=w,
                               src_off=offset(w), CS=C * R * S, KD=C * R * S, KS=0, flip=0,
                               out=ys, out_steps=(M * P * Q, Q, 1, P * Q), act=act,
-                              act_p=act_p, bias=b, scratch=scratch, nwi=nwi)
+                              act_p=act_p, bias=b, scratch=scratch)
         return done(out, evt)
     if p["variant"] == "local":
         # y (M x NPQ) = w (M x CRS) @ unroll(x) (CRS x NPQ): k = (c, r, s) reads
@@ -633,7 +756,12 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
         xg, xg_off, Hg, Wg, phg, pwg, zr = _pad_input(dev, dt, x, N * C, H, W, *pd)
         # dy^T is packed for a group of images at a time (at most SCRATCH_BYTES), and
         # every group after the first adds its sum into dw
-        nwi = _tiles(p, dt, M, 0)[1]
+        # (rows are filter taps along lines of S: pixel rows take them when a parameter
+        # set forces them, S being shorter than a work-item's positions otherwise)
+        px = _pixel_tile(p, dt, M, (C, R, S), (Hg * Wg, dilation[0], dilation[1]),
+                         (R * S, S, 1, C * R * S), N * P * Q, padded=bool(phg or pwg),
+                         vstore=False)
+        nwi = px[0] if px else _tiles(p, dt, M, 0)[1]
         per_image = -(-M // nwi) * nwi * P * Q * programs.acc_dtype(dt).itemsize
         # every group after the first adds its sum into dw, which rounds: the groups
         # come from the constant SCRATCH_BYTES, not the budget, so the bits do not
@@ -649,7 +777,7 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
                               src_off=offset(dy) + n0 * M * P * Q, CS=P * Q, KD=P * Q,
                               KS=M * P * Q, flip=0, out=out,
                               out_steps=(R * S, S, 1, C * R * S), alpha=alpha,
-                              beta=beta if n0 == 0 else 1.0, scratch=scratch)
+                              beta=beta if n0 == 0 else 1.0, scratch=scratch, pixels=px)
         return done(out, evt)
     if p["variant"] == "local":
         # dw (M x CRS) = dy (M x NPQ) @ unroll(x)^T (NPQ x CRS): k = (n, p, q), column

@@ -30,6 +30,11 @@ VARIANTS = {
                    {"PAD_BYTES": 0}),
     # three B vectors per k (panels of 24 columns, what 16 registers favour)
     "gather-nvw3": ("conv", dict(GATHER, MWI=4, NWI=24, DGRAD="col2im"), {}),
+    # convpx.cl's pixel rows wherever a forward pass (the flipped data gradient
+    # included) can take them: blocks of 4 positions by 3 channels, and of 2 x 4
+    # positions by 6 channels (rows of 4 to 12 positions: overlapping last blocks)
+    "pixels": ("conv", dict(GATHER, PIXELS=True, QV=1, VW=4, MB=3, DGRAD="flip"), {}),
+    "pixels-wide": ("conv", dict(GATHER, PIXELS=True, QV=2, VW=4, MB=6, DGRAD="flip"), {}),
     # gemm.cl's loaders: the CPU's packed panels, the GPU tiles (k tables and column
     # maps; the data gradient through col2im below 16 channels, else by stride phase)
     "gemm-reg": ("gemm", tuning.GEMM_TABLE["type"]["CPU"], {}),
@@ -169,6 +174,56 @@ def test_lines_that_blocks_do_not_divide():
         forward = next(r for r in prof.records if r.entry == "clnn_conv_gather")
         assert forward.params["line"] == line
         assert dict(forward.params["tuning"])["NWI"] == 24
+
+
+def ran(prof, entry):
+    return [r for r in prof.records if r.entry == entry]
+
+
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+def test_pixel_rows(dtype):
+    """convpx.cl's pixel rows as the library picks them, for the forward pass and the
+    flipped data gradient (whose zero rows are skipped): a 3-channel 32x32 input layer,
+    and LeNet C1's 28-wide output rows (their last block of 16 positions overlaps the
+    one before), 6 and 5 filters (one panel, and a padded one) with bias and relu,
+    inside canaries, every dtype (float64's vectors are 4 wide, 16-bit inputs a float
+    copy)."""
+    with tuning.override("conv", dict(GATHER, DGRAD="flip")):
+        for shape in ((3, 32, 32, 6, 3, 3, 1), (1, 32, 32, 5, 5, 5, 0)):
+            C, H, W, M, R, S, pad = shape
+            with clnn.profile() as prof:
+                check_conv(2, C, H, W, M, R, S, (1, 1), (pad, pad), dtype=dtype, act="relu")
+            assert len(ran(prof, "clnn_conv_pixels")) == 2, shape
+            assert ran(prof, "clnn_conv_pixels")[0].params["bias"] == "row"
+
+
+def test_pixel_rows_where_they_pay():
+    """_pixel_tile: pixel rows for small sums (input layers) and for output planes 4
+    KiB apart (32x32 float32: the gathered kernel's stores of a work-item then share
+    one cache set), the gathered kernel for long sums over other planes; never for a
+    strided, checked-padding, dcol or too-short row; MB within the registers."""
+    def pick(cols, Q, K, plane, dt=np.float32, p=GATHER, **kw):
+        args = dict(padded=False, vstore=False)
+        args.update(kw.pop("args", {}))
+        steps = kw.pop("row_steps", (0, 1, 1))
+        return conv_module._pixel_tile(p, dt, cols, (2, Q, Q), steps, (0, Q, 1, plane), K,
+                                       **args)
+    assert pick(32, 32, 27, 1024) == (6, 2, 8)                 # 3-channel input layer
+    assert pick(6, 28, 25, 784) == (6, 2, 8)                   # LeNet C1
+    assert pick(64, 32, 576, 1024) is not None                 # 4 KiB planes
+    assert pick(64, 56, 576, 3136) is None                     # 56x56x64
+    assert pick(256, 14, 2304, 196) is None                    # rows of 14 < 16
+    assert pick(32, 32, 27, 1024, dt=np.float64) == (6, 2, 4)  # rows of 8 doubles
+    assert pick(32, 32, 27, 1024, row_steps=(0, 1, 2)) is None
+    assert pick(32, 32, 27, 1024, args={"padded": True}) is None
+    assert pick(32, 32, 27, 1024, args={"vstore": True}) is None
+    assert pick(32, 32, 27, 1024, p=dict(GATHER, PIXELS=False)) is None
+    assert pick(64, 56, 576, 3136, p=dict(GATHER, PIXELS=True)) is not None
+    for regs in (16, 32):
+        for cols in range(1, 80):
+            mb, qv, _ = pick(cols, 32, 27, 1024, p=dict(GATHER, REGS=regs, PIXELS=True))
+            assert mb * qv + qv + 1 <= regs
+            assert -(-cols // mb) * mb < cols + mb
 
 
 @pytest.mark.parametrize("dgrad", ["col2im", "flip"])
@@ -470,7 +525,7 @@ def test_unbatched_pooling(dev):
 
 
 @pytest.mark.parametrize("variant", ["default", "gather-flat", "gather-line", "gather-checked",
-                                     "gemm-reg", "gpu"])
+                                     "pixels", "gemm-reg", "gpu"])
 @pytest.mark.parametrize("shape", [(2, 3, 11, 13, 5, 3, 3, (1, 1), (2, 2), (2, 2)),
                                    (2, 3, 12, 9, 4, 3, 2, (2, 1), (3, 1), (3, 2)),
                                    (1, 2, 9, 9, 3, 2, 2, (1, 1), (0, 0), (4, 3)),
