@@ -40,6 +40,15 @@ __kernel void clnn_conv_pack(const int RUN, const int cols, const int Nb,
     // a whole panel checks no column bound per element, so its loads (16-bit ones with
     // their conversions) vectorise
     const int whole = (nb + 1) * NWI <= cols;
+    if (whole && !flip && CS > 1 && kr + kn <= KD) {
+        // the run's k are consecutive in src (one image of dy^T, one filter row of w):
+        // each column's run is read along src, and written across the rows of dst
+        __global const real_t *s = src + src_off + kq * KS + kr + nb * NWI * CS;
+        for (int j = 0; j < NWI; ++j)
+            for (int t = 0; t < kn; ++t)
+                dst[t * NWI + j] = CLNN_LOAD(s, j * CS + t);
+        return;
+    }
     for (int t = 0; t < kn; ++t, dst += NWI) {
         __global const real_t *s = src + src_off + kq * KS + (flip ? KD - 1 - kr : kr);
         if (whole) {
