@@ -188,7 +188,7 @@ MMA_KINDS = {"tf32": (8, 4), "f16": (16, 2)}      # K of one mma.sync, the item 
 # or override with one is refused up front.
 _RANGES = {"MWI": 32, "NWI": 128, "VW": 16, "WG": 1024, "WGM": 1024, "MWG": 256,
            "NWG": 256, "KWG": 64, "MDIMC": 64, "NDIMC": 64, "VWM": 4, "VWN": 4,
-           "KSPLIT": 64, "WM": 128, "WN": 128, "REGS": 64}
+           "KSPLIT": 64, "WM": 128, "WN": 128, "REGS": 64, "QV": 4, "MB": 16}
 
 
 def _is_int(v):
@@ -210,8 +210,9 @@ def gemm_problems(p, facts=None, itemsize=4):
     if bad:
         return [f"out of range or not an int: {', '.join(bad)} (limits: "
                 + ", ".join(f"{k} <= {_RANGES[k]}" for k in _RANGES if k in p) + ")"]
-    if "LINE" in p and not isinstance(p["LINE"], bool):
-        return ["LINE must be true or false"]
+    for flag in ("LINE", "PIXELS"):
+        if flag in p and not isinstance(p[flag], bool):
+            return [f"{flag} must be true or false"]
     probs = []
     if variant == "gather":
         if p["VW"] not in (1, 2, 4, 8, 16):

@@ -276,6 +276,10 @@ def test_gather_constraints():
     assert tuning.gemm_problems(dict(ok, MWI=0))
     assert tuning.gemm_problems(dict(ok, DGRAD="fft"))
     assert tuning.gemm_problems(dict(ok, WG=512), GPU_MIN)
+    assert tuning.gemm_problems(dict(ok, PIXELS=False, QV=2, MB=6)) == []
+    assert tuning.gemm_problems(dict(ok, PIXELS="no"))
+    assert tuning.gemm_problems(dict(ok, QV=5))
+    assert tuning.gemm_problems(dict(ok, MB=0))
 
 
 def test_tuner_searches_convolutions(db, monkeypatch):

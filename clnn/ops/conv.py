@@ -193,7 +193,7 @@ def _pixel_tile(p, dt, cols, rows3, row_steps, out_steps, K, *, padded, vstore):
     vw = programs.vector_width(p["VW"], dt)
     qv = p.get("QV", 2)
     Q = rows3[2]
-    if Q < qv * vw:
+    if Q < qv * vw or vw not in (2, 4, 8):
         return None
     regs = p.get("REGS", DEFAULT_REGS)
     mb = p.get("MB") or min((b for b in _PX_PANELS if b * qv + qv + 1 <= regs),
