@@ -171,9 +171,10 @@ def _tiles(p, dt, cols, line_len, k=0):
 # layer is near k = 300; on 3-channel input layers pixel rows are 1.3-3.6x faster.
 GATHER_STORE, GATHER_ALIASED, PX_STORE, PX_PER_K = 39, 87, 8, 1.08
 # the channels per pixel-row work-item (MB) to choose from: the least loads per
-# multiply-add over the padded channels, then the most channels, within the
-# registers (MB * QV accumulators, QV input vectors and one broadcast filter value);
-# on the 16x16x64 layer MB 4 took twice as long as MB 6
+# multiply-add over the padded channels, then the fewest padded channels, then the
+# most channels, within the registers (MB * QV accumulators, QV input vectors and
+# one broadcast filter value); on the 16x16x64 layer MB 4 took twice as long as MB 6,
+# on 16 and 32 channels MB 4 and 6 ran alike (and MB 4 pads none)
 _PX_PANELS = (12, 8, 6, 4)
 
 
@@ -197,7 +198,8 @@ def _pixel_tile(p, dt, cols, rows3, row_steps, out_steps, K, *, padded, vstore):
         return None
     regs = p.get("REGS", DEFAULT_REGS)
     mb = p.get("MB") or min((b for b in _PX_PANELS if b * qv + qv + 1 <= regs),
-                            key=lambda b: (-(-cols // b) * b * _load_cost(b, qv), -b))
+                            key=lambda b: (-(-cols // b) * b * _load_cost(b, qv),
+                                           -(-cols // b) * b, -b))
     tile = (mb, qv, vw)
     if p.get("PIXELS"):
         return tile

@@ -208,12 +208,13 @@ def test_pixel_rows_where_they_pay():
         steps = kw.pop("row_steps", (0, 1, 1))
         return conv_module._pixel_tile(p, dt, cols, (2, Q, Q), steps, (0, Q, 1, plane), K,
                                        **args)
-    assert pick(32, 32, 27, 1024) == (6, 2, 8)                 # 3-channel input layer
+    assert pick(32, 32, 27, 1024) == (4, 2, 8)                 # 3-channel input layer
+    assert pick(32, 16, 288, 256) == (4, 2, 8)                 # 16x16, 32 -> 32
     assert pick(6, 28, 25, 784) == (6, 2, 8)                   # LeNet C1
     assert pick(64, 32, 576, 1024) is not None                 # 4 KiB planes
     assert pick(64, 56, 576, 3136) is None                     # 56x56x64
     assert pick(256, 14, 2304, 196) is None                    # rows of 14 < 16
-    assert pick(32, 32, 27, 1024, dt=np.float64) == (6, 2, 4)  # rows of 8 doubles
+    assert pick(32, 32, 27, 1024, dt=np.float64) == (4, 2, 4)  # rows of 8 doubles
     assert pick(32, 32, 27, 1024, row_steps=(0, 1, 2)) is None
     assert pick(32, 32, 27, 1024, args={"padded": True}) is None
     assert pick(32, 32, 27, 1024, args={"vstore": True}) is None
