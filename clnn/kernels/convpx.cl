@@ -118,8 +118,9 @@ __kernel void clnn_conv_pixels(const int4 row_split, const int4 row_steps,
         } else {
 %     for l in range(VW):
             if (first <= ${v * VW + l})
-                clnn_epilogue(out, orow + m * OM + ${v * VW + l}, m, 0, c${j}_${v}.s${"0123456789abcdef"[l]},
-                              alpha, beta, act_p, act_q, bias);
+                clnn_epilogue(out, orow + m * OM + ${v * VW + l}, m, 0,
+                              c${j}_${v}.s${"0123456789abcdef"[l]}, alpha, beta, act_p,
+                              act_q, bias);
 %     endfor
         }
 %   endfor
