@@ -262,3 +262,35 @@ def step_benchmark(args, make_net, torch_model, x, y, loss, lr, momentum, flops,
             if k.startswith("clnn"):
                 print(f"{k} runs at {t / v:.2f}x PyTorch CUDA's speed")
     return result
+
+
+def torch_classifier(torch, net, modules, layout):
+    """PyTorch's copy of a clnn classifier: ``modules`` (its layers with weights, in
+    clnn's order) take the network's weights and biases; ``layout`` lists the model,
+    an int standing for modules[i]. Its loss takes clnn's one-hot targets."""
+    trainable = [l for l in net.layers if getattr(l, "weight", None) is not None]
+    with torch.no_grad():
+        for mine, theirs in zip(trainable, modules):
+            theirs.weight.copy_(torch.from_numpy(mine.weight.get()))
+            theirs.bias.copy_(torch.from_numpy(mine.bias.get()))
+    model = torch.nn.Sequential(*[modules[m] if isinstance(m, int) else m for m in layout])
+    return model, lambda logits, y: torch.nn.functional.cross_entropy(logits, y.argmax(1))
+
+
+def classifier_step(argv, doc, *, name, network, make_net, torch_model, x_of, macs, lr,
+                    momentum):
+    """The main of a training-step benchmark of a 10-class classifier: ``x_of(rng,
+    batch)`` draws the inputs, ``macs`` is the forward pass's multiply-adds per example
+    (a step's flops are 6 of them); writes benchmarks/results/``name``.json."""
+    ap = arg_parser(doc)
+    ap.add_argument("--batch", type=int, default=64)
+    args = ap.parse_args(argv)
+    B = args.batch
+    rng = np.random.default_rng(0)
+    x = x_of(rng, B)
+    y = np.eye(10, dtype=np.float32)[rng.integers(0, 10, B)]
+    res = step_benchmark(args, make_net, torch_model, x, y, "cross_entropy", lr, momentum,
+                         3 * 2 * B * macs)
+    result = {"network": network, "batch": B, "step_seconds": res["step_seconds"],
+              "update_seconds": res.get("update_seconds", {})}
+    print(f"results: {write_json(name, result, args.json)}")

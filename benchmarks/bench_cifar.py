@@ -37,37 +37,23 @@ def make_net(dev):
 def torch_model(torch, net):
     """PyTorch's copy of the network; its loss takes clnn's one-hot targets."""
     T = torch.nn
-    convs = [T.Conv2d(c, m, 3, padding=1) for c, m in CONVS]
-    fc = [T.Linear(64 * 8 * 8, 128), T.Linear(128, 10)]
-    trainable = [l for l in net.layers if getattr(l, "weight", None) is not None]
-    with torch.no_grad():
-        for mine, theirs in zip(trainable, convs + fc):
-            theirs.weight.copy_(torch.from_numpy(mine.weight.get()))
-            theirs.bias.copy_(torch.from_numpy(mine.bias.get()))
-    model = T.Sequential(convs[0], T.ReLU(), convs[1], T.ReLU(), T.MaxPool2d(2),
-                         convs[2], T.ReLU(), convs[3], T.ReLU(), T.MaxPool2d(2),
-                         T.Flatten(), fc[0], T.ReLU(), fc[1])
-    return model, lambda logits, y: T.functional.cross_entropy(logits, y.argmax(1))
+    mods = [T.Conv2d(c, m, 3, padding=1) for c, m in CONVS] + \
+        [T.Linear(64 * 8 * 8, 128), T.Linear(128, 10)]
+    return _common.torch_classifier(torch, net, mods, [
+        0, T.ReLU(), 1, T.ReLU(), T.MaxPool2d(2), 2, T.ReLU(), 3, T.ReLU(), T.MaxPool2d(2),
+        T.Flatten(), 4, T.ReLU(), 5])
 
 
 def main(argv=None):
-    ap = _common.arg_parser(__doc__)
-    ap.add_argument("--batch", type=int, default=64)
-    args = ap.parse_args(argv)
-    B = args.batch
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((B, 3, 32, 32), dtype=np.float32)
-    y = np.eye(10, dtype=np.float32)[rng.integers(0, 10, B)]
     # forward multiply-adds of the convolutions (two at 32x32, two at 16x16) and the
-    # dense layers, x3 for a step
+    # dense layers
     sides = [32, 32, 16, 16]
-    macs = sum(s * s * m * c * 9 for s, (c, m) in zip(sides, CONVS)) + 4096 * 128 + 128 * 10
-    flops = 3 * 2 * B * macs
-    res = _common.step_benchmark(args, make_net, torch_model, x, y, "cross_entropy", LR,
-                                 MOMENTUM, flops)
-    result = {"network": "CIFAR-like CNN", "batch": B, "step_seconds": res["step_seconds"],
-              "update_seconds": res.get("update_seconds", {})}
-    print(f"results: {_common.write_json('bench_cifar', result, args.json)}")
+    _common.classifier_step(
+        argv, __doc__, name="bench_cifar", network="CIFAR-like CNN", make_net=make_net,
+        torch_model=torch_model,
+        x_of=lambda rng, B: rng.standard_normal((B, 3, 32, 32), dtype=np.float32),
+        macs=sum(s * s * m * c * 9 for s, (c, m) in zip(sides, CONVS)) + 4096 * 128 + 128 * 10,
+        lr=LR, momentum=MOMENTUM)
 
 
 if __name__ == "__main__":
