@@ -184,9 +184,8 @@ def _pixel_tile(p, dt, cols, rows3, row_steps, out_steps, K, *, padded, vstore):
     == 1) and read the input at unit column stride (row_steps[2] == 1) with no padding
     to check, and rows (rows3[2]) at least one work-item's QW positions long (a weight
     gradient's rows, filter taps, are lines of S: shorter, unless QV and VW are set
-    small); then
-    whichever kernel's cost model (GATHER_STORE ...) says is cheaper, padded tiles
-    included. A parameter set may decide instead (PIXELS True or False, and QV, MB,
+    small); then whichever kernel's cost model (GATHER_STORE ...) says is cheaper,
+    padded tiles included. A parameter set may decide instead (PIXELS True or False, and QV, MB,
     VW: the tests)."""
     if vstore or padded or row_steps[2] != 1 or out_steps[2] != 1 or \
             p.get("PIXELS") is False:
@@ -240,13 +239,9 @@ def _run_gather(dev, dt, p, *, x, x_off, H, W, ph, pw, rows3, row_steps, k3, k_s
            "vstore": vstore, "x_acc": isinstance(x, _Converted),
            "bias": "col" if bias is not None else "none",
            "tuning": (("MWI", mwi), ("NWI", nwi), ("VW", vw))}
-    b_pk, koff = _own_scratch(dev, dt, scratch, cols, K, nwi)
-    pack = programs.get_kernel(dev, "conv", "clnn_conv_pack", prm)
-    runs = -(-K // PACK_RUN)               # a work-item packs PACK_RUN k (conv.cl)
-    k_split, k_step = int4(*k3), int4(*k_steps)
-    pack((-(-runs // 64) * 64, Nb), (64, 1), RUN=PACK_RUN, cols=cols, Nb=Nb, src=src,
-         src_off=src_off, src_steps=int4(CS, KD, KS, int(flip)), b_pk=b_pk,
-         k_split=k_split, k_steps=k_step, W=W, koff=koff)
+    b_pk, koff, k_split, k_step = _pack(dev, "conv", prm, dt, scratch, nwi, cols=cols, K=K,
+                                        k3=k3, k_steps=k_steps, src=src, src_off=src_off,
+                                        src_steps=(CS, KD, KS, flip), W=W)
     kern = programs.get_kernel(dev, "conv", "clnn_conv_gather", prm)
     Rb = rows // rows3[2] * -(-rows3[2] // mwi) if line else -(-rows // mwi)
     # work-groups of WG, fewer when that would leave compute units idle (a weight
@@ -275,16 +270,11 @@ def _run_pixels(dev, dt, tile, *, x, x_off, H, W, rows3, row_steps, k3, k_steps,
     prm = {"dtype": programs.dtype_name(dt), "act": act, "x_acc": isinstance(x, _Converted),
            "bias": "row" if bias is not None else "none",
            "tuning": (("MB", mb), ("QV", qv), ("VW", vw))}
-    Nb = -(-cols // mb)
-    b_pk, koff = _own_scratch(dev, dt, scratch, cols, K, mb)
-    pack = programs.get_kernel(dev, "convpx", "clnn_conv_pack", prm)
-    runs = -(-K // PACK_RUN)
-    k_split, k_step = int4(*k3), int4(*k_steps)
-    pack((-(-runs // 64) * 64, Nb), (64, 1), RUN=PACK_RUN, cols=cols, Nb=Nb, src=src,
-         src_off=src_off, src_steps=int4(CS, KD, KS, int(flip)), b_pk=b_pk,
-         k_split=k_split, k_steps=k_step, W=W, koff=koff)
+    b_pk, koff, k_split, k_step = _pack(dev, "convpx", prm, dt, scratch, mb, cols=cols,
+                                        K=K, k3=k3, k_steps=k_steps, src=src,
+                                        src_off=src_off, src_steps=(CS, KD, KS, flip), W=W)
     kern = programs.get_kernel(dev, "convpx", "clnn_conv_pixels", prm)
-    items = rows3[0] * rows3[1] * -(-rows3[2] // (qv * vw)) * Nb
+    items = rows3[0] * rows3[1] * -(-rows3[2] // (qv * vw)) * -(-cols // mb)
     wg = max(1, min(PX_WG, dev.facts.max_work_group_size,
                     items // (2 * dev.facts.compute_units)))
     return kern((-(-items // wg) * wg,), (wg,), row_split=int4(*rows3),
@@ -295,6 +285,22 @@ def _run_pixels(dev, dt, tile, *, x, x_off, H, W, rows3, row_steps, k3, k_steps,
                 beta=beta, act_p=act_p[0], act_q=act_p[1],
                 bias=bias if bias is not None else out,
                 bias_off=offset(bias) if bias is not None else 0)
+
+
+def _pack(dev, stem, prm, dt, scratch, width, *, cols, K, k3, k_steps, src, src_off,
+          src_steps, W):
+    """clnn_conv_pack (_convpack.cl) of template ``stem`` with ``prm``: B in panels of
+    ``width`` columns and the k offset table, into the caller's scratch (checked) or
+    new buffers. Returns (b_pk, koff, k_split, k_steps) as the kernels take them."""
+    b_pk, koff = _own_scratch(dev, dt, scratch, cols, K, width)
+    pack = programs.get_kernel(dev, stem, "clnn_conv_pack", prm)
+    runs = -(-K // PACK_RUN)               # a work-item packs PACK_RUN k
+    Nb = -(-cols // width)
+    k_split, k_step = int4(*k3), int4(*k_steps)
+    pack((-(-runs // 64) * 64, Nb), (64, 1), RUN=PACK_RUN, cols=cols, Nb=Nb, src=src,
+         src_off=src_off, src_steps=int4(*src_steps), b_pk=b_pk,
+         k_split=k_split, k_steps=k_step, W=W, koff=koff)
+    return b_pk, koff, k_split, k_step
 
 
 def _own_scratch(dev, dt, scratch, cols, K, width):
