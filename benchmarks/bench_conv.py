@@ -8,8 +8,10 @@ Layers: LeNet-5's C1, C3 and C5 at batch 64, two ResNet-like 3x3 layers (N=32, C
 56x56, M=64, and N=32, C=M=256, 14x14, both padding 1) and a ResNet stem (N=8, 3
 channels, 224x224, 64 filters of 7x7, stride 2, padding 3), a MobileNet-like depthwise
 3x3 layer (N=32, C=256, 56x56, groups=256), a dilated 3x3 layer (dilation 2, as
-DeepLab's) and two CIFAR-like 3x3 layers at batch 64 (the 3-channel 32x32 input layer
-with 32 filters, and 32 to 32 channels at 32x32). Each clnn result is checked
+DeepLab's), two CIFAR-like 3x3 layers at batch 64 (the 3-channel 32x32 input layer
+with 32 filters, and 32 to 32 channels at 32x32) and a ResNet stage's two
+downsampling layers at batch 32 (3x3 stride 2 from 64 to 128 channels, and the 1x1
+stride-2 projection from 256 to 512, both 56x56 to 28x28). Each clnn result is checked
 against PyTorch (or, without it, the float64 loops of tests/reference.py) before
 timing. Writes benchmarks/results/bench_conv.json.
 """
@@ -35,7 +37,9 @@ LAYERS = [("LeNet C1", 64, 1, 32, 32, 6, 5, 5, 0, 1), ("LeNet C3", 64, 6, 14, 14
           ("depthwise 56x56x256 3x3", 32, 256, 56, 56, 256, 3, 3, 1, 1, 1, 256),
           ("dilated 28x28x64 3x3 d2", 16, 64, 28, 28, 64, 3, 3, 2, 1, 2, 1),
           ("CIFAR 32x32x3 3x3", 64, 3, 32, 32, 32, 3, 3, 1, 1),
-          ("CIFAR 32x32x32 3x3", 64, 32, 32, 32, 32, 3, 3, 1, 1)]
+          ("CIFAR 32x32x32 3x3", 64, 32, 32, 32, 32, 3, 3, 1, 1),
+          ("3x3 s2 56->28 64->128", 32, 64, 56, 56, 128, 3, 3, 1, 2),
+          ("1x1 s2 56->28 256->512", 32, 256, 56, 56, 512, 1, 1, 0, 2)]
 
 
 def references(torch, x, w, dy, pad, st, dl=1, g=1):

@@ -210,7 +210,7 @@ def gemm_problems(p, facts=None, itemsize=4):
     if bad:
         return [f"out of range or not an int: {', '.join(bad)} (limits: "
                 + ", ".join(f"{k} <= {_RANGES[k]}" for k in _RANGES if k in p) + ")"]
-    for flag in ("LINE", "PIXELS"):
+    for flag in ("LINE", "PIXELS", "PANELS_FIRST"):
         if flag in p and not isinstance(p[flag], bool):
             return [f"{flag} must be true or false"]
     probs = []

@@ -102,13 +102,13 @@ inline acc_t clnn_gathered(__global const x_t *p, const int i, const bool ok, co
 <%def name="step(indent=16)">${rb.multiply(MWI, NVW, VW, "bp + k * NWI", a_elem, indent=indent)}</%def>
 
 // One work-item: MWI consecutive rows x NWI columns of C in MWI * NWI / VW vector
-// registers; work-items run along rows, work-groups share one B panel.
+// registers (the order of the work-items below).
 __kernel void clnn_conv_gather(const int4 row_split, const int4 row_steps,
                                const int4 k_split, const int4 k_steps,
                                __global const x_t *x, const int x_off, const int4 x_geom,
                                const int zlo, const int zhi,
-                               const int cols, __global const acc_t *b_pk,
-                               __global const int *koff,
+                               const int cols, const int Rb, const int panels_first,
+                               __global const acc_t *b_pk, __global const int *koff,
                                __global ${'acc_t' if vstore else 'real_t'} *out,
                                const int out_off, const int4 out_steps,
                                const acc_t alpha, const acc_t beta, const acc_t act_p, const acc_t act_q,
@@ -123,8 +123,16 @@ __kernel void clnn_conv_gather(const int4 row_split, const int4 row_steps,
     const int OA = out_steps.s0, OB = out_steps.s1, OC = out_steps.s2, OM = out_steps.s3;
     (void)H, (void)RCW, (void)KA, (void)KBH, (void)KCW, (void)OM;  // (not every variant
                                                                    // reads every part)
-    const int rb = (int)get_global_id(0);
-    const int nb = (int)get_global_id(1);
+    // A 1-D grid of Rb row blocks by Nb panels. Panels first: consecutive work-items
+    // share their rows and walk the panels, so the input they gather stays in cache
+    // while every panel reads it (the routine picks this order when all of B fits in
+    // cache); else they share a panel and walk the rows, which keeps a long panel in
+    // cache instead.
+    const int Nb = (cols + NWI - 1) / NWI, gid = (int)get_global_id(0);
+    const int rb = panels_first ? gid / Nb : gid % Rb;
+    const int nb = panels_first ? gid % Nb : gid / Rb;
+    if (nb >= Nb)
+        return;
     x += x_off;
     out += out_off;
     bias += bias_off;

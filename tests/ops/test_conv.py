@@ -22,14 +22,18 @@ VARIANTS = {
     "default": (None, None, {}),
     # conv.cl, gathered: each row at its own offset; rows along a line; the padding
     # read with bounds checks instead of from a padded copy; both data gradients;
-    # narrow vectors and a single row per work-item
+    # narrow vectors and a single row per work-item; work-items that walk the rows
+    # of a panel first (small problems walk the panels first)
     "gather-flat": ("conv", dict(GATHER, MWI=3, NWI=8, LINE=False, DGRAD="col2im"), {}),
-    "gather-line": ("conv", dict(GATHER, MWI=2, NWI=16, LINE=True, DGRAD="flip"), {}),
+    "gather-line": ("conv", dict(GATHER, MWI=2, NWI=16, LINE=True, DGRAD="flip",
+                                 PANELS_FIRST=False), {}),
     "gather-checked": ("conv", dict(GATHER, MWI=3, NWI=8, DGRAD="flip"), {"PAD_BYTES": 0}),
     "gather-vw4": ("conv", dict(GATHER, MWI=1, NWI=4, VW=4, WG=1, DGRAD="col2im"),
                    {"PAD_BYTES": 0}),
     # three B vectors per k (panels of 24 columns, what 16 registers favour)
     "gather-nvw3": ("conv", dict(GATHER, MWI=4, NWI=24, DGRAD="col2im"), {}),
+    "gather-rows-first": ("conv", dict(GATHER, MWI=3, NWI=8, LINE=False, DGRAD="col2im",
+                                       PANELS_FIRST=False), {}),
     # convpx.cl's pixel rows wherever a forward pass (the flipped data gradient
     # included) can take them: blocks of 4 positions by 3 channels, and of 2 x 4
     # positions by 6 channels (rows of 4 to 12 positions: overlapping last blocks)
@@ -110,6 +114,25 @@ def test_conv_forward_and_gradients(variant, N, C, M, H, W, R, S, sh, sw, ph, pw
         return
     with variant_in_force(variant):
         check_conv(N, C, H, W, M, R, S, (sh, sw), (ph, pw))
+
+
+def test_work_item_order():
+    """_panels_first: the gathered kernel walks the panels first where the packed B
+    fits a core's L2 or is small beside the input (forward passes: the filters), and
+    the rows of a panel first where B is as large as the input (a weight gradient's
+    dy at every output position)."""
+    first = conv_module._panels_first
+    f32 = np.float32
+    assert first(f32, 576 * 144, 32 * 64 * 58 * 58)          # 3x3 stride 2, 64 -> 128
+    assert first(f32, 512 * 1032, 32 * 512 * 56 * 56)        # 1x1 stride 2, 512 -> 1024
+    assert first(f32, 1152 * 264, 32 * 128 * 30 * 30)        # 3x3 28x28, 128 -> 256
+    assert not first(f32, 2304 * 264, 32 * 256 * 16 * 16)    # 14x14x256: B 2.4 MB
+    assert not first(f32, 4608 * 528, 32 * 512 * 9 * 9)      # 7x7x512: B 9.7 MB
+    for mpad in (64, 72):                                    # 56x56x64 weight gradient
+        assert not first(f32, 8 * 3136 * mpad, 8 * 64 * 58 * 58)
+    assert not first(f32, 65536 * 32, 64 * 3 * 34 * 34)      # CIFAR's input layer's
+    assert first(f32, 64 * 100 * 16, 64 * 6 * 14 * 14)       # B of 400 KB: in L2
+    assert not first(np.float64, 200_000, 10)                # 1.6 MB of doubles
 
 
 @pytest.mark.parametrize("dgrad", ["col2im", "flip"])
