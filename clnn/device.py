@@ -63,6 +63,9 @@ class DeviceFacts:
     # NVIDIA's compute capability as major * 10 + minor (cl_nv_device_attribute_query),
     # 0 elsewhere: 80 and up have the mma.sync matrix engines gemm.cl's MMA rows use
     nv_compute_capability: int = 0
+    # the global memory cache (CL_DEVICE_GLOBAL_MEM_CACHE_SIZE: a CPU's last-level
+    # cache on PoCL), 0 where the driver reports none
+    cache_size: int = 0
 
     @property
     def is_pocl(self):
@@ -95,6 +98,7 @@ class DeviceFacts:
             fp64="cl_khr_fp64" in exts,
             fp16="cl_khr_fp16" in exts,
             nv_compute_capability=_nv_compute_capability(dev, exts),
+            cache_size=int(dev.global_mem_cache_size),
         )
 
 
