@@ -293,21 +293,28 @@ typedef ${rvec} vec_t;
 <%include file="_epilogue.cl" args="act=act, bias=bias, width=VW if vec_store else 0, vector_act=True"/>
 
 // Register-blocked micro-kernel for CPUs (_regblock.cl): a work-item's MWI x NWI block
-// of C, from its A panel and its B panel. Work-groups run along M, so the work-items of
-// a group (which PoCL runs one after another on one core) share one B panel while it is
-// in cache. No local memory and no barriers: on a CPU local memory is ordinary memory
-// and a barrier splits the work-item loop. b_pk panels start at multiples of NWI
-// elements (a multiple of VW) from a buffer start, so the vector loads are aligned.
+// of C, from its A panel and its B panel. The work-items of a group (which PoCL runs
+// one after another on one core) are consecutive row blocks that share one B panel
+// while it is in cache. No local memory and no barriers: on a CPU local memory is
+// ordinary memory and a barrier splits the work-item loop. b_pk panels start at
+// multiples of NWI elements (a multiple of VW) from a buffer start, so the vector loads
+// are aligned. Dimension 0 of the grid holds Nb groups of row blocks for every panel,
+// in one of two orders: rows first (the groups of a panel run one after another, so
+// every panel reads all of A) or panels first (the groups of a block of rows walk the
+// panels, so every block of rows reads all of B); the routine picks the one that
+// re-reads the smaller operand.
 __kernel void clnn_gemm_packed(const int M, const int N, const int K,
                                const acc_t alpha, const acc_t beta, const acc_t act_p, const acc_t act_q,
                                const int Mb, const int Nb, const int a_batched, const int b_batched,
                                __global const acc_t *a_pk, __global const acc_t *b_pk,
                                __global const real_t *bias, const int bias_off,
                                __global real_t *c, const int4 c_desc,
-                               const int n_base${conv_sig})
+                               const int n_base, const int panels_first${conv_sig})
 {
-    const int mb = (int)get_global_id(0);
-    const int nb = (int)get_global_id(1);
+    const int gid = (int)get_global_id(0), wg = (int)get_local_size(0);
+    const int group = gid / wg, Gm = (Mb + wg - 1) / wg;   // groups of row blocks
+    const int mb = (panels_first ? group / Nb : group % Gm) * wg + gid % wg;
+    const int nb = panels_first ? group % Nb : group / Gm;
     const int batch = (int)get_global_id(2);
     if (mb >= Mb || nb >= Nb)
         return;

@@ -21,6 +21,9 @@ VARIANTS = {
     "cpu-default": tuning.GEMM_TABLE["type"]["CPU"],
     "cpu-4x32": {"variant": "reg", "MWI": 4, "NWI": 32, "VW": 8, "WGM": 16},
     "cpu-3x8-vw4": {"variant": "reg", "MWI": 3, "NWI": 8, "VW": 4, "WGM": 5},
+    # the packed kernel's groups of row blocks walking the panels first (problems this
+    # small otherwise walk the rows first)
+    "cpu-panels-first": dict(tuning.GEMM_TABLE["type"]["CPU"], WGM=3, PANELS_FIRST=True),
     "cpu-scalar": {"variant": "reg", "MWI": 1, "NWI": 1, "VW": 1, "WGM": 1},
     "gpu-generic": tuning.GEMM_TABLE["type"]["GPU"],
     "gpu-default": tuning.GEMM_TABLE["default"],
@@ -193,7 +196,7 @@ def test_direct_kernel_for_few_rows(variant, dtype):
         assert "clnn_gemm_direct" not in {r.entry for r in prof.records}
 
 
-@pytest.mark.parametrize("variant", ["cpu-default", "gpu-odd"])
+@pytest.mark.parametrize("variant", ["cpu-default", "cpu-panels-first", "gpu-odd"])
 def test_batched(variant):
     with tuning.override("gemm", VARIANTS[variant]):
         check_gemm(13, 21, 17, False, False, 1.0, 0.0, np.float32, batch=3)
@@ -360,6 +363,22 @@ def test_big_tiles_with_gpu_sized_work_groups_on_pocl(tmp_path):
                          env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "checked" in res.stdout
+
+
+def test_packed_order_reads_the_smaller_operand_again():
+    """_panels_first: the packed kernel's blocks of rows walk the panels (B re-read
+    per block) where A is the larger operand and at least a quarter of the cache, the
+    panels walk the rows (A re-read per panel, from the cache) otherwise."""
+    import sys
+    gemm_module = sys.modules["clnn.ops.gemm"]
+    dev = clnn.device()
+    cache = dev.facts.cache_size or gemm_module.PANELS_FIRST_CACHE
+    first = gemm_module._panels_first
+    assert first(dev, cache // 4, cache // 4)
+    assert first(dev, cache, cache // 100)               # tall: 20000 x 256 x 512
+    assert not first(dev, cache // 4 - 4, cache // 8)    # A small enough to re-read
+    assert not first(dev, cache // 2, cache)             # B larger: a dense forward
+    assert not first(dev, 1 << 20, 1 << 20)              # 512^3
 
 
 def test_bounded_panels_split_batches_and_k(monkeypatch):
