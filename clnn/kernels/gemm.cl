@@ -311,9 +311,9 @@ __kernel void clnn_gemm_packed(const int M, const int N, const int K,
                                __global real_t *c, const int4 c_desc,
                                const int n_base, const int panels_first${conv_sig})
 {
-    const int gid = (int)get_global_id(0), wg = (int)get_local_size(0);
-    const int group = gid / wg, Gm = (Mb + wg - 1) / wg;   // groups of row blocks
-    const int mb = (panels_first ? group / Nb : group % Gm) * wg + gid % wg;
+    const int group = (int)get_group_id(0), wg = (int)get_local_size(0);
+    const int Gm = (Mb + wg - 1) / wg;                     // groups of row blocks
+    const int mb = (panels_first ? group / Nb : group % Gm) * wg + (int)get_local_id(0);
     const int nb = panels_first ? group % Nb : group / Gm;
     const int batch = (int)get_global_id(2);
     if (mb >= Mb || nb >= Nb)
