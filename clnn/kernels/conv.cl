@@ -125,9 +125,8 @@ __kernel void clnn_conv_gather(const int4 row_split, const int4 row_steps,
                                                                    // reads every part)
     // A 1-D grid of Rb row blocks by Nb panels. Panels first: consecutive work-items
     // share their rows and walk the panels, so the input they gather stays in cache
-    // while every panel reads it (the routine picks this order when all of B fits in
-    // cache); else they share a panel and walk the rows, which keeps a long panel in
-    // cache instead.
+    // while every panel reads it; else they share a panel and walk the rows, which
+    // keeps a long panel in cache instead (the routine picks: conv._panels_first).
     const int Nb = (cols + NWI - 1) / NWI, gid = (int)get_global_id(0);
     const int rb = panels_first ? gid / Nb : gid % Rb;
     const int nb = panels_first ? gid % Nb : gid / Rb;

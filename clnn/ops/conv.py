@@ -168,13 +168,15 @@ def _tiles(p, dt, cols, line_len, k=0):
 # come first unless B is larger than both this many bytes (a core's L2 here) and a
 # quarter of the input: forward passes' B is the filters (a hundredth of the input
 # down to a third, 1.8x on the 7x7x512 layer), a weight gradient's is dy (transposed)
-# at every output position of a group of images (about as large as the input). Measured on an AMD EPYC Zen 4 (1 MiB
-# of L2 per core), PoCL 3.0, batch 32, kernel times: panels first took strided
-# forward passes from 43 to 25 ms (3x3, stride 2, 64 to 128 channels at 56x56), from
-# 90 to 50 ms (1x1, stride 2, 256 to 512) and from 155 to 51 ms (1x1, stride 2, 512
-# to 1024: B 2.1 MiB, the input 205 MB), the ResNet stem's data gradient from 39-43
-# to 36 ms and 1x1 data gradients 10% faster; other forward passes ran alike (also
-# 7x7x512, B 9.4 MiB); weight gradients were 1.3-1.6x slower with panels first.
+# at every output position of a group of images (about as large as the input).
+# Measured on an AMD EPYC Zen 4 (1 MiB of L2 per core), PoCL 3.0, batch 32, kernel
+# times: panels first took strided forward passes from 43 to 25 ms (3x3, stride 2,
+# 64 to 128 channels at 56x56), from 90 to 50 ms (1x1, stride 2, 256 to 512) and from
+# 155 to 51 ms (1x1, stride 2, 512 to 1024: B 2.1 MiB, the input 205 MB), the ResNet
+# stem's data gradient from 39-43 to 36 ms and 1x1 data gradients 10% faster; other
+# forward passes ran alike in either order (the 14x14x256 and 7x7x512 layers, which
+# the rule leaves rows first, too); weight gradients were 1.3-1.6x slower with panels
+# first.
 PANELS_FIRST_BYTES = 1 << 20
 
 
