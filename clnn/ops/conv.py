@@ -282,16 +282,10 @@ def _run_gather(dev, dt, p, *, x, x_off, H, W, ph, pw, rows3, row_steps, k3, k_s
         # gradient's few row blocks, groups that straddle panels balanced the two
         # cores worse: CIFAR's 3-channel layer 20% slower)
         Rb = -(-Rb // wg) * wg
-    return kern((-(-(Rb * Nb) // wg) * wg,), (wg,), row_split=int4(*rows3),
-                row_steps=int4(*row_steps), k_split=k_split, k_steps=k_step, x=x,
-                x_off=x_off, x_geom=int4(H, W, ph, pw),
-                zlo=zero_rows[0] if zero_rows else 0,
-                zhi=H - zero_rows[1] if zero_rows else H, cols=cols, Rb=Rb,
-                panels_first=int(panels_first), b_pk=b_pk, koff=koff,
-                out=out, out_off=offset(out), out_steps=int4(*out_steps),
-                alpha=alpha, beta=beta, act_p=act_p[0], act_q=act_p[1],
-                bias=bias if bias is not None else out,
-                bias_off=offset(bias) if bias is not None else 0)
+    return kern((-(-(Rb * Nb) // wg) * wg,), (wg,), x_geom=int4(H, W, ph, pw), Rb=Rb,
+                panels_first=int(panels_first),
+                **_kernel_args(rows3, row_steps, k_split, k_step, x, x_off, H, zero_rows,
+                               cols, b_pk, koff, out, out_steps, alpha, beta, act_p, bias))
 
 
 def _run_pixels(dev, dt, tile, *, x, x_off, H, W, rows3, row_steps, k3, k_steps, cols,
@@ -312,9 +306,18 @@ def _run_pixels(dev, dt, tile, *, x, x_off, H, W, rows3, row_steps, k3, k_steps,
     items = rows3[0] * rows3[1] * -(-rows3[2] // (qv * vw)) * -(-cols // mb)
     wg = max(1, min(PX_WG, dev.facts.max_work_group_size,
                     items // (2 * dev.facts.compute_units)))
-    return kern((-(-items // wg) * wg,), (wg,), row_split=int4(*rows3),
-                row_steps=int4(*row_steps), k_split=k_split, k_steps=k_step, x=x,
-                x_off=x_off, W=W, zlo=zero_rows[0] if zero_rows else 0,
+    return kern((-(-items // wg) * wg,), (wg,), W=W,
+                **_kernel_args(rows3, row_steps, k_split, k_step, x, x_off, H, zero_rows,
+                               cols, b_pk, koff, out, out_steps, alpha, beta, act_p, bias))
+
+
+def _kernel_args(rows3, row_steps, k_split, k_steps, x, x_off, H, zero_rows, cols, b_pk,
+                 koff, out, out_steps, alpha, beta, act_p, bias):
+    """The arguments clnn_conv_gather and clnn_conv_pixels share: the row, k and output
+    descriptors, the input, the packed B and k table, the zero border's rows and the
+    epilogue's."""
+    return dict(row_split=int4(*rows3), row_steps=int4(*row_steps), k_split=k_split,
+                k_steps=k_steps, x=x, x_off=x_off, zlo=zero_rows[0] if zero_rows else 0,
                 zhi=H - zero_rows[1] if zero_rows else H, cols=cols, b_pk=b_pk, koff=koff,
                 out=out, out_off=offset(out), out_steps=int4(*out_steps), alpha=alpha,
                 beta=beta, act_p=act_p[0], act_q=act_p[1],
