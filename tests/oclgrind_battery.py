@@ -186,6 +186,10 @@ def gemm():
         if beyond and (params["variant"] != "local" or plans.local_bytes(params) <= 32768):
             continue
         _gemm_cases(params, rng)
+        if params["variant"] == "reg":
+            # the packed kernel's other order: blocks of rows that walk the panels
+            _gemm_cases(dict(params, PANELS_FIRST=not params.get("PANELS_FIRST", False)),
+                        rng)
         if params["variant"] == "local":
             # split-K's partial sums and second pass, on an edge and an inside case
             _gemm_cases(dict(params, KSPLIT=3), rng, split=True)
@@ -255,7 +259,8 @@ def conv():
                                                   padding=1).get(), dw_ref, 1e-4)
         checked += 1
     # conv.cl's gathered kernels: flat and line layouts, the padded copy and the
-    # bounds-checked reads, both data-gradient methods, float64's narrower vectors;
+    # bounds-checked reads, both data-gradient methods, float64's narrower vectors,
+    # work-items that walk the rows first (small problems walk the panels first);
     # convpx.cl's pixel rows
     from unittest import mock
     conv_module = sys.modules["clnn.ops.conv"]
@@ -266,7 +271,8 @@ def conv():
     dx1, dw1 = conv2d_backward_ref(dy1, x1, w1, (1, 1), (1, 1))
     X1, W1, B1, DY1 = (clnn.asarray(v) for v in (x1, w1, b[:4], dy1))
     base = dict(tuning.CONV_TABLE["type"]["CPU"])
-    for extra in ({}, {"MWI": 3, "NWI": 8, "LINE": True, "DGRAD": "flip"},
+    for extra in ({}, {"MWI": 3, "NWI": 8, "LINE": True, "DGRAD": "flip",
+                       "PANELS_FIRST": False},
                   {"MWI": 2, "NWI": 16, "LINE": False, "DGRAD": "col2im"},
                   {"MWI": 4, "VW": 4, "NWI": 4, "DGRAD": "flip"},
                   # convpx.cl's pixel rows (forward passes; rows of 9 in blocks of 4)
