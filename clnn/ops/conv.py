@@ -112,10 +112,10 @@ def _load_cost(nvw, mwi):
     return 1.0 / nvw + 1.0 / mwi
 
 
-def _tiles(p, dt, cols, line_len, k=0):
+def _tiles(p, dt, cols, line_len, k=0, vectors=4):
     """(MWI, NWI, VW, line) of the gathered kernel for ``cols`` columns of C.
 
-    NWI is NVW vectors (at most four), NVW the one whose tile of the most rows that
+    NWI is NVW vectors (at most ``vectors``, at most four), NVW the one whose tile of the most rows that
     fit the registers (REGS) costs least over the padded columns: loads per
     multiply-add times the columns the panels cover. It depends on the columns only
     (callers size the packed B from it). With lines of ``line_len`` >= 6 consecutive
@@ -134,7 +134,8 @@ def _tiles(p, dt, cols, line_len, k=0):
         nwi = p["NWI"]
     else:
         need = -(-cols // vw)
-        fits = [n for n in range(1, min(4, need) + 1) if n == 1 or _most_rows(n, regs) >= 3]
+        fits = [n for n in range(1, min(4, vectors, need) + 1)
+                if n == 1 or _most_rows(n, regs) >= 3]
         nwi = vw * min(fits, key=lambda n: (-(-need // n) * n * _load_cost(
             n, max(1, _most_rows(n, regs))), n))
     nvw = nwi // vw
@@ -178,6 +179,18 @@ def _tiles(p, dt, cols, line_len, k=0):
 # the rule leaves rows first, too); weight gradients were 1.3-1.6x slower with panels
 # first.
 PANELS_FIRST_BYTES = 1 << 20
+
+# The most B vectors per k of a weight gradient's tiles. Its B, dy transposed at every
+# output position of a group of images, is megabytes per panel, re-read from the
+# last-level cache by each row block (rows first, above): a tile with fewer B vectors
+# and as many rows or more (6 x 16 against 4 x 24, or 4 x 16 where lines of 7 taps
+# cap the rows) read it faster than the loads-per-multiply-add count says. Measured
+# on an AMD EPYC Zen 4 (AVX2, 16 registers), PoCL 3.0, kernel times, 4 x 24 -> the
+# two-vector tile: the ResNet stem 16.6 -> 12.6 ms, 56x56x64 3x3 41 -> 36.5,
+# 14x14x256 36.4 -> 34.6, 28x28x64 dilated 5.2 -> 4.6, 3x3 stride 2 24.3 -> 22.6, the
+# 1x1 stride-2 projection alike; one vector (8 rows at offsets of their own) was
+# 1.4x slower on the 3x3 layers, three or four slower everywhere.
+WGRAD_VECTORS = 2
 
 
 def _panels_first(dt, b_elems, x_elems):
@@ -240,14 +253,15 @@ def _pixel_tile(p, dt, cols, rows3, row_steps, out_steps, K, *, padded, vstore):
 def _run_gather(dev, dt, p, *, x, x_off, H, W, ph, pw, rows3, row_steps, k3, k_steps,
                 cols, src, src_off, CS, KD, KS, flip, out, out_steps, alpha=1.0,
                 beta=0.0, act="none", act_p=(0.0, 0.0), bias=None, vstore=False, nwi=None,
-                zero_rows=None, scratch=None, pixels="auto"):
+                zero_rows=None, scratch=None, pixels="auto", vectors=4):
     """One gathered GEMM (conv.cl): pack B, then the kernel. See conv.cl for the
     meaning of the row, k and output steps; ``zero_rows`` (top, bottom) counts the
     all-zero border rows of a padded copy, which the kernel skips. ``scratch``: the
     buffers from _gather_scratch for at least this K, when a caller that launches
     several times must hold them all before its first write (wide enough for either
     kernel's panels). Pixel rows (convpx.cl) instead where _pixel_tile picks them
-    (``pixels``: "auto", or a tile or None decided by the caller)."""
+    (``pixels``: "auto", or a tile or None decided by the caller). ``vectors``: the
+    most B vectors per k (_tiles)."""
     K = k3[0] * k3[1] * k3[2]
     if pixels == "auto":
         pixels = _pixel_tile(p, dt, cols, rows3, row_steps, out_steps, K,
@@ -258,7 +272,8 @@ def _run_gather(dev, dt, p, *, x, x_off, H, W, ph, pw, rows3, row_steps, k3, k_s
                            src_off=src_off, CS=CS, KD=KD, KS=KS, flip=flip, out=out,
                            out_steps=out_steps, alpha=alpha, beta=beta, act=act,
                            act_p=act_p, bias=bias, zero_rows=zero_rows, scratch=scratch)
-    mwi, nwi_auto, vw, line = _tiles(p, dt, cols, rows3[2] if row_steps[2] == 1 else 0, K)
+    mwi, nwi_auto, vw, line = _tiles(p, dt, cols, rows3[2] if row_steps[2] == 1 else 0, K,
+                                     vectors)
     nwi = nwi or nwi_auto
     rows = rows3[0] * rows3[1] * rows3[2]
     Nb = -(-cols // nwi)
@@ -807,7 +822,7 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
         px = _pixel_tile(p, dt, M, (C, R, S), (Hg * Wg, dilation[0], dilation[1]),
                          (R * S, S, 1, C * R * S), N * P * Q, padded=bool(phg or pwg),
                          vstore=False)
-        nwi = px[0] if px else _tiles(p, dt, M, 0)[1]
+        nwi = px[0] if px else _tiles(p, dt, M, 0, vectors=WGRAD_VECTORS)[1]
         per_image = -(-M // nwi) * nwi * P * Q * programs.acc_dtype(dt).itemsize
         # every group after the first adds its sum into dw, which rounds: the groups
         # come from the constant SCRATCH_BYTES, not the budget, so the bits do not
@@ -827,7 +842,8 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
                               src_off=offset(dy) + n0 * M * P * Q, CS=P * Q, KD=P * Q,
                               KS=M * P * Q, flip=0, out=out,
                               out_steps=(R * S, S, 1, C * R * S), alpha=alpha,
-                              beta=beta if n0 == 0 else 1.0, scratch=scratch, pixels=px)
+                              beta=beta if n0 == 0 else 1.0, scratch=scratch, pixels=px,
+                              vectors=WGRAD_VECTORS)
         return done(out, evt)
     if p["variant"] == "local":
         # dw (M x CRS) = dy (M x NPQ) @ unroll(x)^T (NPQ x CRS): k = (n, p, q), column

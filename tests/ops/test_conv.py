@@ -136,6 +136,31 @@ def test_work_item_order():
     assert not first(np.float64, 200_000, 10)                # 1.6 MB of doubles
 
 
+def test_weight_gradient_tiles_take_two_vectors():
+    """A weight gradient's tiles take at most WGRAD_VECTORS B vectors per k (its B,
+    dy^T, streams from the cache: 6 x 16 beat 4 x 24), where the forward pass over
+    the same 64 filters takes three; both give the right sums, and the weight
+    gradient's canaries stay."""
+    tiles = conv_module._tiles
+    assert tiles(GATHER, np.float32, 64, 3) == (4, 24, 8, False)
+    assert tiles(GATHER, np.float32, 64, 3, vectors=2) == (6, 16, 8, False)
+    assert tiles(GATHER, np.float32, 64, 7, vectors=2)[:2] == (4, 16)   # the stem's taps
+    x = RNG.standard_normal((2, 3, 9, 8)).astype(np.float32)
+    w = RNG.standard_normal((64, 3, 3, 3)).astype(np.float32)
+    dy = RNG.standard_normal((2, 64, 9, 8)).astype(np.float32)
+    y_ref = conv2d_ref(x, w, None, (1, 1), (1, 1))
+    _, dw_ref = conv2d_backward_ref(dy, x, w, (1, 1), (1, 1))
+    X, Wd = clnn.asarray(x), clnn.asarray(w)
+    dw = Guarded(clnn.device(), w.shape, np.float32)
+    with tuning.override("conv", dict(GATHER, PIXELS=False)), clnn.profile() as prof:
+        y = clnn.conv2d(X, Wd, padding=1)
+        clnn.conv2d_backward_weight(clnn.asarray(dy), X, w.shape, padding=1, out=dw.view)
+    nwi = [dict(r.params["tuning"])["NWI"] for r in ran(prof, "clnn_conv_gather")]
+    assert nwi == [24, 16]
+    np.testing.assert_allclose(y.get(), y_ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dw.check(), dw_ref, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("dgrad", ["col2im", "flip"])
 @pytest.mark.parametrize("layer", LENET)
 def test_lenet5_layers(layer, dgrad):
