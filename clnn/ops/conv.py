@@ -827,10 +827,13 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
         # every group after the first adds its sum into dw, which rounds: the groups
         # come from the constant SCRATCH_BYTES, not the budget, so the bits do not
         # depend on the budget; and all scratch is taken before the first write
-        # and the group's input at most half the cache (a 1x1 stride-2 layer reads a
-        # large input for little work, which the rows-first order re-reads per panel)
+        # and the group's input and packed dy^T at most half the cache: rows first,
+        # every row block re-reads its panel and every panel the input (with the input
+        # alone bounded, the stem's weight gradient took 12.8 ms instead of 11.4 and
+        # the 1x1 stride-2 projection's 48.7 instead of 44.3 on the Zen 4)
         x_image = C * Hg * Wg * programs.acc_dtype(dt).itemsize
-        cached = dev.facts.cache_size // 2 // x_image if dev.facts.cache_size else N
+        cached = dev.facts.cache_size // 2 // (x_image + per_image) \
+            if dev.facts.cache_size else N
         group = max(1, min(N, SCRATCH_BYTES // per_image, cached))
         scratch = _gather_scratch(dev, dt, M, group * P * Q, nwi)
         for n0 in range(0, N, group):

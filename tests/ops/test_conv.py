@@ -303,23 +303,25 @@ def test_scratch_in_image_groups(monkeypatch):
 
 
 def test_weight_gradient_groups_fit_half_the_cache(monkeypatch):
-    """A weight gradient packs dy^T for a group of images whose input fits half the
-    device's cache (the rows-first kernel re-reads it per panel): 5 images of 2
-    channels at 7x7 padded to 9x9, with room for two, run in groups of 2, 2 and 1,
-    alpha and beta applied once."""
+    """A weight gradient packs dy^T for a group of images whose input and packed dy^T
+    fit half the device's cache (the rows-first kernel re-reads its panels and the
+    input): 5 images of 2 channels at 7x7 padded to 9x9 and 3 filters (one panel of 8
+    columns), with room for two, run in groups of 2, 2 and 1, alpha and beta applied
+    once. (With room for the input alone the 5 would be one group.)"""
     dev = clnn.device()
     x = RNG.standard_normal((5, 2, 7, 7)).astype(np.float32)
     dy = RNG.standard_normal((5, 3, 7, 7)).astype(np.float32)
     v = RNG.standard_normal((3, 2, 3, 3)).astype(np.float32)
     _, dw = conv2d_backward_ref(dy, x, v, (1, 1), (1, 1))
-    monkeypatch.setattr(dev, "facts", dataclasses.replace(dev.facts,
-                                                          cache_size=2 * 2 * (2 * 9 * 9 * 4)))
+    image = 2 * 9 * 9 * 4 + 8 * 7 * 7 * 4         # input and packed dy^T, bytes
+    monkeypatch.setattr(dev, "facts", dataclasses.replace(dev.facts, cache_size=2 * 2 * image))
     V = Guarded(dev, v.shape, np.float32, fill=v)
     with tuning.override("conv", GATHER), clnn.profile() as prof:
         clnn.conv2d_backward_weight(clnn.asarray(dy), clnn.asarray(x), v.shape,
                                     out=V.view, padding=1, alpha=-0.5, beta=0.9)
-    assert len([r for r in prof.records if r.entry in ("clnn_conv_gather",
-                                                        "clnn_conv_pixels")]) == 3
+    gathers = [r for r in prof.records if r.entry in ("clnn_conv_gather",
+                                                       "clnn_conv_pixels")]
+    assert [dict(r.params["tuning"])["NWI"] for r in gathers] == [8, 8, 8]
     np.testing.assert_allclose(V.check(), 0.9 * v - 0.5 * dw, rtol=1e-5, atol=1e-5)
 
 
