@@ -97,8 +97,10 @@ GEMM_TABLE = {
 
 # Convolutions on CPUs: the gathered kernel of conv.cl (variant "gather"), VW-wide
 # vectors, WG work-items per work-group; MWI and NWI follow each problem's shape (see
-# clnn/ops/conv.py) unless a parameter set names them. Elsewhere a convolution takes
-# the GEMM row of its device (gemm.cl's loaders).
+# clnn/ops/conv.py) unless a parameter set names them, and so do the flags LINE,
+# PIXELS, PANELS_FIRST and WINO (3x3 layers at unit stride through winograd.cl's
+# F(2x2, 3x3)). Elsewhere a convolution takes the GEMM row of its device (gemm.cl's
+# loaders).
 CONV_TABLE = {
     "device": {
         # PoCL 3.0 on the 2-core Zen 4 development machine (benchmarks/bench_conv.py,
@@ -210,7 +212,7 @@ def gemm_problems(p, facts=None, itemsize=4):
     if bad:
         return [f"out of range or not an int: {', '.join(bad)} (limits: "
                 + ", ".join(f"{k} <= {_RANGES[k]}" for k in _RANGES if k in p) + ")"]
-    for flag in ("LINE", "PIXELS", "PANELS_FIRST"):
+    for flag in ("LINE", "PIXELS", "PANELS_FIRST", "WINO"):
         if flag in p and not isinstance(p[flag], bool):
             return [f"{flag} must be true or false"]
     probs = []

@@ -261,7 +261,7 @@ def conv():
     # conv.cl's gathered kernels: flat and line layouts, the padded copy and the
     # bounds-checked reads, both data-gradient methods, float64's narrower vectors,
     # work-items that walk the rows first (small problems walk the panels first);
-    # convpx.cl's pixel rows
+    # convpx.cl's pixel rows; winograd.cl's transforms
     from unittest import mock
     conv_module = sys.modules["clnn.ops.conv"]
     x1 = rng.standard_normal((2, 3, 7, 9)).astype(np.float32)
@@ -276,7 +276,9 @@ def conv():
                   {"MWI": 2, "NWI": 16, "LINE": False, "DGRAD": "col2im"},
                   {"MWI": 4, "VW": 4, "NWI": 4, "DGRAD": "flip"},
                   # convpx.cl's pixel rows (forward passes; rows of 9 in blocks of 4)
-                  {"PIXELS": True, "QV": 1, "VW": 4, "MB": 3, "DGRAD": "flip"}):
+                  {"PIXELS": True, "QV": 1, "VW": 4, "MB": 3, "DGRAD": "flip"},
+                  # winograd.cl (the 3x3 layer's forward pass and data gradient)
+                  {"WINO": True, "DGRAD": "flip"}):
         for pad_bytes in (conv_module.PAD_BYTES, 0):
             with tuning.override("conv", dict(base, **extra)), \
                     mock.patch.object(conv_module, "PAD_BYTES", pad_bytes):

@@ -305,6 +305,87 @@ def test_scratch_in_image_groups(monkeypatch):
     check_weight_update(3, 2)
 
 
+def wino_scale(x, w, b, pad):
+    """What F(2x2, 3x3) adds up, in magnitudes (float64): |A^T| (the sum over channels of
+    |G| |g| |G^T| times |B^T| |d| |B|) |A|, plus |b|. Its rounding errors are bounded
+    relative to this, not to the direct sums |x| * |w|: its transforms add and subtract
+    up to three terms along each axis before the products."""
+    ab = lambda m: np.abs(np.array(m, dtype=np.float64))
+    Bt = ab([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]])
+    G = ab([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]])
+    At = ab([[1, 1, 1, 0], [0, 1, -1, -1]])
+    N, C, H, W = x.shape
+    P, Q = H + 2 * pad - 2, W + 2 * pad - 2
+    TH, TW = -(-P // 2), -(-Q // 2)
+    xp = np.zeros((N, C, 2 * TH + 2, 2 * TW + 2))
+    xp[:, :, pad:pad + H, pad:pad + W] = np.abs(x.astype(np.float64))
+    d = np.lib.stride_tricks.sliding_window_view(xp, (4, 4), axis=(2, 3))[:, :, ::2, ::2]
+    u = np.einsum("ir,mcrs,js->mcij", G, np.abs(w.astype(np.float64)), G)
+    v = np.einsum("ia,nctuab,jb->nctuij", Bt, d, Bt)
+    y = np.einsum("pi,nmtuij,qj->nmtpuq", At, np.einsum("mcij,nctuij->nmtuij", u, v), At)
+    y = y.reshape(N, -1, 2 * TH, 2 * TW)[:, :, :P, :Q]
+    return y + (0 if b is None else np.abs(b.astype(np.float64))[None, :, None, None])
+
+
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("shape", [(3, 5, 7, 9, 6, 1), (2, 4, 6, 6, 3, 0), (1, 2, 1, 4, 5, 2),
+                                   (2, 3, 8, 5, 1, 2), (1, 1, 3, 3, 1, 0)])
+def test_winograd(dtype, shape):
+    """Winograd's F(2x2, 3x3) (winograd.cl), forced: the forward pass with bias and relu
+    and the unit-stride data gradient (the filters turned), on odd sizes (tiles past the
+    output's edge, a 1-row input), paddings 0 to 2, inside canaries, in every dtype,
+    against the float64 loops within the error bound of what Winograd adds up."""
+    N, C, H, W, M, pad = shape
+    x = RNG.standard_normal((N, C, H, W)).astype(dtype)
+    w = RNG.standard_normal((M, C, 3, 3)).astype(dtype)
+    b = RNG.standard_normal(M).astype(dtype)
+    f = np.float64
+    ref = conv2d_ref(x.astype(f), w.astype(f), b.astype(f), (1, 1), (pad, pad))
+    dy = RNG.standard_normal(ref.shape).astype(dtype)
+    dx_ref, _ = conv2d_backward_ref(dy.astype(f), x.astype(f), w.astype(f), (1, 1), (pad, pad))
+    dev = clnn.device()
+    X, Wd, B, DY = (guarded_input(dev, a) for a in (x, w, b, dy))
+    y, dx = Guarded(dev, ref.shape, dtype), Guarded(dev, x.shape, dtype)
+    with tuning.override("conv", dict(GATHER, WINO=True, DGRAD="flip")), \
+            clnn.profile() as prof:
+        clnn.conv2d(X, Wd, B, padding=pad, out=y.view, activation="relu")
+        clnn.conv2d_backward_data(DY, Wd, x.shape, padding=pad, out=dx.view)
+    assert len(ran(prof, "clnn_wino_output")) == 2
+    assert not ran(prof, "clnn_conv_gather") and not ran(prof, "clnn_conv_pixels")
+    within(y.check(), np.maximum(ref, 0), wino_scale(x, w, b, pad), C * 9, dtype)
+    turned = w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1]
+    within(dx.check(), dx_ref, wino_scale(dy, turned, None, 2 - pad), M * 9, dtype)
+
+
+def test_winograd_choice_and_groups(monkeypatch):
+    """The library takes F(2x2, 3x3) by itself for 3x3 layers at unit stride where both
+    channel counts reach WINO_CHANNELS (not strided, dilated or 1x1 ones, nor narrow
+    ones); images go in groups whose transforms fit SCRATCH_BYTES, bitwise as in one."""
+    wino = conv_module._winograd
+    assert wino(GATHER, 128, 128, 3, 3, (1, 1), (1, 1))
+    assert wino(GATHER, 256, 512, 3, 3, (1, 1), (1, 1))
+    assert not wino(GATHER, 64, 128, 3, 3, (1, 1), (1, 1))
+    assert not wino(GATHER, 256, 256, 3, 3, (2, 2), (1, 1))
+    assert not wino(GATHER, 256, 256, 3, 3, (1, 1), (2, 2))
+    assert not wino(GATHER, 256, 256, 1, 1, (1, 1), (1, 1))
+    assert not wino(GATHER, 256, 256, 3, 3, (1, 1), (1, 1), groups=2)
+    assert not wino(NV[0], 256, 256, 3, 3, (1, 1), (1, 1))          # GPU rows: not yet
+    assert wino(dict(GATHER, WINO=True), 2, 3, 3, 3, (1, 1), (1, 1))
+    x = RNG.standard_normal((5, 3, 6, 7)).astype(np.float32)
+    w = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    X, Wd = clnn.asarray(x), clnn.asarray(w)
+    with tuning.override("conv", dict(GATHER, WINO=True)):
+        whole = clnn.conv2d(X, Wd, padding=1).get()
+        # an image's transforms: 16 (3 + 4) 3 x 4 tiles of floats: groups of 2, 2 and 1
+        monkeypatch.setattr(conv_module, "SCRATCH_BYTES", 2 * 16 * 7 * 12 * 4 + 5)
+        with clnn.profile() as prof:
+            y = clnn.conv2d(X, Wd, padding=1).get()
+    assert len(ran(prof, "clnn_wino_output")) == 3
+    assert y.tobytes() == whole.tobytes()
+    within(y, conv2d_ref(x, w, None, (1, 1), (1, 1)), wino_scale(x, w, None, 1), 27,
+           np.float32)
+
+
 def test_weight_gradient_groups_fit_half_the_cache(monkeypatch):
     """A weight gradient packs dy^T for a group of images whose input and packed dy^T
     fit half the device's cache (the rows-first kernel re-reads its panels and the
