@@ -4,8 +4,8 @@ NVIDIA GPU) in the same run.
 
     python benchmarks/bench_conv.py [--device SPEC] [--repeats 5] [--layers depthwise,...]
 
-Layers: LeNet-5's C1, C3 and C5 at batch 64, two ResNet-like 3x3 layers (N=32, C=64,
-56x56, M=64, and N=32, C=M=256, 14x14, both padding 1) and a ResNet stem (N=8, 3
+Layers: LeNet-5's C1, C3 and C5 at batch 64, three ResNet-like 3x3 layers (N=32, C=M=64
+at 56x56, 128 at 28x28 and 256 at 14x14, padding 1) and a ResNet stem (N=8, 3
 channels, 224x224, 64 filters of 7x7, stride 2, padding 3), a MobileNet-like depthwise
 3x3 layer (N=32, C=256, 56x56, groups=256), a dilated 3x3 layer (dilation 2, as
 DeepLab's), two CIFAR-like 3x3 layers at batch 64 (the 3-channel 32x32 input layer
@@ -32,6 +32,7 @@ import clnn  # noqa: E402
 LAYERS = [("LeNet C1", 64, 1, 32, 32, 6, 5, 5, 0, 1), ("LeNet C3", 64, 6, 14, 14, 16, 5, 5, 0, 1),
           ("LeNet C5", 64, 16, 5, 5, 120, 5, 5, 0, 1),
           ("56x56x64 3x3", 32, 64, 56, 56, 64, 3, 3, 1, 1),
+          ("28x28x128 3x3", 32, 128, 28, 28, 128, 3, 3, 1, 1),
           ("14x14x256 3x3", 32, 256, 14, 14, 256, 3, 3, 1, 1),
           ("224x224 7x7 s2 stem", 8, 3, 224, 224, 64, 7, 7, 3, 2),
           ("depthwise 56x56x256 3x3", 32, 256, 56, 56, 256, 3, 3, 1, 1, 1, 256),
