@@ -173,6 +173,11 @@ CASES = {
         _all(mock.patch.object(conv_module, "SCRATCH_BYTES", 9300),
              tuning.override("conv", dict(tuning.CONV_TABLE["type"]["CPU"], WINO=True))),
         lambda o: clnn.conv2d(X, W2, padding=1, out=o), (5, 4, 6, 7)),
+    "winograd-wgrad-groups": lambda dev: (
+        _all(mock.patch.object(conv_module, "SCRATCH_BYTES", 9300),
+             tuning.override("conv", dict(tuning.CONV_TABLE["type"]["CPU"], WINO=True))),
+        lambda o: clnn.conv2d_backward_weight(DY, X, (3, 2, 3, 3), out=o, padding=1,
+                                              beta=0.5), (3, 2, 3, 3)),
     "dgrad-col2im-groups": lambda dev: (
         contextlib.ExitStack(), lambda o: _dgrad_col2im(o), (5, 2, 6, 7)),
     "gpu-dgrad-phases": lambda dev: (

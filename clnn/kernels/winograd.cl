@@ -8,8 +8,10 @@
 ##              bias   "none" or "row" (bias[m] added to output channel m)
 ## Kernels: clnn_wino_filter (U = G g G^T), clnn_wino_input (V = B^T d B), then 16
 ## GEMMs Z[xi] (Mo x T) = U[xi] (Mo x Ci) @ V[xi] (Ci x T) run by gemm.cl, and
-## clnn_wino_output (y = A^T Z A, with the fused epilogue). Used by clnn/ops/conv.py
-## for forward passes and unit-stride data gradients (the flipped filters).
+## clnn_wino_output (y = A^T Z A, with the fused epilogue); for weight gradients
+## clnn_wino_dy (Y = A dy A^T) and clnn_wino_dw (dw = G^T Z G) around the GEMMs
+## Z[xi] = Y[xi] V[xi]^T. Used by clnn/ops/conv.py for forward passes, unit-stride data
+## gradients (the flipped filters) and weight gradients.
 <%include file="_common.cl"/>
 <%include file="_epilogue.cl" args="act=act, bias=bias"/>
 //
@@ -144,4 +146,76 @@ __kernel void clnn_wino_output(const int M, const int P, const int Q, const int 
 % endfor
     }
     }
+}
+
+// ---- the weight gradient: the same F(2x2, 3x3) transposed. With the input's patches
+// V = B^T d B as above, each 2x2 tile of dy goes to Y = A dy A^T (4x4), the 16 GEMMs sum
+// Z[xi] (M x C) = Y[xi] (M x T) @ V[xi]^T (T x C) over the tiles, and dw = G^T Z G.
+
+// Y[xi][m][t] (16 x M x T) from the 2x2 tiles of channel m of dy (images of M x P x Q
+// from dy + dy_off), zeros past P and Q. A work-item per plane (n, m) walks its tiles.
+__kernel void clnn_wino_dy(const int M, const int P, const int Q, const int TH,
+                           const int TW, const int planes, const int plane,
+                           __global const real_t *dy, const int dy_off, __global acc_t *y)
+{
+    const int nm = (int)get_global_id(0);              // (n, m)
+    if (nm >= planes)
+        return;
+    const int m = nm % M, n = nm / M;
+    const int T = planes / M * TH * TW;
+    dy += dy_off + nm * P * Q;
+    y += m * T + n * TH * TW;
+    for (int ty = 0; ty < TH; ++ty, y += TW) {
+        const int p0 = 2 * ty;
+        for (int tx = 0; tx < TW; ++tx) {
+            const int q0 = 2 * tx;
+% for i in range(2):
+%   for j in range(2):
+            const bool ok${i}${j} = p0 + ${i} < P && q0 + ${j} < Q;
+            const acc_t l${i}${j} = CLNN_LOAD(dy, ok${i}${j} ? (p0 + ${i}) * Q + q0 + ${j} : 0);
+            const acc_t g${i}${j} = ok${i}${j} ? l${i}${j} : (acc_t)0;
+%   endfor
+% endfor
+% for j in range(2):
+            const acc_t h0${j} = g0${j}, h1${j} = g0${j} + g1${j};          // A g
+            const acc_t h2${j} = g0${j} - g1${j}, h3${j} = -g1${j};
+% endfor
+% for a in range(4):
+            y[${4 * a} * plane + tx] = h${a}0;                            // (A g) A^T
+            y[${4 * a + 1} * plane + tx] = h${a}0 + h${a}1;
+            y[${4 * a + 2} * plane + tx] = h${a}0 - h${a}1;
+            y[${4 * a + 3} * plane + tx] = -h${a}1;
+% endfor
+        }
+    }
+}
+
+// dw[m][c] (3x3, from dw + dw_off: (M, C, 3, 3)) = alpha G^T Z[.][m][c] G + beta dw, Z
+// 16 x M x C (plane elements apart). A work-item per (m, c).
+__kernel void clnn_wino_dw(const int M, const int C, const int plane,
+                           __global const acc_t *z, __global real_t *dw, const int dw_off,
+                           const acc_t alpha, const acc_t beta)
+{
+    const int mc = (int)get_global_id(0);
+    if (mc >= M * C)
+        return;
+    z += mc;
+    const acc_t h = (acc_t)0.5f;
+% for xi in range(16):
+    const acc_t z${xi} = z[${xi} * plane];
+% endfor
+% for b in range(4):
+    const acc_t r0${b} = z${b} + h * (z${4 + b} + z${8 + b});            // G^T Z
+    const acc_t r1${b} = h * (z${4 + b} - z${8 + b});
+    const acc_t r2${b} = h * (z${4 + b} + z${8 + b}) + z${12 + b};
+% endfor
+    dw += dw_off + mc * 9;
+% for r in range(3):
+    clnn_epilogue(dw, ${3 * r}, mc, 0, r${r}0 + h * (r${r}1 + r${r}2), alpha, beta, (acc_t)0,
+                  (acc_t)0, dw);                                      // (G^T Z) G
+    clnn_epilogue(dw, ${3 * r + 1}, mc, 0, h * (r${r}1 - r${r}2), alpha, beta, (acc_t)0,
+                  (acc_t)0, dw);
+    clnn_epilogue(dw, ${3 * r + 2}, mc, 0, h * (r${r}1 + r${r}2) + r${r}3, alpha, beta,
+                  (acc_t)0, (acc_t)0, dw);
+% endfor
 }

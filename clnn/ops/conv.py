@@ -695,15 +695,23 @@ def _pad_input(dev, dt, x, images, H, W, ph, pw, into=None):
 # gathered kernel. Chosen where both channel counts reach WINO_CHANNELS (a parameter
 # set may say instead: "WINO"), for the forward pass and the flipped data gradient.
 WINO_CHANNELS = 128
+# A weight gradient's 16 GEMMs read two transformed operands, each four times its
+# input's size and packed again, against one for the forward pass: kernel times on the
+# Zen 4, gathered -> Winograd, 14x14x256 34.2 -> 28.3 ms, 7x7x512 35.6 -> 31.0, but
+# 28x28x128 35.2 -> 37.0 (its transforms and packing 21 ms beside 17 of GEMMs).
+WINO_WGRAD_CHANNELS = 256
 WINO_WG = 8
 
 
-def _winograd(p, Ci, Mo, R, S, stride, dilation, groups=1):
-    """Whether the F(2x2, 3x3) path computes a convolution of Ci to Mo channels."""
+def _winograd(p, Ci, Mo, R, S, stride, dilation, groups=1, wgrad=False):
+    """Whether the F(2x2, 3x3) path computes a convolution (or with ``wgrad`` its weight
+    gradient) of Ci to Mo channels: at least WINO_CHANNELS each (WINO_WGRAD_CHANNELS),
+    unless the parameter set says ("WINO")."""
     if (R, S) != (3, 3) or tuple(stride) != (1, 1) or tuple(dilation) != (1, 1) or \
             groups != 1 or p["variant"] != "gather":
         return False
-    return bool(p.get("WINO", Ci >= WINO_CHANNELS and Mo >= WINO_CHANNELS))
+    least = WINO_WGRAD_CHANNELS if wgrad else WINO_CHANNELS
+    return bool(p.get("WINO", Ci >= least and Mo >= least))
 
 
 def _wino_plane(n):
@@ -752,6 +760,42 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
                    act_q=act_p[1], bias=bias if bias is not None else out,
                    bias_off=offset(bias) if bias is not None else 0)
     return evt
+
+
+def _run_winograd_wgrad(dev, dt, *, dy, x, N, C, H, W, M, ph, pw, out, alpha, beta):
+    """out (M, C, 3, 3) = alpha dw + beta out for the 3x3 unit-stride convolution of x
+    (N, C, H, W) with padding (ph, pw) and output gradient dy: F(2x2, 3x3) transposed
+    (winograd.cl). The 16 GEMMs sum over a group of images at a time into Z, every
+    group after the first adding to it (groups from the constant SCRATCH_BYTES, so
+    the bits do not depend on the pool's budget); all scratch is taken first."""
+    acc = programs.acc_dtype(dt)
+    P, Q = H + 2 * ph - 2, W + 2 * pw - 2
+    TH, TW = -(-P // 2), -(-Q // 2)
+    per_image = 16 * TH * TW * (C + M) * acc.itemsize
+    group = max(1, min(N, SCRATCH_BYTES // per_image))
+    prm = {"dtype": programs.dtype_name(dt), "act": "none", "bias": "none"}
+    zs = _wino_plane(M * C)
+    z = dev_scratch(dev, 16 * zs, acc)
+    v = dev_scratch(dev, 16 * _wino_plane(C * group * TH * TW), acc)
+    y = dev_scratch(dev, 16 * _wino_plane(M * group * TH * TW), acc)
+    inp, dyk, dwk = (programs.get_kernel(dev, "winograd", e, prm) for e in
+                     ("clnn_wino_input", "clnn_wino_dy", "clnn_wino_dw"))
+    wg = min(WINO_WG, dev.facts.max_work_group_size)
+    gemm_rows = tuning.gemm_rows(dev.facts, acc.itemsize, acc, tuning.shape_class(
+        M, C, group * TH * TW, trans_b=True, batch=16))
+    for n0 in range(0, N, group):
+        g = min(group, N - n0)
+        T = g * TH * TW
+        vs, ys = _wino_plane(C * T), _wino_plane(M * T)
+        inp((-(-g * C // wg) * wg,), (wg,), C=C, H=H, W=W, ph=ph, pw=pw, TH=TH, TW=TW,
+            planes=g * C, plane=vs, x=x, x_off=offset(x) + n0 * C * H * W, v=v)
+        dyk((-(-g * M // wg) * wg,), (wg,), M=M, P=P, Q=Q, TH=TH, TW=TW, planes=g * M,
+            plane=ys, dy=dy, dy_off=offset(dy) + n0 * M * P * Q, y=y)
+        run_gemm(dev, acc, M=M, N=C, K=T, nbatch=16, a=Operand(y, 0, T, ys, 16),
+                 b=Operand(v, 0, T, vs, 16), c=Operand(z, 0, C, zs, 16),
+                 beta=0.0 if n0 == 0 else 1.0, trans_b=True, rows=gemm_rows)
+    return dwk((-(-M * C // wg) * wg,), (wg,), M=M, C=C, plane=zs, z=z, dw=out,
+               dw_off=offset(out), alpha=alpha, beta=beta)
 
 
 def _conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_param=None,
@@ -900,6 +944,10 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
     if tuple(dilation) != (1, 1) and p["variant"] not in ("gather", "local"):
         return _direct_backward_weight(dy, x, (M, C, R, S), stride, padding,
                                        tuple(dilation), 1, out, alpha, beta)
+    if _winograd(p, C, M, R, S, st, dilation, wgrad=True):
+        evt = _run_winograd_wgrad(dev, dt, dy=dy, x=x, N=N, C=C, H=H, W=W, M=M, ph=pd[0],
+                                  pw=pd[1], out=out, alpha=alpha, beta=beta)
+        return done(out, evt)
     if p["variant"] == "gather":
         xg, xg_off, Hg, Wg, phg, pwg, zr = _pad_input(dev, dt, x, N * C, H, W, *pd)
         # dy^T is packed for a group of images at a time (at most SCRATCH_BYTES), and
