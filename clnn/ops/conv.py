@@ -20,10 +20,10 @@ elements lives in the input while the GEMM reads it. Two kernels do this:
   A forward pass (the flipped one included) at unit column stride over an input with
   no padding left to check may take convpx.cl's "pixel rows" instead: the same
   product with a work-item's vectors along an output row, so each channel's outputs
-  leave as whole vectors (_pixel_tile says when that is cheaper). A 3x3 forward pass
-  or flipped data gradient at unit stride between many channels takes winograd.cl's
-  F(2x2, 3x3) instead: 16 batched GEMMs between transforms of the input, filters and
-  output, with 2.25x fewer multiply-adds (_winograd).
+  leave as whole vectors (_pixel_tile says when that is cheaper). A 3x3 layer at unit
+  stride between many channels takes winograd.cl's F(4x4, 3x3) instead, for its
+  forward pass and both gradients: 36 batched GEMMs between transforms of the input
+  (or dy), the filters and the output, with 4x fewer multiply-adds (_winograd).
 
 - Elsewhere (and when a GEMM parameter set is forced), gemm.cl with its ``conv``
   loaders, which share the GEMM's tiles:
@@ -55,9 +55,9 @@ _TILES = ((("MWI", 10), ("NWI", 16), ("VW", 8)), (("MWI", 5), ("NWI", 8), ("VW",
           (("MWI", 4), ("NWI", 24), ("VW", 8)))
 
 
-programs.register("winograd", {"act": "none", "bias": "none"},
-                  lambda: [{"act": a, "bias": b} for a in ("none",) + ACTIVATIONS
-                           for b in ("none", "row")])
+programs.register("winograd", {"m": 2, "act": "none", "bias": "none"},
+                  lambda: [{"m": m, "act": a, "bias": b} for m in (2, 4)
+                           for a in ("none",) + ACTIVATIONS for b in ("none", "row")])
 
 PX_WG = 4           # work-items per work-group of clnn_conv_pixels
 PACK_RUN = 8        # consecutive k per work-item of clnn_conv_pack
@@ -686,39 +686,45 @@ def _pad_input(dev, dt, x, images, H, W, ph, pw, into=None):
     return (_Converted(xp) if acc != dt else xp), 0, Hp, Wp, 0, 0, (ph, ph)
 
 
-# Winograd's F(2x2, 3x3) (winograd.cl) for 3x3 convolutions at unit stride on CPUs: 16
-# GEMMs of Mo x Ci x (tiles) instead of one of Mo x 9 Ci x (positions), 2.25x fewer
-# multiply-adds, for the transforms' memory traffic (the transformed input and the
-# GEMMs' outputs are 4 times the input and output). Measured on an AMD EPYC Zen 4, PoCL
-# 3.0, batch 32: at 256 channels (14x14) the 16 GEMMs ran at 181 GFLOP/s; at 64
-# channels (56x56), whose short sums leave the GEMMs at 105, hardly faster than the
-# gathered kernel. Chosen where both channel counts reach WINO_CHANNELS (a parameter
-# set may say instead: "WINO"), for the forward pass and the flipped data gradient.
+# Winograd's F(m x m, 3x3) (winograd.cl) for 3x3 convolutions at unit stride on CPUs:
+# (m + 2)^2 GEMMs of Mo x Ci x (tiles) instead of one of Mo x 9 Ci x (positions), for
+# the transforms' memory traffic. F(4x4, 3x3) (WINO_M 4: 36 GEMMs, 4x fewer
+# multiply-adds, the transformed operands 2.25 times the input's size) beat F(2x2, 3x3)
+# (16, 2.25x fewer, 4 times) on every layer measured on an AMD EPYC Zen 4 (PoCL 3.0,
+# batch 32, kernel times, gathered / F(2x2) / F(4x4), ms): forward passes 28x28x128
+# 38.3 / 29.8 / 26.4, 14x14x256 36.4 / 25.7 / 23.9, 7x7x512 36.4 / 29.6 / 27.2; weight
+# gradients 35.2 / 37.1 / 27.7, 34.4 / 27.9 / 24.6, 35.7 / 30.6 / 26.3. At 64 channels
+# (56x56, 16x16) the GEMMs' sums are too short: no faster forward, slower weight
+# gradients; at 32, 1.5-2.7x slower. Chosen where both channel counts reach
+# WINO_CHANNELS (a parameter set may say instead: "WINO", "WINO_M"), for the forward
+# pass, the flipped data gradient and the weight gradient. Its rounding: F(4x4)'s
+# transform coefficients reach 8 (A) and 5 (B), so its errors run about 10x a direct
+# sum's (float32: 1e-5 of the sums' magnitude), as in cuDNN's and oneDNN's Winograd.
 WINO_CHANNELS = 128
-# A weight gradient's 16 GEMMs read two transformed operands, each four times its
-# input's size and packed again, against one for the forward pass: kernel times on the
-# Zen 4, gathered -> Winograd, 14x14x256 34.2 -> 28.3 ms, 7x7x512 35.6 -> 31.0, but
-# 28x28x128 35.2 -> 37.0 (its transforms and packing 21 ms beside 17 of GEMMs).
-WINO_WGRAD_CHANNELS = 256
-WINO_WG = 8
+WINO_M = 4
+WINO_WG = 8         # work-items per work-group of winograd.cl's kernels
 
 
-def _winograd(p, Ci, Mo, R, S, stride, dilation, groups=1, wgrad=False):
-    """Whether the F(2x2, 3x3) path computes a convolution (or with ``wgrad`` its weight
-    gradient) of Ci to Mo channels: at least WINO_CHANNELS each (WINO_WGRAD_CHANNELS),
-    unless the parameter set says ("WINO")."""
+def _winograd(p, Ci, Mo, R, S, stride, dilation, groups=1):
+    """Whether the Winograd path computes a convolution of Ci to Mo channels (or its
+    gradients): at least WINO_CHANNELS each, unless the parameter set says ("WINO")."""
     if (R, S) != (3, 3) or tuple(stride) != (1, 1) or tuple(dilation) != (1, 1) or \
             groups != 1 or p["variant"] != "gather":
         return False
-    least = WINO_WGRAD_CHANNELS if wgrad else WINO_CHANNELS
-    return bool(p.get("WINO", Ci >= least and Mo >= least))
+    return bool(p.get("WINO", Ci >= WINO_CHANNELS and Mo >= WINO_CHANNELS))
+
+
+def _wino_tile(p):
+    """The outputs per side of a Winograd tile, 2 (F(2x2, 3x3)) or 4 (F(4x4, 3x3)): a
+    parameter set's "WINO_M", else WINO_M."""
+    return p.get("WINO_M", WINO_M)
 
 
 def _wino_plane(n):
-    """The distance between the 16 transformed planes of ``n`` elements: 16 more than a
-    multiple of 1024, so that a work-item's 16 streams of stores or loads fall in
-    different cache sets (C T floats apart, 4 KiB multiples at 14x14x256, they shared
-    one set of the L1, and the input transform took 10.8 ms instead of ...)."""
+    """The distance between the transformed planes of ``n`` elements: 16 more than a
+    multiple of 1024, so that a work-item's streams of stores or loads (one per plane)
+    fall in different cache sets (C T floats apart, 4 KiB multiples at 14x14x256, they
+    shared one set of the L1: F(2x2)'s input transform took 10.8 ms instead of 3.7)."""
     return n + (16 - n) % 1024
 
 
@@ -730,30 +736,31 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
     SCRATCH_BYTES; every buffer is taken before the first launch."""
     acc = programs.acc_dtype(dt)
     P, Q = H + 2 * ph - 2, W + 2 * pw - 2
-    TH, TW = -(-P // 2), -(-Q // 2)
-    per_image = 16 * TH * TW * (Ci + Mo) * acc.itemsize
+    m = _wino_tile(p)
+    TH, TW, X = -(-P // m), -(-Q // m), (m + 2) ** 2
+    per_image = X * TH * TW * (Ci + Mo) * acc.itemsize
     group = max(1, min(N, scratch_cap(dev, SCRATCH_BYTES) // per_image))
-    prm = {"dtype": programs.dtype_name(dt), "act": act,
+    prm = {"dtype": programs.dtype_name(dt), "m": m, "act": act,
            "bias": "row" if bias is not None else "none"}
     us = _wino_plane(Mo * Ci)
-    u = dev_scratch(dev, 16 * us, acc)
-    v = dev_scratch(dev, 16 * _wino_plane(Ci * group * TH * TW), acc)
-    z = dev_scratch(dev, 16 * _wino_plane(Mo * group * TH * TW), acc)
+    u = dev_scratch(dev, X * us, acc)
+    v = dev_scratch(dev, X * _wino_plane(Ci * group * TH * TW), acc)
+    z = dev_scratch(dev, X * _wino_plane(Mo * group * TH * TW), acc)
     filt, inp, outp = (programs.get_kernel(dev, "winograd", e, prm) for e in
                        ("clnn_wino_filter", "clnn_wino_input", "clnn_wino_output"))
     wg = min(WINO_WG, dev.facts.max_work_group_size)
     filt((-(-Mo * Ci // wg) * wg,), (wg,), Mo=Mo, Ci=Ci, flip=int(flip), plane=us, w=w,
          w_off=offset(w), u=u)
     gemm_rows = tuning.gemm_rows(dev.facts, acc.itemsize, acc,
-                                 tuning.shape_class(Mo, group * TH * TW, Ci, batch=16))
+                                 tuning.shape_class(Mo, group * TH * TW, Ci, batch=X))
     for n0 in range(0, N, group):
         g = min(group, N - n0)
         T = g * TH * TW
         vs, zs = _wino_plane(Ci * T), _wino_plane(Mo * T)
         inp((-(-g * Ci // wg) * wg,), (wg,), C=Ci, H=H, W=W, ph=ph, pw=pw, TH=TH, TW=TW,
             planes=g * Ci, plane=vs, x=x, x_off=offset(x) + n0 * Ci * H * W, v=v)
-        run_gemm(dev, acc, M=Mo, N=T, K=Ci, nbatch=16, a=Operand(u, 0, Ci, us, 16),
-                 b=Operand(v, 0, T, vs, 16), c=Operand(z, 0, T, zs, 16), rows=gemm_rows)
+        run_gemm(dev, acc, M=Mo, N=T, K=Ci, nbatch=X, a=Operand(u, 0, Ci, us, X),
+                 b=Operand(v, 0, T, vs, X), c=Operand(z, 0, T, zs, X), rows=gemm_rows)
         evt = outp((-(-g * Mo // wg) * wg,), (wg,), M=Mo, P=P, Q=Q, TH=TH, TW=TW,
                    planes=g * Mo, plane=zs, z=z,
                    y=out, y_off=offset(out) + n0 * Mo * P * Q, act_p=act_p[0],
@@ -762,27 +769,28 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
     return evt
 
 
-def _run_winograd_wgrad(dev, dt, *, dy, x, N, C, H, W, M, ph, pw, out, alpha, beta):
+def _run_winograd_wgrad(dev, dt, p, *, dy, x, N, C, H, W, M, ph, pw, out, alpha, beta):
     """out (M, C, 3, 3) = alpha dw + beta out for the 3x3 unit-stride convolution of x
-    (N, C, H, W) with padding (ph, pw) and output gradient dy: F(2x2, 3x3) transposed
-    (winograd.cl). The 16 GEMMs sum over a group of images at a time into Z, every
+    (N, C, H, W) with padding (ph, pw) and output gradient dy: F(m x m, 3x3)
+    transposed (winograd.cl). The GEMMs sum over a group of images at a time into Z, every
     group after the first adding to it (groups from the constant SCRATCH_BYTES, so
     the bits do not depend on the pool's budget); all scratch is taken first."""
     acc = programs.acc_dtype(dt)
     P, Q = H + 2 * ph - 2, W + 2 * pw - 2
-    TH, TW = -(-P // 2), -(-Q // 2)
-    per_image = 16 * TH * TW * (C + M) * acc.itemsize
+    m = _wino_tile(p)
+    TH, TW, X = -(-P // m), -(-Q // m), (m + 2) ** 2
+    per_image = X * TH * TW * (C + M) * acc.itemsize
     group = max(1, min(N, SCRATCH_BYTES // per_image))
-    prm = {"dtype": programs.dtype_name(dt), "act": "none", "bias": "none"}
+    prm = {"dtype": programs.dtype_name(dt), "m": m, "act": "none", "bias": "none"}
     zs = _wino_plane(M * C)
-    z = dev_scratch(dev, 16 * zs, acc)
-    v = dev_scratch(dev, 16 * _wino_plane(C * group * TH * TW), acc)
-    y = dev_scratch(dev, 16 * _wino_plane(M * group * TH * TW), acc)
+    z = dev_scratch(dev, X * zs, acc)
+    v = dev_scratch(dev, X * _wino_plane(C * group * TH * TW), acc)
+    y = dev_scratch(dev, X * _wino_plane(M * group * TH * TW), acc)
     inp, dyk, dwk = (programs.get_kernel(dev, "winograd", e, prm) for e in
                      ("clnn_wino_input", "clnn_wino_dy", "clnn_wino_dw"))
     wg = min(WINO_WG, dev.facts.max_work_group_size)
     gemm_rows = tuning.gemm_rows(dev.facts, acc.itemsize, acc, tuning.shape_class(
-        M, C, group * TH * TW, trans_b=True, batch=16))
+        M, C, group * TH * TW, trans_b=True, batch=X))
     for n0 in range(0, N, group):
         g = min(group, N - n0)
         T = g * TH * TW
@@ -791,8 +799,8 @@ def _run_winograd_wgrad(dev, dt, *, dy, x, N, C, H, W, M, ph, pw, out, alpha, be
             planes=g * C, plane=vs, x=x, x_off=offset(x) + n0 * C * H * W, v=v)
         dyk((-(-g * M // wg) * wg,), (wg,), M=M, P=P, Q=Q, TH=TH, TW=TW, planes=g * M,
             plane=ys, dy=dy, dy_off=offset(dy) + n0 * M * P * Q, y=y)
-        run_gemm(dev, acc, M=M, N=C, K=T, nbatch=16, a=Operand(y, 0, T, ys, 16),
-                 b=Operand(v, 0, T, vs, 16), c=Operand(z, 0, C, zs, 16),
+        run_gemm(dev, acc, M=M, N=C, K=T, nbatch=X, a=Operand(y, 0, T, ys, X),
+                 b=Operand(v, 0, T, vs, X), c=Operand(z, 0, C, zs, X),
                  beta=0.0 if n0 == 0 else 1.0, trans_b=True, rows=gemm_rows)
     return dwk((-(-M * C // wg) * wg,), (wg,), M=M, C=C, plane=zs, z=z, dw=out,
                dw_off=offset(out), alpha=alpha, beta=beta)
@@ -944,8 +952,8 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
     if tuple(dilation) != (1, 1) and p["variant"] not in ("gather", "local"):
         return _direct_backward_weight(dy, x, (M, C, R, S), stride, padding,
                                        tuple(dilation), 1, out, alpha, beta)
-    if _winograd(p, C, M, R, S, st, dilation, wgrad=True):
-        evt = _run_winograd_wgrad(dev, dt, dy=dy, x=x, N=N, C=C, H=H, W=W, M=M, ph=pd[0],
+    if _winograd(p, C, M, R, S, st, dilation):
+        evt = _run_winograd_wgrad(dev, dt, p, dy=dy, x=x, N=N, C=C, H=H, W=W, M=M, ph=pd[0],
                                   pw=pd[1], out=out, alpha=alpha, beta=beta)
         return done(out, evt)
     if p["variant"] == "gather":

@@ -305,55 +305,68 @@ def test_scratch_in_image_groups(monkeypatch):
     check_weight_update(3, 2)
 
 
-def wino_scale(x, w, b, pad):
-    """What F(2x2, 3x3) adds up, in magnitudes (float64): |A^T| (the sum over channels of
-    |G| |g| |G^T| times |B^T| |d| |B|) |A|, plus |b|. Its rounding errors are bounded
+def wino_matrices(m):
+    """|B^T|, |G|, |A^T| of F(m x m, 3x3) (winograd.cl's), float64."""
+    if m == 2:
+        mats = ([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]],
+                [[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]],
+                [[1, 1, 1, 0], [0, 1, -1, -1]])
+    else:
+        mats = ([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
+                 [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]],
+                [[1 / 4, 0, 0], [1 / 6, 1 / 6, 1 / 6], [1 / 6, 1 / 6, 1 / 6],
+                 [1 / 24, 1 / 12, 1 / 6], [1 / 24, 1 / 12, 1 / 6], [0, 0, 1]],
+                [[1, 1, 1, 1, 1, 0], [0, 1, 1, 2, 2, 0], [0, 1, 1, 4, 4, 0],
+                 [0, 1, 1, 8, 8, 1]])
+    return tuple(np.abs(np.array(a, dtype=np.float64)) for a in mats)
+
+
+def _patches(x, pad, m, TH, TW):
+    N, C, H, W = x.shape
+    xp = np.zeros((N, C, m * TH + 2, m * TW + 2))
+    xp[:, :, pad:pad + H, pad:pad + W] = np.abs(x.astype(np.float64))
+    return np.lib.stride_tricks.sliding_window_view(xp, (m + 2, m + 2),
+                                                    axis=(2, 3))[:, :, ::m, ::m]
+
+
+def wino_scale(x, w, b, pad, m):
+    """What F(m x m, 3x3) adds up, in magnitudes (float64): |A^T| (the sum over channels
+    of |G| |g| |G^T| times |B^T| |d| |B|) |A|, plus |b|. Its rounding errors are bounded
     relative to this, not to the direct sums |x| * |w|: its transforms add and subtract
-    up to three terms along each axis before the products."""
-    ab = lambda m: np.abs(np.array(m, dtype=np.float64))
-    Bt = ab([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]])
-    G = ab([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]])
-    At = ab([[1, 1, 1, 0], [0, 1, -1, -1]])
+    several terms along each axis, with coefficients up to 8, before the products."""
+    Bt, G, At = wino_matrices(m)
     N, C, H, W = x.shape
     P, Q = H + 2 * pad - 2, W + 2 * pad - 2
-    TH, TW = -(-P // 2), -(-Q // 2)
-    xp = np.zeros((N, C, 2 * TH + 2, 2 * TW + 2))
-    xp[:, :, pad:pad + H, pad:pad + W] = np.abs(x.astype(np.float64))
-    d = np.lib.stride_tricks.sliding_window_view(xp, (4, 4), axis=(2, 3))[:, :, ::2, ::2]
+    TH, TW = -(-P // m), -(-Q // m)
+    d = _patches(x, pad, m, TH, TW)
     u = np.einsum("ir,mcrs,js->mcij", G, np.abs(w.astype(np.float64)), G)
     v = np.einsum("ia,nctuab,jb->nctuij", Bt, d, Bt)
     y = np.einsum("pi,nmtuij,qj->nmtpuq", At, np.einsum("mcij,nctuij->nmtuij", u, v), At)
-    y = y.reshape(N, -1, 2 * TH, 2 * TW)[:, :, :P, :Q]
+    y = y.reshape(N, -1, m * TH, m * TW)[:, :, :P, :Q]
     return y + (0 if b is None else np.abs(b.astype(np.float64))[None, :, None, None])
 
 
-def wino_wgrad_scale(x, dy, pad):
+def wino_wgrad_scale(x, dy, pad, m):
     """wino_scale for the weight gradient: |G^T| (the sum over images and tiles of
     |A| |dy tile| |A^T| times |B^T| |d| |B|) |G|."""
-    ab = lambda m: np.abs(np.array(m, dtype=np.float64))
-    Bt = ab([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]])
-    G = ab([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]])
-    At = ab([[1, 1, 1, 0], [0, 1, -1, -1]])
-    N, C, H, W = x.shape
-    P, Q = dy.shape[2:]
-    TH, TW = -(-P // 2), -(-Q // 2)
-    xp = np.zeros((N, C, 2 * TH + 2, 2 * TW + 2))
-    xp[:, :, pad:pad + H, pad:pad + W] = np.abs(x.astype(np.float64))
-    dq = np.zeros((N, dy.shape[1], 2 * TH, 2 * TW))
+    Bt, G, At = wino_matrices(m)
+    N, M, P, Q = dy.shape
+    TH, TW = -(-P // m), -(-Q // m)
+    dq = np.zeros((N, M, m * TH, m * TW))
     dq[:, :, :P, :Q] = np.abs(dy.astype(np.float64))
-    d = np.lib.stride_tricks.sliding_window_view(xp, (4, 4), axis=(2, 3))[:, :, ::2, ::2]
-    g = dq.reshape(N, -1, TH, 2, TW, 2).transpose(0, 1, 2, 4, 3, 5)
-    v = np.einsum("ia,nctuab,jb->nctuij", Bt, d, Bt)
+    g = dq.reshape(N, M, TH, m, TW, m).transpose(0, 1, 2, 4, 3, 5)
+    v = np.einsum("ia,nctuab,jb->nctuij", Bt, _patches(x, pad, m, TH, TW), Bt)
     y = np.einsum("ai,nmtuij,bj->nmtuab", At.T, g, At.T)
     z = np.einsum("nmtuij,nctuij->mcij", y, v)
     return np.einsum("ri,mcij,sj->mcrs", G.T, z, G.T)
 
 
+@pytest.mark.parametrize("m", [2, 4])
 @pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
 @pytest.mark.parametrize("shape", [(3, 5, 7, 9, 6, 1), (2, 4, 6, 6, 3, 0), (1, 2, 1, 4, 5, 2),
-                                   (2, 3, 8, 5, 1, 2), (1, 1, 3, 3, 1, 0)])
-def test_winograd(dtype, shape):
-    """Winograd's F(2x2, 3x3) (winograd.cl), forced: the forward pass with bias and relu,
+                                   (2, 3, 8, 5, 1, 2), (1, 1, 3, 3, 1, 0), (1, 3, 11, 10, 2, 1)])
+def test_winograd(dtype, shape, m):
+    """Winograd's F(m x m, 3x3) (winograd.cl), forced: the forward pass with bias and relu,
     the unit-stride data gradient (the filters turned) and the weight gradient (alpha
     and beta), on odd sizes (tiles past the output's edge, a 1-row input), paddings 0
     to 2, inside canaries, in every dtype, against the float64 loops within the error
@@ -371,7 +384,7 @@ def test_winograd(dtype, shape):
     X, Wd, B, DY = (guarded_input(dev, a) for a in (x, w, b, dy))
     y, dx = Guarded(dev, ref.shape, dtype), Guarded(dev, x.shape, dtype)
     dw = Guarded(dev, w.shape, dtype, fill=w)
-    with tuning.override("conv", dict(GATHER, WINO=True, DGRAD="flip")), \
+    with tuning.override("conv", dict(GATHER, WINO=True, WINO_M=m, DGRAD="flip")), \
             clnn.profile() as prof:
         clnn.conv2d(X, Wd, B, padding=pad, out=y.view, activation="relu")
         clnn.conv2d_backward_data(DY, Wd, x.shape, padding=pad, out=dx.view)
@@ -381,17 +394,19 @@ def test_winograd(dtype, shape):
     assert not ran(prof, "clnn_conv_gather") and not ran(prof, "clnn_conv_pixels")
     w64 = w.astype(f)
     within(dw.check(), 0.75 * w64 - 0.5 * dw_ref,
-           0.75 * np.abs(w64) + 0.5 * wino_wgrad_scale(x, dy, pad), N * ref[0, 0].size, dtype)
-    within(y.check(), np.maximum(ref, 0), wino_scale(x, w, b, pad), C * 9, dtype)
+           0.75 * np.abs(w64) + 0.5 * wino_wgrad_scale(x, dy, pad, m), N * ref[0, 0].size,
+           dtype)
+    within(y.check(), np.maximum(ref, 0), wino_scale(x, w, b, pad, m), C * 9, dtype)
     turned = w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1]
-    within(dx.check(), dx_ref, wino_scale(dy, turned, None, 2 - pad), M * 9, dtype)
+    within(dx.check(), dx_ref, wino_scale(dy, turned, None, 2 - pad, m), M * 9, dtype)
 
 
 def test_winograd_choice_and_groups(monkeypatch):
-    """The library takes F(2x2, 3x3) by itself for 3x3 layers at unit stride where both
-    channel counts reach WINO_CHANNELS (WINO_WGRAD_CHANNELS for weight gradients; not
-    strided, dilated or 1x1 ones, nor narrow ones); images go in groups whose transforms fit SCRATCH_BYTES, the forward pass
-    bitwise as in one, the weight gradient's groups adding into one sum."""
+    """The library takes Winograd's F(WINO_M x WINO_M, 3x3) by itself for 3x3 layers at
+    unit stride where both channel counts reach WINO_CHANNELS (not strided, dilated or
+    1x1 ones, nor narrow ones), for all three ops; images go in groups whose
+    transforms fit SCRATCH_BYTES, the forward pass bitwise as in one, the weight
+    gradient's groups adding into one sum."""
     wino = conv_module._winograd
     assert wino(GATHER, 128, 128, 3, 3, (1, 1), (1, 1))
     assert wino(GATHER, 256, 512, 3, 3, (1, 1), (1, 1))
@@ -402,44 +417,44 @@ def test_winograd_choice_and_groups(monkeypatch):
     assert not wino(GATHER, 256, 256, 3, 3, (1, 1), (1, 1), groups=2)
     assert not wino(NV[0], 256, 256, 3, 3, (1, 1), (1, 1))          # GPU rows: not yet
     assert wino(dict(GATHER, WINO=True), 2, 3, 3, 3, (1, 1), (1, 1))
-    # weight gradients from 256 channels (their two transformed operands cost more)
-    assert not wino(GATHER, 128, 128, 3, 3, (1, 1), (1, 1), wgrad=True)
-    assert wino(GATHER, 256, 256, 3, 3, (1, 1), (1, 1), wgrad=True)
-    # and the ops ask for the right one: with the thresholds at 4 and 5 channels, a
-    # 4-channel layer's forward pass and data gradient take it, its weight gradient not
+    assert conv_module._wino_tile(GATHER) == 4
+    # the ops ask: with the threshold at 4 channels, a 4-channel layer's three ops take
+    # it (F(4x4)), a 3-channel one's none
     monkeypatch.setattr(conv_module, "WINO_CHANNELS", 4)
-    monkeypatch.setattr(conv_module, "WINO_WGRAD_CHANNELS", 5)
-    x4, w4 = clnn.asarray(RNG.standard_normal((2, 4, 5, 6)).astype(np.float32)), \
-        clnn.asarray(RNG.standard_normal((4, 4, 3, 3)).astype(np.float32))
-    dy4 = clnn.asarray(RNG.standard_normal((2, 4, 5, 6)).astype(np.float32))
-    with tuning.override("conv", dict(GATHER, DGRAD="flip")), clnn.profile() as prof:
-        clnn.conv2d(x4, w4, padding=1)
-        clnn.conv2d_backward_data(dy4, w4, x4.shape, padding=1)
-        clnn.conv2d_backward_weight(dy4, x4, w4.shape, padding=1)
-    assert len(ran(prof, "clnn_wino_output")) == 2 and not ran(prof, "clnn_wino_dw")
-    monkeypatch.setattr(conv_module, "WINO_WGRAD_CHANNELS", 4)
-    with tuning.override("conv", GATHER), clnn.profile() as prof:
-        clnn.conv2d_backward_weight(dy4, x4, w4.shape, padding=1)
-    assert len(ran(prof, "clnn_wino_dw")) == 1
+    for c, n in ((4, 1), (3, 0)):
+        x4 = clnn.asarray(RNG.standard_normal((2, c, 5, 6)).astype(np.float32))
+        w4 = clnn.asarray(RNG.standard_normal((4, c, 3, 3)).astype(np.float32))
+        dy4 = clnn.asarray(RNG.standard_normal((2, 4, 5, 6)).astype(np.float32))
+        with tuning.override("conv", dict(GATHER, DGRAD="flip")), clnn.profile() as prof:
+            clnn.conv2d(x4, w4, padding=1)
+            clnn.conv2d_backward_data(dy4, w4, x4.shape, padding=1)
+            clnn.conv2d_backward_weight(dy4, x4, w4.shape, padding=1)
+        assert len(ran(prof, "clnn_wino_output")) == 2 * n
+        assert len(ran(prof, "clnn_wino_dw")) == n
+        assert all(r.params["m"] == 4 for r in ran(prof, "clnn_wino_input"))
     monkeypatch.undo()
     x = RNG.standard_normal((5, 3, 6, 7)).astype(np.float32)
     w = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)
     dy = RNG.standard_normal((5, 4, 6, 7)).astype(np.float32)
     X, Wd, DY = clnn.asarray(x), clnn.asarray(w), clnn.asarray(dy)
-    with tuning.override("conv", dict(GATHER, WINO=True)):
-        whole = clnn.conv2d(X, Wd, padding=1).get()
-        # an image's transforms: 16 (3 + 4) 3 x 4 tiles of floats: groups of 2, 2 and 1
-        monkeypatch.setattr(conv_module, "SCRATCH_BYTES", 2 * 16 * 7 * 12 * 4 + 5)
-        with clnn.profile() as prof:
-            y = clnn.conv2d(X, Wd, padding=1).get()
-            dw = clnn.conv2d_backward_weight(DY, X, w.shape, padding=1).get()
-    assert len(ran(prof, "clnn_wino_output")) == 3 and len(ran(prof, "clnn_wino_dy")) == 3
-    assert y.tobytes() == whole.tobytes()
-    within(y, conv2d_ref(x, w, None, (1, 1), (1, 1)), wino_scale(x, w, None, 1), 27,
-           np.float32)
-    # the weight gradient's groups add into one sum
-    _, dw_ref = conv2d_backward_ref(dy, x, w, (1, 1), (1, 1))
-    within(dw, dw_ref, wino_wgrad_scale(x, dy, 1), 5 * 42, np.float32)
+    for m in (2, 4):
+        with tuning.override("conv", dict(GATHER, WINO=True, WINO_M=m)):
+            whole = clnn.conv2d(X, Wd, padding=1).get()
+            # an image's transforms: (m + 2)^2 planes of (3 + 4) channels' tiles, floats:
+            # groups of 2, 2 and 1
+            image = (m + 2) ** 2 * 7 * (-(-6 // m)) * (-(-7 // m)) * 4
+            monkeypatch.setattr(conv_module, "SCRATCH_BYTES", 2 * image + 5)
+            with clnn.profile() as prof:
+                y = clnn.conv2d(X, Wd, padding=1).get()
+                dw = clnn.conv2d_backward_weight(DY, X, w.shape, padding=1).get()
+        assert len(ran(prof, "clnn_wino_output")) == 3 and len(ran(prof, "clnn_wino_dy")) == 3
+        assert y.tobytes() == whole.tobytes()
+        within(y, conv2d_ref(x, w, None, (1, 1), (1, 1)), wino_scale(x, w, None, 1, m), 27,
+               np.float32)
+        # the weight gradient's groups add into one sum
+        _, dw_ref = conv2d_backward_ref(dy, x, w, (1, 1), (1, 1))
+        within(dw, dw_ref, wino_wgrad_scale(x, dy, 1, m), 5 * 42, np.float32)
+        monkeypatch.undo()
 
 
 def test_weight_gradient_groups_fit_half_the_cache(monkeypatch):
