@@ -705,13 +705,26 @@ WINO_M = 4
 WINO_WG = 8         # work-items per work-group of winograd.cl's kernels
 
 
-def _winograd(p, Ci, Mo, R, S, stride, dilation, groups=1):
+def _winograd(p, Ci, Mo, R, S, stride, dilation, groups=1, dt=None, P=1, Q=1):
     """Whether the Winograd path computes a convolution of Ci to Mo channels (or its
-    gradients): at least WINO_CHANNELS each, unless the parameter set says ("WINO")."""
+    gradients) with P x Q outputs: at least WINO_CHANNELS each, unless the parameter set
+    says ("WINO"), and one image's transforms within SCRATCH_BYTES (a constant, so that
+    the choice, and with it the bits, do not depend on the pool's budget; larger images
+    take the gathered kernel, which needs no such scratch)."""
     if (R, S) != (3, 3) or tuple(stride) != (1, 1) or tuple(dilation) != (1, 1) or \
             groups != 1 or p["variant"] != "gather":
         return False
+    if dt is not None and _wino_image_bytes(dt, p, Ci, Mo, P, Q) > SCRATCH_BYTES:
+        return False
     return bool(p.get("WINO", Ci >= WINO_CHANNELS and Mo >= WINO_CHANNELS))
+
+
+def _wino_image_bytes(dt, p, Ci, Mo, P, Q):
+    """The bytes of one image's transformed input and GEMM outputs (or, for a weight
+    gradient, transformed input and dy: the same sizes)."""
+    m = _wino_tile(p)
+    return (m + 2) ** 2 * -(-P // m) * -(-Q // m) * (Ci + Mo) * \
+        programs.acc_dtype(dt).itemsize
 
 
 def _wino_tile(p):
@@ -738,8 +751,8 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
     P, Q = H + 2 * ph - 2, W + 2 * pw - 2
     m = _wino_tile(p)
     TH, TW, X = -(-P // m), -(-Q // m), (m + 2) ** 2
-    per_image = X * TH * TW * (Ci + Mo) * acc.itemsize
-    group = max(1, min(N, scratch_cap(dev, SCRATCH_BYTES) // per_image))
+    group = max(1, min(N, scratch_cap(dev, SCRATCH_BYTES) //
+                       _wino_image_bytes(dt, p, Ci, Mo, P, Q)))
     prm = {"dtype": programs.dtype_name(dt), "m": m, "act": act,
            "bias": "row" if bias is not None else "none"}
     us = _wino_plane(Mo * Ci)
@@ -779,8 +792,7 @@ def _run_winograd_wgrad(dev, dt, p, *, dy, x, N, C, H, W, M, ph, pw, out, alpha,
     P, Q = H + 2 * ph - 2, W + 2 * pw - 2
     m = _wino_tile(p)
     TH, TW, X = -(-P // m), -(-Q // m), (m + 2) ** 2
-    per_image = X * TH * TW * (C + M) * acc.itemsize
-    group = max(1, min(N, SCRATCH_BYTES // per_image))
+    group = max(1, min(N, SCRATCH_BYTES // _wino_image_bytes(dt, p, C, M, P, Q)))
     prm = {"dtype": programs.dtype_name(dt), "m": m, "act": "none", "bias": "none"}
     zs = _wino_plane(M * C)
     z = dev_scratch(dev, X * zs, acc)
@@ -825,7 +837,7 @@ def _conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_pa
     if dilated and p["variant"] not in ("gather", "local"):   # the packed CPU GEMM
         return _direct_forward(x, w, b, stride, padding, tuple(dilation), 1, activation,
                                activation_param, out)
-    if _winograd(p, C, M, R, S, st, dilation):
+    if _winograd(p, C, M, R, S, st, dilation, dt=dt, P=P, Q=Q):
         evt = _run_winograd(dev, dt, p, x=x, N=N, Ci=C, H=H, W=W, Mo=M, ph=pd[0], pw=pd[1],
                             w=w, flip=False, out=out, act=act, act_p=act_p, bias=b)
         return done(out, evt)
@@ -898,7 +910,7 @@ def _conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None,
         # else (col2im, strided phases) the direct kernels
         return _direct_backward_data(dy, w, (N, C, H, W), stride, padding, (dh, dw), 1,
                                      out)
-    if flip and _winograd(p, M, C, R, S, st, dilation):
+    if flip and _winograd(p, M, C, R, S, st, dilation, dt=dt, P=H, Q=W):
         evt = _run_winograd(dev, dt, p, x=dy, N=N, Ci=M, H=P, W=Q, Mo=C, ph=2 - pd[0],
                             pw=2 - pd[1], w=w, flip=True, out=out)
         return done(out, evt)
@@ -952,7 +964,7 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
     if tuple(dilation) != (1, 1) and p["variant"] not in ("gather", "local"):
         return _direct_backward_weight(dy, x, (M, C, R, S), stride, padding,
                                        tuple(dilation), 1, out, alpha, beta)
-    if _winograd(p, C, M, R, S, st, dilation):
+    if _winograd(p, C, M, R, S, st, dilation, dt=dt, P=P, Q=Q):
         evt = _run_winograd_wgrad(dev, dt, p, dy=dy, x=x, N=N, C=C, H=H, W=W, M=M, ph=pd[0],
                                   pw=pd[1], out=out, alpha=alpha, beta=beta)
         return done(out, evt)

@@ -418,10 +418,16 @@ def test_winograd_choice_and_groups(monkeypatch):
     assert not wino(NV[0], 256, 256, 3, 3, (1, 1), (1, 1))          # GPU rows: not yet
     assert wino(dict(GATHER, WINO=True), 2, 3, 3, 3, (1, 1), (1, 1))
     assert conv_module._wino_tile(GATHER) == 4
+    # an image whose transforms pass SCRATCH_BYTES takes the gathered kernel (at 56x56,
+    # 256 channels: 36 x 14 x 14 x 512 floats, 14.5 MB; 224x224: 231 MB)
+    f32 = np.float32
+    assert wino(GATHER, 256, 256, 3, 3, (1, 1), (1, 1), dt=f32, P=56, Q=56)
+    assert not wino(dict(GATHER, WINO=True), 256, 256, 3, 3, (1, 1), (1, 1), dt=f32,
+                    P=224, Q=224)
     # the ops ask: with the threshold at 4 channels, a 4-channel layer's three ops take
     # it (F(4x4)), a 3-channel one's none
     monkeypatch.setattr(conv_module, "WINO_CHANNELS", 4)
-    for c, n in ((4, 1), (3, 0)):
+    for c, n in ((3, 0), (4, 1)):
         x4 = clnn.asarray(RNG.standard_normal((2, c, 5, 6)).astype(np.float32))
         w4 = clnn.asarray(RNG.standard_normal((4, c, 3, 3)).astype(np.float32))
         dy4 = clnn.asarray(RNG.standard_normal((2, 4, 5, 6)).astype(np.float32))
@@ -432,6 +438,14 @@ def test_winograd_choice_and_groups(monkeypatch):
         assert len(ran(prof, "clnn_wino_output")) == 2 * n
         assert len(ran(prof, "clnn_wino_dw")) == n
         assert all(r.params["m"] == 4 for r in ran(prof, "clnn_wino_input"))
+    # and none of the three when one image's transforms (36 x 2 x 2 tiles x 8 channels
+    # of floats, 4608 bytes) pass SCRATCH_BYTES
+    monkeypatch.setattr(conv_module, "SCRATCH_BYTES", 4600)
+    with tuning.override("conv", dict(GATHER, DGRAD="flip")), clnn.profile() as prof:
+        clnn.conv2d(x4, w4, padding=1)
+        clnn.conv2d_backward_data(dy4, w4, x4.shape, padding=1)
+        clnn.conv2d_backward_weight(dy4, x4, w4.shape, padding=1)
+    assert not [r for r in prof.records if r.entry.startswith("clnn_wino")]
     monkeypatch.undo()
     x = RNG.standard_normal((5, 3, 6, 7)).astype(np.float32)
     w = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)
