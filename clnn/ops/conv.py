@@ -733,6 +733,14 @@ def _wino_tile(p):
     return p.get("WINO_M", WINO_M)
 
 
+def _wino_geometry(p, H, W, ph, pw):
+    """(P, Q, m, TH, TW, X) of a Winograd pass over H x W with padding (ph, pw): its
+    outputs, its tile's outputs per side, the tiles per column and row of an image and
+    the GEMMs (the transformed tile's elements)."""
+    P, Q, m = H + 2 * ph - 2, W + 2 * pw - 2, _wino_tile(p)
+    return P, Q, m, -(-P // m), -(-Q // m), (m + 2) ** 2
+
+
 def _wino_plane(n):
     """The distance between the transformed planes of ``n`` elements: 16 more than a
     multiple of 1024, so that a work-item's streams of stores or loads (one per plane)
@@ -748,9 +756,7 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
     gradient). Images go in groups whose transformed input and GEMM outputs fit
     SCRATCH_BYTES; every buffer is taken before the first launch."""
     acc = programs.acc_dtype(dt)
-    P, Q = H + 2 * ph - 2, W + 2 * pw - 2
-    m = _wino_tile(p)
-    TH, TW, X = -(-P // m), -(-Q // m), (m + 2) ** 2
+    P, Q, m, TH, TW, X = _wino_geometry(p, H, W, ph, pw)
     group = max(1, min(N, scratch_cap(dev, SCRATCH_BYTES) //
                        _wino_image_bytes(dt, p, Ci, Mo, P, Q)))
     prm = {"dtype": programs.dtype_name(dt), "m": m, "act": act,
@@ -789,9 +795,7 @@ def _run_winograd_wgrad(dev, dt, p, *, dy, x, N, C, H, W, M, ph, pw, out, alpha,
     group after the first adding to it (groups from the constant SCRATCH_BYTES, so
     the bits do not depend on the pool's budget); all scratch is taken first."""
     acc = programs.acc_dtype(dt)
-    P, Q = H + 2 * ph - 2, W + 2 * pw - 2
-    m = _wino_tile(p)
-    TH, TW, X = -(-P // m), -(-Q // m), (m + 2) ** 2
+    P, Q, m, TH, TW, X = _wino_geometry(p, H, W, ph, pw)
     group = max(1, min(N, SCRATCH_BYTES // _wino_image_bytes(dt, p, C, M, P, Q)))
     prm = {"dtype": programs.dtype_name(dt), "m": m, "act": "none", "bias": "none"}
     zs = _wino_plane(M * C)
