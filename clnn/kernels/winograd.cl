@@ -65,6 +65,21 @@
     def right(x, mat, rows, inner):
         """x @ mat^T: row i of the result, column r = combo(mat[r], x(i, .))"""
         return [[combo(r, [x(i, k) for k in range(inner)]) for r in mat] for i in range(rows)]
+
+    def sandwich(mat, x, tmp, rows, cols, indent, what):
+        """mat @ X @ mat^T of the rows x cols grid X of names x(i, j), the form of every
+        transform here: the C declarations of mat @ X as tmp{a}_{j} (commented
+        ``what``), and the expressions of the whole product"""
+        mx = left(mat, x, rows, cols)
+        decl = "\n".join(
+            f"{indent}const acc_t " + ", ".join(f"{tmp}{a}_{j} = {mx[a][j]}" for j in range(cols))
+            + f";   // {what}" for a in range(len(mat)))
+        return decl, right(lambda i, k: f"{tmp}{i}_{k}", mat, len(mat), cols)
+
+    def to_planes(dst, exprs, at, indent):
+        """the stores of a transformed tile, element xi = AL i + j to plane xi"""
+        return "\n".join(f"{indent}{dst}[{AL * a + b} * plane{at}] = {exprs[a][b]};"
+                         for a in range(AL) for b in range(AL))
 %>
 //
 // Element xi = ${AL} i + j of a transformed ${AL}x${AL} tile is the xi-th GEMM's operand.
@@ -90,17 +105,10 @@ __kernel void clnn_wino_filter(const int Mo, const int Ci, const int flip,
                               : CLNN_LOAD(w, (o * Ci + i) * 9 + ${3 * r + s});
 %   endfor
 % endfor
-<% gg = left(G, lambda k, j: f"g{k}{j}", 3, 3) %>\
-% for a in range(AL):
-    const acc_t ${", ".join(f"t{a}_{j} = {gg[a][j]}" for j in range(3))};   // G g
-% endfor
-<% uu = right(lambda i, k: f"t{i}_{k}", G, AL, 3) %>\
+<% decl, uu = sandwich(G, lambda k, j: f"g{k}{j}", "t", 3, 3, "    ", "G g") %>\
+${decl}
     u += gid;
-% for a in range(AL):
-%   for b in range(AL):
-    u[${AL * a + b} * plane] = ${uu[a][b]};
-%   endfor
-% endfor
+${to_planes("u", uu, "", "    ")}
 }
 
 // V[xi][c][t] (${AL * AL} x C x T) from the input patches of channel c of x (images of
@@ -136,16 +144,9 @@ __kernel void clnn_wino_input(const int C, const int H, const int W, const int p
             const acc_t d${a}_${b} = ok${a}_${b} ? l${a}_${b} : (acc_t)0;
 %   endfor
 % endfor
-<% ee = left(BT, lambda k, j: f"d{k}_{j}", AL, AL) %>\
-% for a in range(AL):
-            const acc_t ${", ".join(f"e{a}_{j} = {ee[a][j]}" for j in range(AL))};   // B^T d
-% endfor
-<% vv = right(lambda i, k: f"e{i}_{k}", BT, AL, AL) %>\
-% for a in range(AL):
-%   for b in range(AL):
-            v[${AL * a + b} * plane + tx] = ${vv[a][b]};
-%   endfor
-% endfor
+<% decl, vv = sandwich(BT, lambda k, j: f"d{k}_{j}", "e", AL, AL, " " * 12, "B^T d") %>\
+${decl}
+${to_planes("v", vv, " + tx", " " * 12)}
         }
     }
 }
@@ -175,11 +176,8 @@ __kernel void clnn_wino_output(const int M, const int P, const int Q, const int 
 % for xi in range(AL * AL):
             const acc_t s${xi // AL}_${xi % AL} = z[${xi} * plane + tx];
 % endfor
-<% rr = left(AT, lambda k, j: f"s{k}_{j}", AL, AL) %>\
-% for i in range(m):
-            const acc_t ${", ".join(f"r{i}_{j} = {rr[i][j]}" for j in range(AL))};   // A^T Z
-% endfor
-<% oo = right(lambda i, k: f"r{i}_{k}", AT, m, AL) %>\
+<% decl, oo = sandwich(AT, lambda k, j: f"s{k}_{j}", "r", AL, AL, " " * 12, "A^T Z") %>\
+${decl}
 % for i in range(m):
             if (p0 + ${i} < P) {                       // (A^T Z) A
 %   for j in range(m):
@@ -222,16 +220,9 @@ __kernel void clnn_wino_dy(const int M, const int P, const int Q, const int TH,
             const acc_t g${i}_${j} = ok${i}_${j} ? l${i}_${j} : (acc_t)0;
 %   endfor
 % endfor
-<% hh = left(T_(AT), lambda k, j: f"g{k}_{j}", m, m) %>\
-% for a in range(AL):
-            const acc_t ${", ".join(f"h{a}_{j} = {hh[a][j]}" for j in range(m))};   // A g
-% endfor
-<% yy = right(lambda i, k: f"h{i}_{k}", T_(AT), AL, m) %>\
-% for a in range(AL):
-%   for b in range(AL):
-            y[${AL * a + b} * plane + tx] = ${yy[a][b]};
-%   endfor
-% endfor
+<% decl, yy = sandwich(T_(AT), lambda k, j: f"g{k}_{j}", "h", m, m, " " * 12, "A g") %>\
+${decl}
+${to_planes("y", yy, " + tx", " " * 12)}
         }
     }
 }
@@ -249,11 +240,8 @@ __kernel void clnn_wino_dw(const int M, const int C, const int plane,
 % for xi in range(AL * AL):
     const acc_t z${xi // AL}_${xi % AL} = z[${xi} * plane];
 % endfor
-<% rr = left(T_(G), lambda k, j: f"z{k}_{j}", AL, AL) %>\
-% for r in range(3):
-    const acc_t ${", ".join(f"r{r}_{j} = {rr[r][j]}" for j in range(AL))};   // G^T Z
-% endfor
-<% ww = right(lambda i, k: f"r{i}_{k}", T_(G), 3, AL) %>\
+<% decl, ww = sandwich(T_(G), lambda k, j: f"z{k}_{j}", "r", AL, AL, "    ", "G^T Z") %>\
+${decl}
     dw += dw_off + mc * 9;
 % for r in range(3):
 %   for s in range(3):
