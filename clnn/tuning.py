@@ -98,8 +98,8 @@ GEMM_TABLE = {
 # Convolutions on CPUs: the gathered kernel of conv.cl (variant "gather"), VW-wide
 # vectors, WG work-items per work-group; MWI and NWI follow each problem's shape (see
 # clnn/ops/conv.py) unless a parameter set names them, and so do the flags LINE,
-# PIXELS, PANELS_FIRST and WINO (3x3 layers at unit stride through winograd.cl's
-# F(2x2, 3x3)). Elsewhere a convolution takes the GEMM row of its device (gemm.cl's
+# PIXELS, PANELS_FIRST, WINO and WINO_M (3x3 layers at unit stride through winograd.cl's
+# F(m x m, 3x3), m = 2 or 4). Elsewhere a convolution takes the GEMM row of its device (gemm.cl's
 # loaders).
 CONV_TABLE = {
     "device": {
@@ -223,6 +223,8 @@ def gemm_problems(p, facts=None, itemsize=4):
             probs.append("NWI must be a multiple of VW")
         if p.get("DGRAD", "col2im") not in ("col2im", "flip"):
             probs.append("DGRAD must be 'col2im' or 'flip'")
+        if p.get("WINO_M", 4) not in (2, 4):
+            probs.append("WINO_M (a Winograd tile's outputs per side) must be 2 or 4")
         if "REGS" in p and p["REGS"] < 8:
             probs.append("REGS (vector registers for a work-item's tile) must be at "
                          "least 8")

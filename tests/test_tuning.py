@@ -280,6 +280,9 @@ def test_gather_constraints():
     assert tuning.gemm_problems(dict(ok, PIXELS="no"))
     assert tuning.gemm_problems(dict(ok, QV=5))
     assert tuning.gemm_problems(dict(ok, MB=0))
+    assert tuning.gemm_problems(dict(ok, WINO=True, WINO_M=2)) == []
+    assert tuning.gemm_problems(dict(ok, WINO_M=3))
+    assert tuning.gemm_problems(dict(ok, WINO="yes"))
 
 
 def test_tuner_searches_convolutions(db, monkeypatch):

@@ -55,7 +55,7 @@ _TILES = ((("MWI", 10), ("NWI", 16), ("VW", 8)), (("MWI", 5), ("NWI", 8), ("VW",
           (("MWI", 4), ("NWI", 24), ("VW", 8)))
 
 
-programs.register("winograd", {"m": 2, "act": "none", "bias": "none"},
+programs.register("winograd", {"m": 4, "act": "none", "bias": "none"},
                   lambda: [{"m": m, "act": a, "bias": b} for m in (2, 4)
                            for a in ("none",) + ACTIVATIONS for b in ("none", "row")])
 
