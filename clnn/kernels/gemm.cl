@@ -305,7 +305,7 @@ typedef ${rvec} vec_t;
 // re-reads the smaller operand.
 __kernel void clnn_gemm_packed(const int M, const int N, const int K,
                                const acc_t alpha, const acc_t beta, const acc_t act_p, const acc_t act_q,
-                               const int Mb, const int Nb, const int a_batched, const int b_batched,
+                               const int Mb, const int Nb, const int a_bstride, const int b_bstride,
                                __global const acc_t *a_pk, __global const acc_t *b_pk,
                                __global const real_t *bias, const int bias_off,
                                __global real_t *c, const int4 c_desc,
@@ -318,8 +318,8 @@ __kernel void clnn_gemm_packed(const int M, const int N, const int K,
     const int batch = (int)get_global_id(2);
     if (mb >= Mb || nb >= Nb)
         return;
-    __global const acc_t *ap = a_pk + ((a_batched * batch * Mb + mb) * K) * MWI;
-    __global const acc_t *bp = b_pk + ((b_batched * batch * Nb + nb) * K) * NWI;
+    __global const acc_t *ap = a_pk + batch * a_bstride + mb * K * MWI;
+    __global const acc_t *bp = b_pk + batch * b_bstride + nb * K * NWI;
     const int ldc = c_desc.s1;
     (void)ldc;      // (the convolution's C index reads none)
     c += c_desc.s0 + batch * c_desc.s2;

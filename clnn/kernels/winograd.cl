@@ -76,12 +76,24 @@
             + f";   // {what}" for a in range(len(mat)))
         return decl, right(lambda i, k: f"{tmp}{i}_{k}", mat, len(mat), cols)
 
-    def to_planes(dst, exprs, at, indent):
+    def to_planes(dst, exprs, indent):
         """the stores of a transformed tile, element xi = AL i + j to plane xi"""
-        return "\n".join(f"{indent}{dst}[{AL * a + b} * plane{at}] = {exprs[a][b]};"
+        return "\n".join(f"{indent}{dst}[{AL * a + b} * plane] = {exprs[a][b]};"
                          for a in range(AL) for b in range(AL))
 %>
 //
+// Where a transformed operand's elements go: the GEMMs' operands are written straight
+// into the panels the packed CPU GEMM multiplies (gemm.cl's clnn_pack_a and
+// clnn_pack_b layouts), so nothing packs them again. An index i of an operand's axis
+// (a channel, or a tile) lands at (i / L.s0) * L.s1 + (i % L.s0) * L.s2 from its
+// plane: a panel of L.s0 rows or columns, L.s1 elements apart; a plain matrix has one
+// "panel" (L.s0 past every index). A last panel's rows or columns past the operand's
+// are left as they are: the GEMM never stores what they give.
+inline int clnn_wino_at(const int i, const int4 L)
+{
+    return i / L.s0 * L.s1 + i % L.s0 * L.s2;
+}
+
 // Element xi = ${AL} i + j of a transformed ${AL}x${AL} tile is the xi-th GEMM's operand.
 // Output tile t = (n, ty, tx) covers outputs (${m} ty .. ${m} ty + ${m - 1}, ${m} tx ..) and
 // reads the input patch from (${m} ty - ph, ${m} tx - pw); T tiles per launch, TH x TW
@@ -89,15 +101,20 @@
 
 // U[xi][o][i] (${AL * AL} x Mo x Ci) from the 3x3 filter g of output channel o and input
 // channel i: w[o][i] (Mo, Ci, 3, 3), or with flip (a data gradient) w[i][o] turned by
-// 180 degrees (w of shape (Ci, Mo, 3, 3)). A work-item per (o, i).
+// 180 degrees (w of shape (Ci, Mo, 3, 3)). Output channel o goes along o_lay, input
+// channel i to i * i_step. A work-item per (o, i), o < Mo rounded up to orun, in the
+// order of (o / orun, i, o % orun): orun = 1 for a plain matrix, a panel's width for
+// panels, so that neighbouring work-items store to neighbouring elements.
 __kernel void clnn_wino_filter(const int Mo, const int Ci, const int flip,
-                               const int plane, __global const real_t *w, const int w_off,
+                               const int plane, const int4 o_lay, const int i_step,
+                               const int orun, __global const real_t *w, const int w_off,
                                __global acc_t *u)
 {
     const int gid = (int)get_global_id(0);
-    if (gid >= Mo * Ci)
+    const int i = gid / orun % Ci, o = gid / (orun * Ci) * orun + gid % orun;
+    if (o >= Mo)
         return;
-    const int o = gid / Ci, i = gid % Ci;
+    u += clnn_wino_at(o, o_lay) + i * i_step;
     w += w_off;
 % for r in range(3):
 %   for s in range(3):
@@ -107,33 +124,33 @@ __kernel void clnn_wino_filter(const int Mo, const int Ci, const int flip,
 % endfor
 <% decl, uu = sandwich(G, lambda k, j: f"g{k}{j}", "t", 3, 3, "    ", "G g") %>\
 ${decl}
-    u += gid;
-${to_planes("u", uu, "", "    ")}
+${to_planes("u", uu, "    ")}
 }
 
 // V[xi][c][t] (${AL * AL} x C x T) from the input patches of channel c of x (images of
-// C x H x W from x + x_off), zeros outside the input. A work-item per plane (n, c)
-// walks its tiles, so each V[xi] it writes gets a run of TH TW elements: CPUs (a
-// work-item per tile spent its time dividing its index and gathering its loads).
+// C x H x W from x + x_off), zeros outside the input; channel c goes along c_lay, tile t
+// (of the launch's images) along t_lay. A work-item per plane (n, c) walks its tiles,
+// so each V[xi] it writes gets runs of tiles: CPUs (a work-item per tile spent its
+// time dividing its index and gathering its loads).
 __kernel void clnn_wino_input(const int C, const int H, const int W, const int ph,
-                              const int pw, const int TH, const int TW, const int planes,
-                              const int plane, __global const real_t *x, const int x_off,
-                              __global acc_t *v)
+                              const int pw, const int TH, const int TW, const int images,
+                              const int plane, const int4 c_lay, const int4 t_lay,
+                              __global const real_t *x, const int x_off, __global acc_t *v)
 {
     const int nc = (int)get_global_id(0);              // (n, c)
-    if (nc >= planes)
+    if (nc >= images * C)
         return;
     const int c = nc % C, n = nc / C;
-    const int T = planes / C * TH * TW;                // tiles of the launch's images
+    v += clnn_wino_at(c, c_lay);
     x += x_off + nc * H * W;
-    v += c * T + n * TH * TW;
-    for (int ty = 0; ty < TH; ++ty, v += TW) {
+    for (int ty = 0; ty < TH; ++ty) {
         const int h0 = ${m} * ty - ph;
 % for a in range(AL):
         const bool hv${a} = (uint)(h0 + ${a}) < (uint)H;
 % endfor
         for (int tx = 0; tx < TW; ++tx) {
             const int w0 = ${m} * tx - pw;
+            __global acc_t *vt = v + clnn_wino_at((n * TH + ty) * TW + tx, t_lay);
 % for b in range(AL):
             const bool wv${b} = (uint)(w0 + ${b}) < (uint)W;
 % endfor
@@ -146,7 +163,7 @@ __kernel void clnn_wino_input(const int C, const int H, const int W, const int p
 % endfor
 <% decl, vv = sandwich(BT, lambda k, j: f"d{k}_{j}", "e", AL, AL, " " * 12, "B^T d") %>\
 ${decl}
-${to_planes("v", vv, " + tx", " " * 12)}
+${to_planes("vt", vv, " " * 12)}
         }
     }
 }
@@ -196,23 +213,24 @@ ${decl}
 // sum Z[xi] (M x C) = Y[xi] (M x T) @ V[xi]^T (T x C) over the tiles, and dw = G^T Z G.
 
 // Y[xi][m][t] (${AL * AL} x M x T) from the ${m}x${m} tiles of channel m of dy (images of
-// M x P x Q from dy + dy_off), zeros past P and Q. A work-item per plane (n, m) walks
-// its tiles.
+// M x P x Q from dy + dy_off), zeros past P and Q; channel m goes along m_lay, tile t
+// along t_lay. A work-item per plane (n, m) walks its tiles.
 __kernel void clnn_wino_dy(const int M, const int P, const int Q, const int TH,
-                           const int TW, const int planes, const int plane,
+                           const int TW, const int images, const int plane,
+                           const int4 m_lay, const int4 t_lay,
                            __global const real_t *dy, const int dy_off, __global acc_t *y)
 {
     const int nm = (int)get_global_id(0);              // (n, m)
-    if (nm >= planes)
+    if (nm >= images * M)
         return;
     const int m = nm % M, n = nm / M;
-    const int T = planes / M * TH * TW;
+    y += clnn_wino_at(m, m_lay);
     dy += dy_off + nm * P * Q;
-    y += m * T + n * TH * TW;
-    for (int ty = 0; ty < TH; ++ty, y += TW) {
+    for (int ty = 0; ty < TH; ++ty) {
         const int p0 = ${m} * ty;
         for (int tx = 0; tx < TW; ++tx) {
             const int q0 = ${m} * tx;
+            __global acc_t *yt = y + clnn_wino_at((n * TH + ty) * TW + tx, t_lay);
 % for i in range(m):
 %   for j in range(m):
             const bool ok${i}_${j} = p0 + ${i} < P && q0 + ${j} < Q;
@@ -222,7 +240,7 @@ __kernel void clnn_wino_dy(const int M, const int P, const int Q, const int TH,
 % endfor
 <% decl, yy = sandwich(T_(AT), lambda k, j: f"g{k}_{j}", "h", m, m, " " * 12, "A g") %>\
 ${decl}
-${to_planes("y", yy, " + tx", " " * 12)}
+${to_planes("yt", yy, " " * 12)}
         }
     }
 }

@@ -45,7 +45,7 @@ from ._args import (INT_MAX, check, check_out, common_device, dev_scratch, done,
                     int4, launch_size, offset, pair, scratch_cap)
 from ._memo import memoized
 from .elementwise import ACTIVATIONS, activation_parameter
-from .gemm import Operand, run_gemm, tiled_workspace
+from .gemm import Operand, panel_widths, run_gemm, run_panels, tiled_workspace
 
 programs.register("convd", {"act": "none", "wg": 64},
                   lambda: [{"act": a, "wg": wg} for a in ("none",) + ACTIVATIONS
@@ -749,37 +749,67 @@ def _wino_plane(n):
     return n + (16 - n) % 1024
 
 
+# An axis laid out along "one panel" longer than any index: a plain matrix's axis
+_WHOLE = 1 << 30
+
+
+def _wino_lay(width, panel_step, step):
+    """winograd.cl's layout of an operand's axis: index i at (i / width) * panel_step +
+    (i % width) * step."""
+    return int4(width, panel_step, step, 0)
+
+
+def _round_up(n, k):
+    return -(-n // k) * k
+
+
 def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="none",
                   act_p=(0.0, 0.0), bias=None):
     """out (N, Mo, P, Q) = the 3x3 convolution of x (N, Ci, H, W) with padding (ph, pw):
     filters w (Mo, Ci, 3, 3), or with ``flip`` w (Ci, Mo, 3, 3) turned (a data
     gradient). Images go in groups whose transformed input and GEMM outputs fit
-    SCRATCH_BYTES; every buffer is taken before the first launch."""
+    SCRATCH_BYTES; every buffer is taken before the first launch. The transforms write
+    the GEMMs' operands as the packed CPU GEMM's panels (U as A panels of MWI filters,
+    V as B panels of NWI tiles), so nothing packs them again; another GEMM variant
+    gets plain matrices."""
     acc = programs.acc_dtype(dt)
     P, Q, m, TH, TW, X = _wino_geometry(p, H, W, ph, pw)
     group = max(1, min(N, scratch_cap(dev, SCRATCH_BYTES) //
                        _wino_image_bytes(dt, p, Ci, Mo, P, Q)))
     prm = {"dtype": programs.dtype_name(dt), "m": m, "act": act,
            "bias": "row" if bias is not None else "none"}
-    us = _wino_plane(Mo * Ci)
+    rows = tuning.gemm_rows(dev.facts, acc.itemsize, acc,
+                            tuning.shape_class(Mo, group * TH * TW, Ci, batch=X))
+    panels = panel_widths(rows)
+    mwi, nwi = panels or (1, 1)
+    Mpad = _round_up(Mo, mwi)
+    us = _wino_plane(Mpad * Ci)
     u = dev_scratch(dev, X * us, acc)
-    v = dev_scratch(dev, X * _wino_plane(Ci * group * TH * TW), acc)
+    v = dev_scratch(dev, X * _wino_plane(Ci * _round_up(group * TH * TW, nwi)), acc)
     z = dev_scratch(dev, X * _wino_plane(Mo * group * TH * TW), acc)
     filt, inp, outp = (programs.get_kernel(dev, "winograd", e, prm) for e in
                        ("clnn_wino_filter", "clnn_wino_input", "clnn_wino_output"))
     wg = min(WINO_WG, dev.facts.max_work_group_size)
-    filt((-(-Mo * Ci // wg) * wg,), (wg,), Mo=Mo, Ci=Ci, flip=int(flip), plane=us, w=w,
-         w_off=offset(w), u=u)
-    gemm_rows = tuning.gemm_rows(dev.facts, acc.itemsize, acc,
-                                 tuning.shape_class(Mo, group * TH * TW, Ci, batch=X))
+    filt((-(-Mpad * Ci // wg) * wg,), (wg,), Mo=Mo, Ci=Ci, flip=int(flip),
+         plane=us, o_lay=_wino_lay(mwi, Ci * mwi, 1) if panels else
+         _wino_lay(_WHOLE, 0, Ci), i_step=mwi, orun=mwi, w=w, w_off=offset(w), u=u)
     for n0 in range(0, N, group):
         g = min(group, N - n0)
         T = g * TH * TW
-        vs, zs = _wino_plane(Ci * T), _wino_plane(Mo * T)
+        Tpad = _round_up(T, nwi)
+        vs, zs = _wino_plane(Ci * Tpad), _wino_plane(Mo * T)
+        c_lay, t_lay = (_wino_lay(_WHOLE, 0, nwi), _wino_lay(nwi, Ci * nwi, 1)) \
+            if panels else (_wino_lay(_WHOLE, 0, T), _wino_lay(_WHOLE, 0, 1))
         inp((-(-g * Ci // wg) * wg,), (wg,), C=Ci, H=H, W=W, ph=ph, pw=pw, TH=TH, TW=TW,
-            planes=g * Ci, plane=vs, x=x, x_off=offset(x) + n0 * Ci * H * W, v=v)
-        run_gemm(dev, acc, M=Mo, N=T, K=Ci, nbatch=X, a=Operand(u, 0, Ci, us, X),
-                 b=Operand(v, 0, T, vs, X), c=Operand(z, 0, T, zs, X), rows=gemm_rows)
+            images=g, plane=vs, c_lay=c_lay, t_lay=t_lay, x=x,
+            x_off=offset(x) + n0 * Ci * H * W, v=v)
+        c = Operand(z, 0, T, zs, X)
+        if panels:
+            run_panels(dev, acc, rows, M=Mo, N=T, K=Ci, nbatch=X, a_pk=u, b_pk=v,
+                       a_bstride=us, b_bstride=vs, c=c)
+        else:
+            run_gemm(dev, acc, M=Mo, N=T, K=Ci, nbatch=X, a=Operand(u, 0, Ci, us, X),
+                     b=Operand(v, 0, T, vs, X), c=c, rows=rows)
         evt = outp((-(-g * Mo // wg) * wg,), (wg,), M=Mo, P=P, Q=Q, TH=TH, TW=TW,
                    planes=g * Mo, plane=zs, z=z,
                    y=out, y_off=offset(out) + n0 * Mo * P * Q, act_p=act_p[0],
@@ -793,31 +823,50 @@ def _run_winograd_wgrad(dev, dt, p, *, dy, x, N, C, H, W, M, ph, pw, out, alpha,
     (N, C, H, W) with padding (ph, pw) and output gradient dy: F(m x m, 3x3)
     transposed (winograd.cl). The GEMMs sum over a group of images at a time into Z, every
     group after the first adding to it (groups from the constant SCRATCH_BYTES, so
-    the bits do not depend on the pool's budget); all scratch is taken first."""
+    the bits do not depend on the pool's budget); all scratch is taken first. The
+    transforms write the GEMMs' operands as panels, as in _run_winograd: Y as A panels
+    of MWI channels of dy, V^T as B panels of NWI channels of x, both along the
+    tiles."""
     acc = programs.acc_dtype(dt)
     P, Q, m, TH, TW, X = _wino_geometry(p, H, W, ph, pw)
     group = max(1, min(N, SCRATCH_BYTES // _wino_image_bytes(dt, p, C, M, P, Q)))
     prm = {"dtype": programs.dtype_name(dt), "m": m, "act": "none", "bias": "none"}
+    rows = tuning.gemm_rows(dev.facts, acc.itemsize, acc, tuning.shape_class(
+        M, C, group * TH * TW, trans_b=True, batch=X))
+    panels = panel_widths(rows)
+    mwi, nwi = panels or (1, 1)
+    Mpad, Cpad = _round_up(M, mwi), _round_up(C, nwi)
     zs = _wino_plane(M * C)
     z = dev_scratch(dev, X * zs, acc)
-    v = dev_scratch(dev, X * _wino_plane(C * group * TH * TW), acc)
-    y = dev_scratch(dev, X * _wino_plane(M * group * TH * TW), acc)
+    v = dev_scratch(dev, X * _wino_plane(Cpad * group * TH * TW), acc)
+    y = dev_scratch(dev, X * _wino_plane(Mpad * group * TH * TW), acc)
     inp, dyk, dwk = (programs.get_kernel(dev, "winograd", e, prm) for e in
                      ("clnn_wino_input", "clnn_wino_dy", "clnn_wino_dw"))
     wg = min(WINO_WG, dev.facts.max_work_group_size)
-    gemm_rows = tuning.gemm_rows(dev.facts, acc.itemsize, acc, tuning.shape_class(
-        M, C, group * TH * TW, trans_b=True, batch=X))
     for n0 in range(0, N, group):
         g = min(group, N - n0)
         T = g * TH * TW
-        vs, ys = _wino_plane(C * T), _wino_plane(M * T)
+        vs, ys = _wino_plane(Cpad * T), _wino_plane(Mpad * T)
+        if panels:      # channels in panels, tiles (the GEMMs' k) along them
+            c_lay, vt_lay = _wino_lay(nwi, T * nwi, 1), _wino_lay(_WHOLE, 0, nwi)
+            m_lay, yt_lay = _wino_lay(mwi, T * mwi, 1), _wino_lay(_WHOLE, 0, mwi)
+        else:
+            c_lay = m_lay = _wino_lay(_WHOLE, 0, T)
+            vt_lay = yt_lay = _wino_lay(_WHOLE, 0, 1)
         inp((-(-g * C // wg) * wg,), (wg,), C=C, H=H, W=W, ph=ph, pw=pw, TH=TH, TW=TW,
-            planes=g * C, plane=vs, x=x, x_off=offset(x) + n0 * C * H * W, v=v)
-        dyk((-(-g * M // wg) * wg,), (wg,), M=M, P=P, Q=Q, TH=TH, TW=TW, planes=g * M,
-            plane=ys, dy=dy, dy_off=offset(dy) + n0 * M * P * Q, y=y)
-        run_gemm(dev, acc, M=M, N=C, K=T, nbatch=X, a=Operand(y, 0, T, ys, X),
-                 b=Operand(v, 0, T, vs, X), c=Operand(z, 0, C, zs, X),
-                 beta=0.0 if n0 == 0 else 1.0, trans_b=True, rows=gemm_rows)
+            images=g, plane=vs, c_lay=c_lay, t_lay=vt_lay, x=x,
+            x_off=offset(x) + n0 * C * H * W, v=v)
+        dyk((-(-g * M // wg) * wg,), (wg,), M=M, P=P, Q=Q, TH=TH, TW=TW, images=g,
+            plane=ys, m_lay=m_lay, t_lay=yt_lay, dy=dy,
+            dy_off=offset(dy) + n0 * M * P * Q, y=y)
+        c = Operand(z, 0, C, zs, X)
+        if panels:
+            run_panels(dev, acc, rows, M=M, N=C, K=T, nbatch=X, a_pk=y, b_pk=v,
+                       a_bstride=ys, b_bstride=vs, c=c, beta=0.0 if n0 == 0 else 1.0)
+        else:
+            run_gemm(dev, acc, M=M, N=C, K=T, nbatch=X, a=Operand(y, 0, T, ys, X),
+                     b=Operand(v, 0, T, vs, X), c=c, beta=0.0 if n0 == 0 else 1.0,
+                     trans_b=True, rows=rows)
     return dwk((-(-M * C // wg) * wg,), (wg,), M=M, C=C, plane=zs, z=z, dw=out,
                dw_off=offset(out), alpha=alpha, beta=beta)
 

@@ -443,13 +443,55 @@ def _gemm_packed(dev, dt, prm, params, a, b, c, nbatch, common, geometry):
                            n_base=n0, b=b.data, b_desc=b_desc, b_pk=b_pk, **geometry)
                 step = dict(common, K=kn, beta=common["beta"] if k0 == 0 else 1.0,
                             c_desc=c_desc)
-                first = params.get("PANELS_FIRST", _panels_first(
-                    dev, Mb * mwi * kn * acc.itemsize, Nb * nwi * kn * acc.itemsize))
-                evt = kern((-(-Mb // wg) * wg * Nb, 1, gn), (wg, 1, 1), Mb=Mb, Nb=Nb,
-                           a_batched=int(ga > 1), b_batched=int(gb > 1), a_pk=a_pk,
-                           b_pk=b_pk, n_base=n0, panels_first=int(first), **step,
-                           **geometry)
+                evt = _multiply(dev, kern, params, acc, wg, Mb, Nb, gn,
+                                Mb * mwi * kn if ga > 1 else 0,
+                                Nb * nwi * kn if gb > 1 else 0, a_pk, b_pk, n0,
+                                dict(step, **geometry))
     return evt
+
+
+def _multiply(dev, kern, params, acc, wg, Mb, Nb, nbatch, a_bstride, b_bstride, a_pk,
+              b_pk, n_base, args):
+    """One launch of clnn_gemm_packed over Mb x Nb panels of K (args["K"]) elements of
+    dtype ``acc``, a batch's panels ``a_bstride`` and ``b_bstride`` elements after the
+    one before (0: one for every batch)."""
+    isz = acc.itemsize
+    first = params.get("PANELS_FIRST", _panels_first(
+        dev, Mb * params["MWI"] * args["K"] * isz, Nb * params["NWI"] * args["K"] * isz))
+    return kern((-(-Mb // wg) * wg * Nb, 1, nbatch), (wg, 1, 1), Mb=Mb, Nb=Nb,
+                a_bstride=a_bstride, b_bstride=b_bstride, a_pk=a_pk, b_pk=b_pk,
+                n_base=n_base, panels_first=int(first), **args)
+
+
+def panel_widths(rows):
+    """(MWI, NWI) of the packed CPU GEMM's A and B panels for parameter rows (run_gemm's
+    ``rows``), or None where those rows take another variant: a caller that writes its
+    operands as panels itself (Winograd's transforms) multiplies them with
+    run_panels."""
+    p = rows[0]
+    if p["variant"] != "reg":
+        return None
+    return p["MWI"], p["NWI"]
+
+
+def run_panels(dev, dt, rows, *, M, N, K, nbatch, a_pk, b_pk, a_bstride, b_bstride, c,
+               beta=0.0):
+    """C[b] (M x N, Operand c) = A[b] @ B[b] + beta C[b] for b < nbatch, whose operands
+    are already in the packed kernel's panels (clnn_pack_a's and clnn_pack_b's
+    layouts, of panel_widths): batch b's A panels from a_pk + b a_bstride, its B
+    panels from b_pk + b b_bstride (multiples of the vector width), rows and columns
+    past M and N zero. The caller holds both buffers; no workspace."""
+    p = rows[0]
+    prm = {"dtype": programs.dtype_name(dt), "variant": "reg", "trans_a": False,
+           "trans_b": False, "act": "none", "bias": "none", "conv": "none",
+           "tuning": tuning.template_tuning(p, dt)}
+    kern = programs.get_kernel(dev, "gemm", "clnn_gemm_packed", prm)
+    Mb, Nb = -(-M // p["MWI"]), -(-N // p["NWI"])
+    args = dict(M=M, N=N, K=K, alpha=1.0, beta=beta, act_p=0.0, act_q=0.0, bias=c.data,
+                bias_off=0, c=c.data, c_desc=c.desc())
+    return _multiply(dev, kern, p, programs.acc_dtype(dt),
+                     min(p["WGM"], dev.facts.max_work_group_size), Mb, Nb, nbatch,
+                     a_bstride, b_bstride, a_pk, b_pk, 0, args)
 
 
 def gemv(a, x, y=None, *, alpha=1.0, beta=0.0, trans_a=False):

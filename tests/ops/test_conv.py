@@ -364,13 +364,27 @@ def wino_wgrad_scale(x, dy, pad, m):
 @pytest.mark.parametrize("m", [2, 4])
 @pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
 @pytest.mark.parametrize("shape", [(3, 5, 7, 9, 6, 1), (2, 4, 6, 6, 3, 0), (1, 2, 1, 4, 5, 2),
-                                   (2, 3, 8, 5, 1, 2), (1, 1, 3, 3, 1, 0), (1, 3, 11, 10, 2, 1)])
+                                   (2, 3, 8, 5, 1, 2), (1, 1, 3, 3, 1, 0), (1, 3, 11, 10, 2, 1),
+                                   (2, 19, 9, 10, 17, 1)])
 def test_winograd(dtype, shape, m):
     """Winograd's F(m x m, 3x3) (winograd.cl), forced: the forward pass with bias and relu,
     the unit-stride data gradient (the filters turned) and the weight gradient (alpha
-    and beta), on odd sizes (tiles past the output's edge, a 1-row input), paddings 0
-    to 2, inside canaries, in every dtype, against the float64 loops within the error
-    bound of what Winograd adds up."""
+    and beta), on odd sizes (tiles past the output's edge, a 1-row input, channels and
+    tiles over several GEMM panels and short of whole ones), paddings 0 to 2, inside
+    canaries, in every dtype, against the float64 loops within the error bound of what
+    Winograd adds up."""
+    _check_winograd(dtype, shape, m)
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 7, 9, 6, 1), (2, 19, 9, 10, 17, 1)])
+def test_winograd_plain_gemms(shape):
+    """Where the GEMM rows are not the packed CPU variant's (a forced tiled row), the
+    transforms write plain matrices and run_gemm multiplies them: the same results."""
+    with tuning.override("gemm", NV[0]):
+        _check_winograd(np.float32, shape, 4, packed=False)
+
+
+def _check_winograd(dtype, shape, m, packed=True):
     N, C, H, W, M, pad = shape
     x = RNG.standard_normal((N, C, H, W)).astype(dtype)
     w = RNG.standard_normal((M, C, 3, 3)).astype(dtype)
@@ -392,6 +406,9 @@ def test_winograd(dtype, shape, m):
                                     beta=0.75)
     assert len(ran(prof, "clnn_wino_output")) == 2 and len(ran(prof, "clnn_wino_dw")) == 1
     assert not ran(prof, "clnn_conv_gather") and not ran(prof, "clnn_conv_pixels")
+    # packed: the transforms wrote the panels, nothing packed them again
+    assert len(ran(prof, "clnn_gemm_packed")) == (3 if packed else 0)
+    assert not ran(prof, "clnn_pack_a") and not ran(prof, "clnn_pack_b")
     w64 = w.astype(f)
     within(dw.check(), 0.75 * w64 - 0.5 * dw_ref,
            0.75 * np.abs(w64) + 0.5 * wino_wgrad_scale(x, dy, pad, m), N * ref[0, 0].size,
