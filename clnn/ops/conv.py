@@ -693,14 +693,16 @@ def _pad_input(dev, dt, x, images, H, W, ph, pw, into=None):
 # (16, 2.25x fewer, 4 times) on every layer measured on an AMD EPYC Zen 4 (PoCL 3.0,
 # batch 32, kernel times, gathered / F(2x2) / F(4x4), ms): forward passes 28x28x128
 # 38.3 / 29.8 / 26.4, 14x14x256 36.4 / 25.7 / 23.9, 7x7x512 36.4 / 29.6 / 27.2; weight
-# gradients 35.2 / 37.1 / 27.7, 34.4 / 27.9 / 24.6, 35.7 / 30.6 / 26.3. At 64 channels
-# (56x56, 16x16) the GEMMs' sums are too short: no faster forward, slower weight
-# gradients; at 32, 1.5-2.7x slower. Chosen where both channel counts reach
-# WINO_CHANNELS (a parameter set may say instead: "WINO", "WINO_M"), for the forward
+# gradients 35.2 / 37.1 / 27.7, 34.4 / 27.9 / 24.6, 35.7 / 30.6 / 26.3. Since the
+# transforms write the GEMMs' panels themselves (no packing), 64 channels gain too
+# (56x56x64, ms, gathered / F(4x4): forward 42.6 / 38.2, data gradient 43.6 / 37.8,
+# weight gradient 38.3 / 30.7; 28x28, 64 to 128: 20.5 / 14.4, 19.8 / 15.2, 18.7 /
+# 12.6); 32 channels (32x32, batch 64) run 1.2-1.3x slower. Chosen where both channel
+# counts reach WINO_CHANNELS (a parameter set may say instead: "WINO", "WINO_M"), for the forward
 # pass, the flipped data gradient and the weight gradient. Its rounding: F(4x4)'s
 # transform coefficients reach 8 (A) and 5 (B), so its errors run about 10x a direct
 # sum's (float32: 1e-5 of the sums' magnitude), as in cuDNN's and oneDNN's Winograd.
-WINO_CHANNELS = 128
+WINO_CHANNELS = 64
 WINO_M = 4
 WINO_WG = 8         # work-items per work-group of winograd.cl's kernels
 

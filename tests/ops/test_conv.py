@@ -427,7 +427,9 @@ def test_winograd_choice_and_groups(monkeypatch):
     wino = conv_module._winograd
     assert wino(GATHER, 128, 128, 3, 3, (1, 1), (1, 1))
     assert wino(GATHER, 256, 512, 3, 3, (1, 1), (1, 1))
-    assert not wino(GATHER, 64, 128, 3, 3, (1, 1), (1, 1))
+    assert wino(GATHER, 64, 128, 3, 3, (1, 1), (1, 1))
+    assert not wino(GATHER, 32, 128, 3, 3, (1, 1), (1, 1))
+    assert not wino(GATHER, 128, 32, 3, 3, (1, 1), (1, 1))
     assert not wino(GATHER, 256, 256, 3, 3, (2, 2), (1, 1))
     assert not wino(GATHER, 256, 256, 3, 3, (1, 1), (2, 2))
     assert not wino(GATHER, 256, 256, 1, 1, (1, 1), (1, 1))
