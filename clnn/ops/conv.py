@@ -761,6 +761,12 @@ def _wino_lay(width, panel_step, step):
     return int4(width, panel_step, step, 0)
 
 
+def _wino_lane_groups(acc, C):
+    """clnn_wino_input's work-items per image: C channels in groups of a CPU vector's
+    lanes."""
+    return -(-C // programs.CPU_LANES["double" if acc.itemsize == 8 else "float"])
+
+
 def _round_up(n, k):
     return -(-n // k) * k
 
@@ -802,7 +808,7 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
         vs, zs = _wino_plane(Ci * Tpad), _wino_plane(Mo * T)
         c_lay, t_lay = (_wino_lay(_WHOLE, 0, nwi), _wino_lay(nwi, Ci * nwi, 1)) \
             if panels else (_wino_lay(_WHOLE, 0, T), _wino_lay(_WHOLE, 0, 1))
-        inp((-(-g * Ci // wg) * wg,), (wg,), C=Ci, H=H, W=W, ph=ph, pw=pw, TH=TH, TW=TW,
+        inp((-(-g * _wino_lane_groups(acc, Ci) // wg) * wg,), (wg,), C=Ci, H=H, W=W, ph=ph, pw=pw, TH=TH, TW=TW,
             images=g, plane=vs, c_lay=c_lay, t_lay=t_lay, x=x,
             x_off=offset(x) + n0 * Ci * H * W, v=v)
         c = Operand(z, 0, T, zs, X)
@@ -855,7 +861,7 @@ def _run_winograd_wgrad(dev, dt, p, *, dy, x, N, C, H, W, M, ph, pw, out, alpha,
         else:
             c_lay = m_lay = _wino_lay(_WHOLE, 0, T)
             vt_lay = yt_lay = _wino_lay(_WHOLE, 0, 1)
-        inp((-(-g * C // wg) * wg,), (wg,), C=C, H=H, W=W, ph=ph, pw=pw, TH=TH, TW=TW,
+        inp((-(-g * _wino_lane_groups(acc, C) // wg) * wg,), (wg,), C=C, H=H, W=W, ph=ph, pw=pw, TH=TH, TW=TW,
             images=g, plane=vs, c_lay=c_lay, t_lay=vt_lay, x=x,
             x_off=offset(x) + n0 * C * H * W, v=v)
         dyk((-(-g * M // wg) * wg,), (wg,), M=M, P=P, Q=Q, TH=TH, TW=TW, images=g,

@@ -384,6 +384,16 @@ def test_winograd_plain_gemms(shape):
         _check_winograd(np.float32, shape, 4, packed=False)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda t: np.dtype(t).name)
+def test_winograd_narrow_panels(dtype):
+    """Panels of 12 and 5 columns: channel vectors that straddle two panels go out lane
+    by lane (clnn_wino_input's whole vectors only inside one)."""
+    cpu = tuning.GEMM_TABLE["type"]["CPU"]
+    for nwi, vw in ((12, 4), (5, 1)):
+        with tuning.override("gemm", dict(cpu, MWI=5, NWI=nwi, VW=vw)):
+            _check_winograd(dtype, (2, 19, 9, 10, 17, 1), 4)
+
+
 def _check_winograd(dtype, shape, m, packed=True):
     N, C, H, W, M, pad = shape
     x = RNG.standard_normal((N, C, H, W)).astype(dtype)
