@@ -818,8 +818,8 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
         else:
             run_gemm(dev, acc, M=Mo, N=T, K=Ci, nbatch=X, a=Operand(u, 0, Ci, us, X),
                      b=Operand(v, 0, T, vs, X), c=c, rows=rows)
-        evt = outp((-(-g * Mo // wg) * wg,), (wg,), M=Mo, P=P, Q=Q, TH=TH, TW=TW,
-                   planes=g * Mo, plane=zs, z=z,
+        evt = outp((-(-Mo * _wino_lane_groups(acc, T) // wg) * wg,), (wg,), M=Mo, P=P, Q=Q,
+                   TH=TH, TW=TW, images=g, plane=zs, z=z,
                    y=out, y_off=offset(out) + n0 * Mo * P * Q, act_p=act_p[0],
                    act_q=act_p[1], bias=bias if bias is not None else out,
                    bias_off=offset(bias) if bias is not None else 0)
