@@ -761,10 +761,10 @@ def _wino_lay(width, panel_step, step):
     return int4(width, panel_step, step, 0)
 
 
-def _wino_lane_groups(acc, C):
-    """clnn_wino_input's work-items per image: C channels in groups of a CPU vector's
-    lanes."""
-    return -(-C // programs.CPU_LANES["double" if acc.itemsize == 8 else "float"])
+def _wino_lane_groups(acc, n):
+    """Work-items of a winograd.cl kernel that puts a CPU vector's lanes of n things
+    (channels, tiles, filter slots) in each."""
+    return -(-n // programs.CPU_LANES["double" if acc.itemsize == 8 else "float"])
 
 
 def _round_up(n, k):
@@ -798,9 +798,8 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
     filt, inp, outp = (programs.get_kernel(dev, "winograd", e, prm) for e in
                        ("clnn_wino_filter", "clnn_wino_input", "clnn_wino_output"))
     wg = min(WINO_WG, dev.facts.max_work_group_size)
-    filt((-(-Mpad * Ci // wg) * wg,), (wg,), Mo=Mo, Ci=Ci, flip=int(flip),
-         plane=us, o_lay=_wino_lay(mwi, Ci * mwi, 1) if panels else
-         _wino_lay(_WHOLE, 0, Ci), i_step=mwi, orun=mwi, w=w, w_off=offset(w), u=u)
+    filt((-(-_wino_lane_groups(acc, Mpad * Ci) // wg) * wg,), (wg,), Mo=Mo, Ci=Ci,
+         flip=int(flip), plane=us, orun=mwi, w=w, w_off=offset(w), u=u)
     for n0 in range(0, N, group):
         g = min(group, N - n0)
         T = g * TH * TW
