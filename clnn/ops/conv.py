@@ -698,10 +698,11 @@ def _pad_input(dev, dt, x, images, H, W, ph, pw, into=None):
 # (56x56x64, ms, gathered / F(4x4): forward 42.6 / 38.2, data gradient 43.6 / 37.8,
 # weight gradient 38.3 / 30.7; 28x28, 64 to 128: 20.5 / 14.4, 19.8 / 15.2, 18.7 /
 # 12.6); 32 channels (32x32, batch 64) run 1.2-1.3x slower. Chosen where both channel
-# counts reach WINO_CHANNELS (a parameter set may say instead: "WINO", "WINO_M"), for the forward
-# pass, the flipped data gradient and the weight gradient. Its rounding: F(4x4)'s
-# transform coefficients reach 8 (A) and 5 (B), so its errors run about 10x a direct
-# sum's (float32: 1e-5 of the sums' magnitude), as in cuDNN's and oneDNN's Winograd.
+# counts reach WINO_CHANNELS (a parameter set may say instead: "WINO", "WINO_M"), for
+# the forward pass, the flipped data gradient and the weight gradient. Its rounding:
+# F(4x4)'s transform coefficients reach 8 (A) and 5 (B), so its errors run about 10x a
+# direct sum's (float32: 1e-5 of the sums' magnitude), as in cuDNN's and oneDNN's
+# Winograd.
 WINO_CHANNELS = 64
 WINO_M = 4
 WINO_WG = 8         # work-items per work-group of winograd.cl's kernels
@@ -807,8 +808,8 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
         vs, zs = _wino_plane(Ci * Tpad), _wino_plane(Mo * T)
         c_lay, t_lay = (_wino_lay(_WHOLE, 0, nwi), _wino_lay(nwi, Ci * nwi, 1)) \
             if panels else (_wino_lay(_WHOLE, 0, T), _wino_lay(_WHOLE, 0, 1))
-        inp((-(-g * _wino_lane_groups(acc, Ci) // wg) * wg,), (wg,), C=Ci, H=H, W=W, ph=ph, pw=pw, TH=TH, TW=TW,
-            images=g, plane=vs, c_lay=c_lay, t_lay=t_lay, x=x,
+        inp((-(-g * _wino_lane_groups(acc, Ci) // wg) * wg,), (wg,), C=Ci, H=H, W=W,
+            ph=ph, pw=pw, TH=TH, TW=TW, images=g, plane=vs, c_lay=c_lay, t_lay=t_lay, x=x,
             x_off=offset(x) + n0 * Ci * H * W, v=v)
         c = Operand(z, 0, T, zs, X)
         if panels:
@@ -860,8 +861,8 @@ def _run_winograd_wgrad(dev, dt, p, *, dy, x, N, C, H, W, M, ph, pw, out, alpha,
         else:
             c_lay = m_lay = _wino_lay(_WHOLE, 0, T)
             vt_lay = yt_lay = _wino_lay(_WHOLE, 0, 1)
-        inp((-(-g * _wino_lane_groups(acc, C) // wg) * wg,), (wg,), C=C, H=H, W=W, ph=ph, pw=pw, TH=TH, TW=TW,
-            images=g, plane=vs, c_lay=c_lay, t_lay=vt_lay, x=x,
+        inp((-(-g * _wino_lane_groups(acc, C) // wg) * wg,), (wg,), C=C, H=H, W=W,
+            ph=ph, pw=pw, TH=TH, TW=TW, images=g, plane=vs, c_lay=c_lay, t_lay=vt_lay, x=x,
             x_off=offset(x) + n0 * C * H * W, v=v)
         dyk((-(-g * M // wg) * wg,), (wg,), M=M, P=P, Q=Q, TH=TH, TW=TW, images=g,
             plane=ys, m_lay=m_lay, t_lay=yt_lay, dy=dy,
