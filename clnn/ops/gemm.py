@@ -479,8 +479,9 @@ def run_panels(dev, dt, rows, *, M, N, K, nbatch, a_pk, b_pk, a_bstride, b_bstri
     """C[b] (M x N, Operand c) = A[b] @ B[b] + beta C[b] for b < nbatch, whose operands
     are already in the packed kernel's panels (clnn_pack_a's and clnn_pack_b's
     layouts, of panel_widths): batch b's A panels from a_pk + b a_bstride, its B
-    panels from b_pk + b b_bstride (multiples of the vector width), rows and columns
-    past M and N zero. The caller holds both buffers; no workspace."""
+    panels from b_pk + b b_bstride (multiples of the vector width); a last panel's
+    rows or columns past M or N may hold anything (C never receives what they give).
+    The caller holds both buffers; no workspace."""
     p = rows[0]
     prm = {"dtype": programs.dtype_name(dt), "variant": "reg", "trans_a": False,
            "trans_b": False, "act": "none", "bias": "none", "conv": "none",
