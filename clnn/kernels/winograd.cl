@@ -94,6 +94,11 @@ inline int clnn_wino_at(const int i, const int4 L)
     return i / L.s0 * L.s1 + i % L.s0 * L.s2;
 }
 
+// An image operand (x, y or dy) is read or written through L = (plane, row, column,
+// base): element (h, w) of plane k at base + k L.s0 + h L.s1 + w L.s2. A plain image
+// of H x W is (H W, W, 1, 0); one phase (a, b) of an image dilated by (dh, dw) is
+// (H W, dh W, dw, a W + b), so a dilated convolution runs as dh dw undilated ones.
+//
 // Element xi = ${AL} i + j of a transformed ${AL}x${AL} tile is the xi-th GEMM's operand.
 // Output tile t = (n, ty, tx) covers outputs (${m} ty .. ${m} ty + ${m - 1}, ${m} tx ..) and
 // reads the input patch from (${m} ty - ph, ${m} tx - pw); T tiles per launch, TH x TW
@@ -163,7 +168,7 @@ ${decl}
 }
 
 // V[xi][c][t] (${AL * AL} x C x T) from the input patches of channel c of x (images of
-// C x H x W from x + x_off), zeros outside the input; channel c goes along c_lay, tile t
+// C x H x W from x + x_off, laid out by x_lay), zeros outside the input; channel c goes along c_lay, tile t
 // (of the launch's images) along t_lay. A work-item per VC channels of an image walks
 // their tiles, the channels in the lanes of vectors: every patch element is one
 // bounds check and VC loads, and the transform VC channels' arithmetic at once: 1.5x
@@ -175,21 +180,22 @@ ${decl}
 __kernel void clnn_wino_input(const int C, const int H, const int W, const int ph,
                               const int pw, const int TH, const int TW, const int images,
                               const int plane, const int4 c_lay, const int4 t_lay,
-                              __global const real_t *x, const int x_off, __global acc_t *v)
+                              __global const real_t *x, const int x_off, const int4 x_lay,
+                              __global acc_t *v)
 {
     const int CG = (C + ${VC - 1}) / ${VC};
     const int gid = (int)get_global_id(0);             // (n, channels c0 .. c0 + ${VC - 1})
     if (gid >= images * CG)
         return;
     const int n = gid / CG, c0 = gid % CG * ${VC}, lanes = min(${VC}, C - c0);
-    const int HW = H * W;
+    const int HW = x_lay.s0;
     // lanes past the last channel read the last one again (in bounds) and store nothing
 % for l in range(VC):
     const int xo${l} = min(${l}, lanes - 1) * HW;
     __global acc_t *v${l} = v + clnn_wino_at(c0 + min(${l}, lanes - 1), c_lay);
 % endfor
     const bool whole = lanes == ${VC} && c_lay.s2 == 1 && c0 % c_lay.s0 + ${VC} <= c_lay.s0;
-    x += x_off + (n * C + c0) * HW;
+    x += x_off + x_lay.s3 + (n * C + c0) * HW;
     for (int ty = 0; ty < TH; ++ty) {
         const int h0 = ${m} * ty - ph;
 % for a in range(AL):
@@ -203,7 +209,7 @@ __kernel void clnn_wino_input(const int C, const int H, const int W, const int p
 % endfor
 % for a in range(AL):
 %   for b in range(AL):
-            const int i${a}_${b} = hv${a} && wv${b} ? (h0 + ${a}) * W + w0 + ${b} : 0;
+            const int i${a}_${b} = hv${a} && wv${b} ? (h0 + ${a}) * x_lay.s1 + (w0 + ${b}) * x_lay.s2 : 0;
             const ${vc_t} l${a}_${b} = (${vc_t})(${", ".join(f"CLNN_LOAD(x, i{a}_{b} + xo{l})" for l in range(VC))});
             const ${vc_t} d${a}_${b} = hv${a} && wv${b} ? l${a}_${b} : (${vc_t})0;
 %   endfor
@@ -233,7 +239,8 @@ ${decl}
 }
 
 // y = act(A^T Z A + bias) for output channel m, Z[xi][m][t] (${AL * AL} x M x T): the
-// ${m}x${m} outputs inside P x Q of the launch's images of y (N, M, P, Q from y + y_off). A
+// ${m}x${m} outputs inside P x Q of the launch's images of y (N x M planes from y + y_off,
+// laid out by y_lay). A
 // work-item per ${VC} consecutive tiles of one channel, in the lanes of vectors: Z's rows
 // of tiles load as whole vectors and the transform runs once for ${VC} tiles (2.1x faster
 // than a work-item per plane walking its tiles on 28x28x128); the outputs go out lane
@@ -241,7 +248,8 @@ ${decl}
 __kernel void clnn_wino_output(const int M, const int P, const int Q, const int TH,
                                const int TW, const int images, const int plane,
                                __global const acc_t *z,
-                               __global real_t *y, const int y_off, const acc_t act_p,
+                               __global real_t *y, const int y_off, const int4 y_lay,
+                               const acc_t act_p,
                                const acc_t act_q, __global const real_t *bias,
                                const int bias_off)
 {
@@ -251,7 +259,7 @@ __kernel void clnn_wino_output(const int M, const int P, const int Q, const int 
         return;
     const int m = gid / TG, t0 = gid % TG * ${VC}, lanes = min(${VC}, T - t0);
     z += m * T + t0;
-    y += y_off;
+    y += y_off + y_lay.s3;
     bias += bias_off;
 % for xi in range(AL * AL):
     ${vc_t} s${xi // AL}_${xi % AL};
@@ -276,12 +284,12 @@ ${decl}
     if (${l} < lanes) {
         const int t = t0 + ${l}, tx = t % TW, ty = t / TW % TH, n = t / (TW * TH);
         const int p0 = ${m} * ty, q0 = ${m} * tx;
-        __global real_t *yp = y + (n * M + m) * P * Q;
+        __global real_t *yp = y + (n * M + m) * y_lay.s0;
 %   for i in range(m):
         if (p0 + ${i} < P) {                       // (A^T Z) A
 %     for j in range(m):
             if (q0 + ${j} < Q)
-                clnn_epilogue(yp, (p0 + ${i}) * Q + q0 + ${j}, m, 0, o${i}_${j}.s${lane[l]},
+                clnn_epilogue(yp, (p0 + ${i}) * y_lay.s1 + (q0 + ${j}) * y_lay.s2, m, 0, o${i}_${j}.s${lane[l]},
                               (acc_t)1, (acc_t)0, act_p, act_q, bias);
 %     endfor
         }
@@ -295,19 +303,21 @@ ${decl}
 // sum Z[xi] (M x C) = Y[xi] (M x T) @ V[xi]^T (T x C) over the tiles, and dw = G^T Z G.
 
 // Y[xi][m][t] (${AL * AL} x M x T) from the ${m}x${m} tiles of channel m of dy (images of
-// M x P x Q from dy + dy_off), zeros past P and Q; channel m goes along m_lay, tile t
+// M x P x Q from dy + dy_off, laid out by dy_lay), zeros past P and Q; channel m goes
+// along m_lay, tile t
 // along t_lay. A work-item per plane (n, m) walks its tiles.
 __kernel void clnn_wino_dy(const int M, const int P, const int Q, const int TH,
                            const int TW, const int images, const int plane,
                            const int4 m_lay, const int4 t_lay,
-                           __global const real_t *dy, const int dy_off, __global acc_t *y)
+                           __global const real_t *dy, const int dy_off, const int4 dy_lay,
+                           __global acc_t *y)
 {
     const int nm = (int)get_global_id(0);              // (n, m)
     if (nm >= images * M)
         return;
     const int m = nm % M, n = nm / M;
     y += clnn_wino_at(m, m_lay);
-    dy += dy_off + nm * P * Q;
+    dy += dy_off + dy_lay.s3 + nm * dy_lay.s0;
     for (int ty = 0; ty < TH; ++ty) {
         const int p0 = ${m} * ty;
         for (int tx = 0; tx < TW; ++tx) {
@@ -316,7 +326,7 @@ __kernel void clnn_wino_dy(const int M, const int P, const int Q, const int TH,
 % for i in range(m):
 %   for j in range(m):
             const bool ok${i}_${j} = p0 + ${i} < P && q0 + ${j} < Q;
-            const acc_t l${i}_${j} = CLNN_LOAD(dy, ok${i}_${j} ? (p0 + ${i}) * Q + q0 + ${j} : 0);
+            const acc_t l${i}_${j} = CLNN_LOAD(dy, ok${i}_${j} ? (p0 + ${i}) * dy_lay.s1 + (q0 + ${j}) * dy_lay.s2 : 0);
             const acc_t g${i}_${j} = ok${i}_${j} ? l${i}_${j} : (acc_t)0;
 %   endfor
 % endfor

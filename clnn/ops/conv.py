@@ -713,9 +713,10 @@ def _winograd(p, Ci, Mo, R, S, stride, dilation, groups=1, dt=None, P=1, Q=1):
     gradients) with P x Q outputs: at least WINO_CHANNELS each, unless the parameter set
     says ("WINO"), and one image's transforms within SCRATCH_BYTES (a constant, so that
     the choice, and with it the bits, do not depend on the pool's budget; larger images
-    take the gathered kernel, which needs no such scratch)."""
-    if (R, S) != (3, 3) or tuple(stride) != (1, 1) or tuple(dilation) != (1, 1) or \
-            groups != 1 or p["variant"] != "gather":
+    take the gathered kernel, which needs no such scratch). Dilated convolutions too:
+    each phase of their outputs is an undilated convolution (_wino_phases)."""
+    if (R, S) != (3, 3) or tuple(stride) != (1, 1) or groups != 1 or \
+            p["variant"] != "gather":
         return False
     if dt is not None and _wino_image_bytes(dt, p, Ci, Mo, P, Q) > SCRATCH_BYTES:
         return False
@@ -736,12 +737,30 @@ def _wino_tile(p):
     return p.get("WINO_M", WINO_M)
 
 
-def _wino_geometry(p, H, W, ph, pw):
-    """(P, Q, m, TH, TW, X) of a Winograd pass over H x W with padding (ph, pw): its
-    outputs, its tile's outputs per side, the tiles per column and row of an image and
-    the GEMMs (the transformed tile's elements)."""
-    P, Q, m = H + 2 * ph - 2, W + 2 * pw - 2, _wino_tile(p)
-    return P, Q, m, -(-P // m), -(-Q // m), (m + 2) ** 2
+def _wino_phases(p, H, W, ph, pw, dilation):
+    """The undilated convolutions that a 3x3 convolution over H x W with padding (ph,
+    pw) and dilation (dh, dw) splits into, one per phase (a, b) of its outputs that
+    has any: output rows a, a + dh, ... read input rows ia, ia + dh, ... (ia = (a -
+    ph) mod dh), an undilated convolution over that phase of the input with its own
+    padding. Each a dict: P, Q, TH, TW (its outputs and tiles), out_plane (the whole
+    output's P Q), y (the outputs' layout in the whole output, winograd.cl's image
+    layout), H, W, ph, pw (its input and
+    padding) and x (the input phase's layout); one phase, the whole images, where
+    undilated."""
+    dh, dw = dilation
+    P, Q, m = H + 2 * ph - 2 * dh, W + 2 * pw - 2 * dw, _wino_tile(p)
+    phases = []
+    for a in range(min(dh, P)):
+        ia = (a - ph) % dh
+        Pa, Ha, pha = -(-(P - a) // dh), max(0, -(-(H - ia) // dh)), (ph - a + ia) // dh
+        for b in range(min(dw, Q)):
+            ib = (b - pw) % dw
+            Qa, Wa, pwa = -(-(Q - b) // dw), max(0, -(-(W - ib) // dw)), (pw - b + ib) // dw
+            phases.append(dict(P=Pa, Q=Qa, TH=-(-Pa // m), TW=-(-Qa // m), out_plane=P * Q,
+                               y=int4(P * Q, dh * Q, dw, a * Q + b), H=Ha, W=Wa, ph=pha,
+                               pw=pwa, x=int4(H * W, dh * W, dw,
+                                              ia * W + ib if Ha and Wa else 0)))
+    return phases
 
 
 def _wino_plane(n):
@@ -773,29 +792,32 @@ def _round_up(n, k):
 
 
 def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="none",
-                  act_p=(0.0, 0.0), bias=None):
-    """out (N, Mo, P, Q) = the 3x3 convolution of x (N, Ci, H, W) with padding (ph, pw):
-    filters w (Mo, Ci, 3, 3), or with ``flip`` w (Ci, Mo, 3, 3) turned (a data
-    gradient). Images go in groups whose transformed input and GEMM outputs fit
-    SCRATCH_BYTES; every buffer is taken before the first launch. The transforms write
-    the GEMMs' operands as the packed CPU GEMM's panels (U as A panels of MWI filters,
-    V as B panels of NWI tiles), so nothing packs them again; another GEMM variant
-    gets plain matrices."""
+                  act_p=(0.0, 0.0), bias=None, dilation=(1, 1)):
+    """out (N, Mo, P, Q) = the 3x3 convolution of x (N, Ci, H, W) with padding (ph, pw)
+    and dilation: filters w (Mo, Ci, 3, 3), or with ``flip`` w (Ci, Mo, 3, 3) turned
+    (a data gradient). Images go in groups whose transformed input and GEMM outputs fit
+    SCRATCH_BYTES, and a dilated convolution's phases (_wino_phases) one after another;
+    every buffer is taken before the first launch. The transforms write the GEMMs'
+    operands as the packed CPU GEMM's panels (U as A panels of MWI filters, V as B
+    panels of NWI tiles), so nothing packs them again; another GEMM variant gets plain
+    matrices."""
     acc = programs.acc_dtype(dt)
-    P, Q, m, TH, TW, X = _wino_geometry(p, H, W, ph, pw)
+    m, X = _wino_tile(p), (_wino_tile(p) + 2) ** 2
+    phases = _wino_phases(p, H, W, ph, pw, dilation)
+    tiles = max(f["TH"] * f["TW"] for f in phases)     # an image's, in its largest phase
     group = max(1, min(N, scratch_cap(dev, SCRATCH_BYTES) //
-                       _wino_image_bytes(dt, p, Ci, Mo, P, Q)))
+                       _wino_image_bytes(dt, p, Ci, Mo, phases[0]["P"], phases[0]["Q"])))
     prm = {"dtype": programs.dtype_name(dt), "m": m, "act": act,
            "bias": "row" if bias is not None else "none"}
     rows = tuning.gemm_rows(dev.facts, acc.itemsize, acc,
-                            tuning.shape_class(Mo, group * TH * TW, Ci, batch=X))
+                            tuning.shape_class(Mo, group * tiles, Ci, batch=X))
     panels = panel_widths(rows)
     mwi, nwi = panels or (1, 1)
     Mpad = _round_up(Mo, mwi)
     us = _wino_plane(Mpad * Ci)
     u = dev_scratch(dev, X * us, acc)
-    v = dev_scratch(dev, X * _wino_plane(Ci * _round_up(group * TH * TW, nwi)), acc)
-    z = dev_scratch(dev, X * _wino_plane(Mo * group * TH * TW), acc)
+    v = dev_scratch(dev, X * _wino_plane(Ci * _round_up(group * tiles, nwi)), acc)
+    z = dev_scratch(dev, X * _wino_plane(Mo * group * tiles), acc)
     filt, inp, outp = (programs.get_kernel(dev, "winograd", e, prm) for e in
                        ("clnn_wino_filter", "clnn_wino_input", "clnn_wino_output"))
     wg = min(WINO_WG, dev.facts.max_work_group_size)
@@ -803,78 +825,88 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
          flip=int(flip), plane=us, orun=mwi, w=w, w_off=offset(w), u=u)
     for n0 in range(0, N, group):
         g = min(group, N - n0)
-        T = g * TH * TW
-        Tpad = _round_up(T, nwi)
-        vs, zs = _wino_plane(Ci * Tpad), _wino_plane(Mo * T)
-        c_lay, t_lay = (_wino_lay(_WHOLE, 0, nwi), _wino_lay(nwi, Ci * nwi, 1)) \
-            if panels else (_wino_lay(_WHOLE, 0, T), _wino_lay(_WHOLE, 0, 1))
-        inp((-(-g * _wino_lane_groups(acc, Ci) // wg) * wg,), (wg,), C=Ci, H=H, W=W,
-            ph=ph, pw=pw, TH=TH, TW=TW, images=g, plane=vs, c_lay=c_lay, t_lay=t_lay, x=x,
-            x_off=offset(x) + n0 * Ci * H * W, v=v)
-        c = Operand(z, 0, T, zs, X)
-        if panels:
-            run_panels(dev, acc, rows, M=Mo, N=T, K=Ci, nbatch=X, a_pk=u, b_pk=v,
-                       a_bstride=us, b_bstride=vs, c=c)
-        else:
-            run_gemm(dev, acc, M=Mo, N=T, K=Ci, nbatch=X, a=Operand(u, 0, Ci, us, X),
-                     b=Operand(v, 0, T, vs, X), c=c, rows=rows)
-        evt = outp((-(-Mo * _wino_lane_groups(acc, T) // wg) * wg,), (wg,), M=Mo, P=P, Q=Q,
-                   TH=TH, TW=TW, images=g, plane=zs, z=z,
-                   y=out, y_off=offset(out) + n0 * Mo * P * Q, act_p=act_p[0],
-                   act_q=act_p[1], bias=bias if bias is not None else out,
-                   bias_off=offset(bias) if bias is not None else 0)
+        for f in phases:
+            T = g * f["TH"] * f["TW"]
+            vs, zs = _wino_plane(Ci * _round_up(T, nwi)), _wino_plane(Mo * T)
+            c_lay, t_lay = (_wino_lay(_WHOLE, 0, nwi), _wino_lay(nwi, Ci * nwi, 1)) \
+                if panels else (_wino_lay(_WHOLE, 0, T), _wino_lay(_WHOLE, 0, 1))
+            inp((-(-g * _wino_lane_groups(acc, Ci) // wg) * wg,), (wg,), C=Ci, H=f["H"],
+                W=f["W"], ph=f["ph"], pw=f["pw"], TH=f["TH"], TW=f["TW"], images=g,
+                plane=vs, c_lay=c_lay, t_lay=t_lay, x=x,
+                x_off=offset(x) + n0 * Ci * H * W, x_lay=f["x"], v=v)
+            c = Operand(z, 0, T, zs, X)
+            if panels:
+                run_panels(dev, acc, rows, M=Mo, N=T, K=Ci, nbatch=X, a_pk=u, b_pk=v,
+                           a_bstride=us, b_bstride=vs, c=c)
+            else:
+                run_gemm(dev, acc, M=Mo, N=T, K=Ci, nbatch=X, a=Operand(u, 0, Ci, us, X),
+                         b=Operand(v, 0, T, vs, X), c=c, rows=rows)
+            evt = outp((-(-Mo * _wino_lane_groups(acc, T) // wg) * wg,), (wg,), M=Mo,
+                       P=f["P"], Q=f["Q"], TH=f["TH"], TW=f["TW"], images=g, plane=zs,
+                       z=z, y=out, y_off=offset(out) + n0 * Mo * f["out_plane"], y_lay=f["y"],
+                       act_p=act_p[0], act_q=act_p[1],
+                       bias=bias if bias is not None else out,
+                       bias_off=offset(bias) if bias is not None else 0)
     return evt
 
 
-def _run_winograd_wgrad(dev, dt, p, *, dy, x, N, C, H, W, M, ph, pw, out, alpha, beta):
+def _run_winograd_wgrad(dev, dt, p, *, dy, x, N, C, H, W, M, ph, pw, out, alpha, beta,
+                        dilation=(1, 1)):
     """out (M, C, 3, 3) = alpha dw + beta out for the 3x3 unit-stride convolution of x
-    (N, C, H, W) with padding (ph, pw) and output gradient dy: F(m x m, 3x3)
-    transposed (winograd.cl). The GEMMs sum over a group of images at a time into Z, every
-    group after the first adding to it (groups from the constant SCRATCH_BYTES, so
-    the bits do not depend on the pool's budget); all scratch is taken first. The
-    transforms write the GEMMs' operands as panels, as in _run_winograd: Y as A panels
-    of MWI channels of dy, V^T as B panels of NWI channels of x, both along the
-    tiles."""
+    (N, C, H, W) with padding (ph, pw), dilation and output gradient dy: F(m x m, 3x3)
+    transposed (winograd.cl). The GEMMs sum over a group of images and a phase
+    (_wino_phases) at a time into Z, every one after the first adding to it (groups
+    from the constant SCRATCH_BYTES, so the bits do not depend on the pool's budget);
+    all scratch is taken first. The transforms write the GEMMs' operands as panels, as
+    in _run_winograd: Y as A panels of MWI channels of dy, V^T as B panels of NWI
+    channels of x, both along the tiles."""
     acc = programs.acc_dtype(dt)
-    P, Q, m, TH, TW, X = _wino_geometry(p, H, W, ph, pw)
-    group = max(1, min(N, SCRATCH_BYTES // _wino_image_bytes(dt, p, C, M, P, Q)))
+    m, X = _wino_tile(p), (_wino_tile(p) + 2) ** 2
+    phases = _wino_phases(p, H, W, ph, pw, dilation)
+    tiles = max(f["TH"] * f["TW"] for f in phases)
+    group = max(1, min(N, SCRATCH_BYTES // _wino_image_bytes(dt, p, C, M, phases[0]["P"],
+                                                             phases[0]["Q"])))
     prm = {"dtype": programs.dtype_name(dt), "m": m, "act": "none", "bias": "none"}
     rows = tuning.gemm_rows(dev.facts, acc.itemsize, acc, tuning.shape_class(
-        M, C, group * TH * TW, trans_b=True, batch=X))
+        M, C, group * tiles, trans_b=True, batch=X))
     panels = panel_widths(rows)
     mwi, nwi = panels or (1, 1)
     Mpad, Cpad = _round_up(M, mwi), _round_up(C, nwi)
     zs = _wino_plane(M * C)
     z = dev_scratch(dev, X * zs, acc)
-    v = dev_scratch(dev, X * _wino_plane(Cpad * group * TH * TW), acc)
-    y = dev_scratch(dev, X * _wino_plane(Mpad * group * TH * TW), acc)
+    v = dev_scratch(dev, X * _wino_plane(Cpad * group * tiles), acc)
+    y = dev_scratch(dev, X * _wino_plane(Mpad * group * tiles), acc)
     inp, dyk, dwk = (programs.get_kernel(dev, "winograd", e, prm) for e in
                      ("clnn_wino_input", "clnn_wino_dy", "clnn_wino_dw"))
     wg = min(WINO_WG, dev.facts.max_work_group_size)
+    first = True
     for n0 in range(0, N, group):
         g = min(group, N - n0)
-        T = g * TH * TW
-        vs, ys = _wino_plane(Cpad * T), _wino_plane(Mpad * T)
-        if panels:      # channels in panels, tiles (the GEMMs' k) along them
-            c_lay, vt_lay = _wino_lay(nwi, T * nwi, 1), _wino_lay(_WHOLE, 0, nwi)
-            m_lay, yt_lay = _wino_lay(mwi, T * mwi, 1), _wino_lay(_WHOLE, 0, mwi)
-        else:
-            c_lay = m_lay = _wino_lay(_WHOLE, 0, T)
-            vt_lay = yt_lay = _wino_lay(_WHOLE, 0, 1)
-        inp((-(-g * _wino_lane_groups(acc, C) // wg) * wg,), (wg,), C=C, H=H, W=W,
-            ph=ph, pw=pw, TH=TH, TW=TW, images=g, plane=vs, c_lay=c_lay, t_lay=vt_lay, x=x,
-            x_off=offset(x) + n0 * C * H * W, v=v)
-        dyk((-(-g * M // wg) * wg,), (wg,), M=M, P=P, Q=Q, TH=TH, TW=TW, images=g,
-            plane=ys, m_lay=m_lay, t_lay=yt_lay, dy=dy,
-            dy_off=offset(dy) + n0 * M * P * Q, y=y)
-        c = Operand(z, 0, C, zs, X)
-        if panels:
-            run_panels(dev, acc, rows, M=M, N=C, K=T, nbatch=X, a_pk=y, b_pk=v,
-                       a_bstride=ys, b_bstride=vs, c=c, beta=0.0 if n0 == 0 else 1.0)
-        else:
-            run_gemm(dev, acc, M=M, N=C, K=T, nbatch=X, a=Operand(y, 0, T, ys, X),
-                     b=Operand(v, 0, T, vs, X), c=c, beta=0.0 if n0 == 0 else 1.0,
-                     trans_b=True, rows=rows)
+        for f in phases:
+            T = g * f["TH"] * f["TW"]
+            vs, ys = _wino_plane(Cpad * T), _wino_plane(Mpad * T)
+            if panels:      # channels in panels, tiles (the GEMMs' k) along them
+                c_lay, vt_lay = _wino_lay(nwi, T * nwi, 1), _wino_lay(_WHOLE, 0, nwi)
+                m_lay, yt_lay = _wino_lay(mwi, T * mwi, 1), _wino_lay(_WHOLE, 0, mwi)
+            else:
+                c_lay = m_lay = _wino_lay(_WHOLE, 0, T)
+                vt_lay = yt_lay = _wino_lay(_WHOLE, 0, 1)
+            inp((-(-g * _wino_lane_groups(acc, C) // wg) * wg,), (wg,), C=C, H=f["H"],
+                W=f["W"], ph=f["ph"], pw=f["pw"], TH=f["TH"], TW=f["TW"], images=g,
+                plane=vs, c_lay=c_lay, t_lay=vt_lay, x=x,
+                x_off=offset(x) + n0 * C * H * W, x_lay=f["x"], v=v)
+            dyk((-(-g * M // wg) * wg,), (wg,), M=M, P=f["P"], Q=f["Q"], TH=f["TH"],
+                TW=f["TW"], images=g, plane=ys, m_lay=m_lay, t_lay=yt_lay, dy=dy,
+                dy_off=offset(dy) + n0 * M * f["out_plane"], dy_lay=f["y"], y=y)
+            c = Operand(z, 0, C, zs, X)
+            if panels:
+                run_panels(dev, acc, rows, M=M, N=C, K=T, nbatch=X, a_pk=y, b_pk=v,
+                           a_bstride=ys, b_bstride=vs, c=c, beta=0.0 if first else 1.0)
+            else:
+                run_gemm(dev, acc, M=M, N=C, K=T, nbatch=X, a=Operand(y, 0, T, ys, X),
+                         b=Operand(v, 0, T, vs, X), c=c, beta=0.0 if first else 1.0,
+                         trans_b=True, rows=rows)
+            first = False
     return dwk((-(-M * C // wg) * wg,), (wg,), M=M, C=C, plane=zs, z=z, dw=out,
                dw_off=offset(out), alpha=alpha, beta=beta)
 
@@ -900,7 +932,8 @@ def _conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_pa
                                activation_param, out)
     if _winograd(p, C, M, R, S, st, dilation, dt=dt, P=P, Q=Q):
         evt = _run_winograd(dev, dt, p, x=x, N=N, Ci=C, H=H, W=W, Mo=M, ph=pd[0], pw=pd[1],
-                            w=w, flip=False, out=out, act=act, act_p=act_p, bias=b)
+                            w=w, flip=False, out=out, act=act, act_p=act_p, bias=b,
+                            dilation=tuple(dilation))
         return done(out, evt)
     if p["variant"] == "gather":
         # dilation is the k steps: tap (r, s) moves by (dh rows, dw columns); a group
@@ -972,8 +1005,8 @@ def _conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None,
         return _direct_backward_data(dy, w, (N, C, H, W), stride, padding, (dh, dw), 1,
                                      out)
     if flip and _winograd(p, M, C, R, S, st, dilation, dt=dt, P=H, Q=W):
-        evt = _run_winograd(dev, dt, p, x=dy, N=N, Ci=M, H=P, W=Q, Mo=C, ph=2 - pd[0],
-                            pw=2 - pd[1], w=w, flip=True, out=out)
+        evt = _run_winograd(dev, dt, p, x=dy, N=N, Ci=M, H=P, W=Q, Mo=C, ph=eh - 1 - pd[0],
+                            pw=ew - 1 - pd[1], w=w, flip=True, out=out, dilation=(dh, dw))
         return done(out, evt)
     if flip:
         # at unit stride the data gradient is a forward pass over dy padded by
@@ -1027,7 +1060,8 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
                                        tuple(dilation), 1, out, alpha, beta)
     if _winograd(p, C, M, R, S, st, dilation, dt=dt, P=P, Q=Q):
         evt = _run_winograd_wgrad(dev, dt, p, dy=dy, x=x, N=N, C=C, H=H, W=W, M=M, ph=pd[0],
-                                  pw=pd[1], out=out, alpha=alpha, beta=beta)
+                                  pw=pd[1], out=out, alpha=alpha, beta=beta,
+                                  dilation=tuple(dilation))
         return done(out, evt)
     if p["variant"] == "gather":
         xg, xg_off, Hg, Wg, phg, pwg, zr = _pad_input(dev, dt, x, N * C, H, W, *pd)
