@@ -168,8 +168,9 @@ ${decl}
 }
 
 // V[xi][c][t] (${AL * AL} x C x T) from the input patches of channel c of x (images of
-// C x H x W from x + x_off, laid out by x_lay), zeros outside the input; channel c goes along c_lay, tile t
-// (of the launch's images) along t_lay. A work-item per VC channels of an image walks
+// C planes of H x W from x + x_off, laid out by x_lay), zeros outside the input;
+// channel c goes along c_lay, tile t (of the launch's images) along t_lay. A
+// work-item per VC channels of an image walks
 // their tiles, the channels in the lanes of vectors: every patch element is one
 // bounds check and VC loads, and the transform VC channels' arithmetic at once: 1.5x
 // faster than a work-item per channel on 28x28x128 (a work-item per tile spent its
