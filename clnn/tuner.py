@@ -131,11 +131,16 @@ def conv_candidates(facts, quick):
     """Extra candidates for the convolution classes: conv.cl's gathered kernel on CPUs
     (its tiles follow each problem's shape; the search covers the work-group size and
     the vector registers the tiles may fill: 16 for AVX2 code, 32 where PoCL builds
-    AVX-512 code)."""
+    AVX-512 code; the full search also never Winograd, and its F(2x2, 3x3) tiles)."""
     if not facts.is_cpu:
         return []
     out = [{"variant": "gather", "VW": 8, "WG": w, "REGS": r}
            for w in ((4, 16) if quick else (1, 4, 16)) for r in (16, 32)]
+    if not quick:
+        # Winograd (conv.WINO_CHANNELS's threshold, measured on one CPU) against never
+        # taking it, and F(2x2, 3x3) against F(4x4, 3x3), with the table's other choices
+        base = dict(out[2])
+        out += [dict(base, WINO=False), dict(base, WINO_M=2)]
     return [p for p in out if not tuning.gemm_problems(p, facts)]
 
 

@@ -298,10 +298,15 @@ def test_tuner_searches_convolutions(db, monkeypatch):
         if gflops > table_gflops:             # stored only when it beat the table
             assert tuning.conv_params(dev.facts, 4, "float32", klass) == best
     tried = tuner.conv_candidates(dev.facts, True)
+    full = tuner.conv_candidates(dev.facts, False)
     if dev.facts.is_cpu:                    # conv.cl's gathered kernel competes on CPUs
         assert tried and all(p["variant"] == "gather" for p in tried)
+        # the full search also weighs Winograd: never, and F(2x2, 3x3); --quick does not
+        assert [p for p in full if p.get("WINO") is False] and \
+            [p for p in full if p.get("WINO_M") == 2]
+        assert not [p for p in tried if "WINO" in p or "WINO_M" in p]
     else:
-        assert tried == []
+        assert tried == [] and full == []
 
 
 def test_conv_rows_fit_and_say_whether_tuned():
