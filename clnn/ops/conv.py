@@ -744,9 +744,8 @@ def _wino_phases(p, H, W, ph, pw, dilation):
     ph) mod dh), an undilated convolution over that phase of the input with its own
     padding. Each a dict: P, Q, TH, TW (its outputs and tiles), out_plane (the whole
     output's P Q), y (the outputs' layout in the whole output, winograd.cl's image
-    layout), H, W, ph, pw (its input and
-    padding) and x (the input phase's layout); one phase, the whole images, where
-    undilated."""
+    layout), H, W, ph, pw (its input and padding) and x (the input phase's layout);
+    one phase, the whole images, where undilated."""
     dh, dw = dilation
     P, Q, m = H + 2 * ph - 2 * dh, W + 2 * pw - 2 * dw, _wino_tile(p)
     phases = []
@@ -791,6 +790,14 @@ def _round_up(n, k):
     return -(-n // k) * k
 
 
+def _wino_input(inp, acc, wg, f, x, x_off, images, C, v, plane, c_lay, t_lay):
+    """clnn_wino_input (kernel ``inp``) over phase ``f`` of ``images`` images of C
+    channels from x + x_off, into v (planes ``plane`` apart) along c_lay and t_lay."""
+    inp((_round_up(images * _wino_lane_groups(acc, C), wg),), (wg,), C=C, H=f["H"],
+        W=f["W"], ph=f["ph"], pw=f["pw"], TH=f["TH"], TW=f["TW"], images=images,
+        plane=plane, c_lay=c_lay, t_lay=t_lay, x=x, x_off=x_off, x_lay=f["x"], v=v)
+
+
 def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="none",
                   act_p=(0.0, 0.0), bias=None, dilation=(1, 1)):
     """out (N, Mo, P, Q) = the 3x3 convolution of x (N, Ci, H, W) with padding (ph, pw)
@@ -821,7 +828,7 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
     filt, inp, outp = (programs.get_kernel(dev, "winograd", e, prm) for e in
                        ("clnn_wino_filter", "clnn_wino_input", "clnn_wino_output"))
     wg = min(WINO_WG, dev.facts.max_work_group_size)
-    filt((-(-_wino_lane_groups(acc, Mpad * Ci) // wg) * wg,), (wg,), Mo=Mo, Ci=Ci,
+    filt((_round_up(_wino_lane_groups(acc, Mpad * Ci), wg),), (wg,), Mo=Mo, Ci=Ci,
          flip=int(flip), plane=us, orun=mwi, w=w, w_off=offset(w), u=u)
     for n0 in range(0, N, group):
         g = min(group, N - n0)
@@ -830,10 +837,8 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
             vs, zs = _wino_plane(Ci * _round_up(T, nwi)), _wino_plane(Mo * T)
             c_lay, t_lay = (_wino_lay(_WHOLE, 0, nwi), _wino_lay(nwi, Ci * nwi, 1)) \
                 if panels else (_wino_lay(_WHOLE, 0, T), _wino_lay(_WHOLE, 0, 1))
-            inp((-(-g * _wino_lane_groups(acc, Ci) // wg) * wg,), (wg,), C=Ci, H=f["H"],
-                W=f["W"], ph=f["ph"], pw=f["pw"], TH=f["TH"], TW=f["TW"], images=g,
-                plane=vs, c_lay=c_lay, t_lay=t_lay, x=x,
-                x_off=offset(x) + n0 * Ci * H * W, x_lay=f["x"], v=v)
+            _wino_input(inp, acc, wg, f, x, offset(x) + n0 * Ci * H * W, g, Ci, v, vs,
+                        c_lay, t_lay)
             c = Operand(z, 0, T, zs, X)
             if panels:
                 run_panels(dev, acc, rows, M=Mo, N=T, K=Ci, nbatch=X, a_pk=u, b_pk=v,
@@ -841,7 +846,7 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
             else:
                 run_gemm(dev, acc, M=Mo, N=T, K=Ci, nbatch=X, a=Operand(u, 0, Ci, us, X),
                          b=Operand(v, 0, T, vs, X), c=c, rows=rows)
-            evt = outp((-(-Mo * _wino_lane_groups(acc, T) // wg) * wg,), (wg,), M=Mo,
+            evt = outp((_round_up(Mo * _wino_lane_groups(acc, T), wg),), (wg,), M=Mo,
                        P=f["P"], Q=f["Q"], TH=f["TH"], TW=f["TW"], images=g, plane=zs,
                        z=z, y=out, y_off=offset(out) + n0 * Mo * f["out_plane"], y_lay=f["y"],
                        act_p=act_p[0], act_q=act_p[1],
@@ -891,11 +896,9 @@ def _run_winograd_wgrad(dev, dt, p, *, dy, x, N, C, H, W, M, ph, pw, out, alpha,
             else:
                 c_lay = m_lay = _wino_lay(_WHOLE, 0, T)
                 vt_lay = yt_lay = _wino_lay(_WHOLE, 0, 1)
-            inp((-(-g * _wino_lane_groups(acc, C) // wg) * wg,), (wg,), C=C, H=f["H"],
-                W=f["W"], ph=f["ph"], pw=f["pw"], TH=f["TH"], TW=f["TW"], images=g,
-                plane=vs, c_lay=c_lay, t_lay=vt_lay, x=x,
-                x_off=offset(x) + n0 * C * H * W, x_lay=f["x"], v=v)
-            dyk((-(-g * M // wg) * wg,), (wg,), M=M, P=f["P"], Q=f["Q"], TH=f["TH"],
+            _wino_input(inp, acc, wg, f, x, offset(x) + n0 * C * H * W, g, C, v, vs,
+                        c_lay, vt_lay)
+            dyk((_round_up(g * M, wg),), (wg,), M=M, P=f["P"], Q=f["Q"], TH=f["TH"],
                 TW=f["TW"], images=g, plane=ys, m_lay=m_lay, t_lay=yt_lay, dy=dy,
                 dy_off=offset(dy) + n0 * M * f["out_plane"], dy_lay=f["y"], y=y)
             c = Operand(z, 0, C, zs, X)
@@ -907,7 +910,7 @@ def _run_winograd_wgrad(dev, dt, p, *, dy, x, N, C, H, W, M, ph, pw, out, alpha,
                          b=Operand(v, 0, T, vs, X), c=c, beta=0.0 if first else 1.0,
                          trans_b=True, rows=rows)
             first = False
-    return dwk((-(-M * C // wg) * wg,), (wg,), M=M, C=C, plane=zs, z=z, dw=out,
+    return dwk((_round_up(M * C, wg),), (wg,), M=M, C=C, plane=zs, z=z, dw=out,
                dw_off=offset(out), alpha=alpha, beta=beta)
 
 
