@@ -697,21 +697,29 @@ def _pad_input(dev, dt, x, images, H, W, ph, pw, into=None):
 # transforms write the GEMMs' panels themselves (no packing), 64 channels gain too
 # (56x56x64, ms, gathered / F(4x4): forward 42.6 / 38.2, data gradient 43.6 / 37.8,
 # weight gradient 38.3 / 30.7; 28x28, 64 to 128: 20.5 / 14.4, 19.8 / 15.2, 18.7 /
-# 12.6); 32 channels (32x32, batch 64) run 1.2-1.3x slower. Chosen where both channel
-# counts reach WINO_CHANNELS (a parameter set may say instead: "WINO", "WINO_M"), for
-# the forward pass, the flipped data gradient and the weight gradient. Its rounding:
+# 12.6). The transforms' share of the work grows as 1/Ci + 1/Mo (input and dy
+# transforms per input channel, output and filter transforms per filter, against
+# Ci x Mo multiply-adds), so the threshold is on the two counts' harmonic mean,
+# 2 Ci Mo / (Ci + Mo), at least WINO_CHANNELS (forward + both gradients, ms, gathered
+# / F(4x4), same process: 32 -> 64 channels at 56x56 63.8 / 55.4, 64 -> 32 at 28x28
+# 15.7 / 13.2, 32 -> 48 at 32x32 30.9 / 26.9, 24 -> 96 at 28x28 16.9 / 15.6, where the
+# harmonic means are 38-43; 24 -> 64 48.3 / 50.6 (35), 32 -> 32 20.7 / 21.7 at 32x32,
+# 33.4 / 36.5 at 56x56, 16 -> 64 36.0 / 41.2 (26)). A parameter set may say instead
+# ("WINO", "WINO_M"). For the forward pass, the flipped data gradient and the weight
+# gradient. Its rounding:
 # F(4x4)'s transform coefficients reach 8 (A) and 5 (B), so its errors run about 10x a
 # direct sum's (float32: 1e-5 of the sums' magnitude), as in cuDNN's and oneDNN's
 # Winograd.
-WINO_CHANNELS = 64
+WINO_CHANNELS = 36  # the harmonic mean of the two channel counts, at least
 WINO_M = 4
 WINO_WG = 8         # work-items per work-group of winograd.cl's kernels
 
 
 def _winograd(p, Ci, Mo, R, S, stride, dilation, groups=1, dt=None, P=1, Q=1):
     """Whether the Winograd path computes a convolution of Ci to Mo channels (or its
-    gradients) with P x Q outputs: at least WINO_CHANNELS each, unless the parameter set
-    says ("WINO"), and one image's transforms within SCRATCH_BYTES (a constant, so that
+    gradients) with P x Q outputs: Ci and Mo's harmonic mean at least WINO_CHANNELS
+    (32 and 64 channels take it, 32 and 32 do not), unless the parameter set says
+    ("WINO"), and one image's transforms within SCRATCH_BYTES (a constant, so that
     the choice, and with it the bits, do not depend on the pool's budget; larger images
     take the gathered kernel, which needs no such scratch). Dilated convolutions too:
     each phase of their outputs is an undilated convolution (_wino_phases)."""
@@ -720,7 +728,7 @@ def _winograd(p, Ci, Mo, R, S, stride, dilation, groups=1, dt=None, P=1, Q=1):
         return False
     if dt is not None and _wino_image_bytes(dt, p, Ci, Mo, P, Q) > SCRATCH_BYTES:
         return False
-    return bool(p.get("WINO", Ci >= WINO_CHANNELS and Mo >= WINO_CHANNELS))
+    return bool(p.get("WINO", 2 * Ci * Mo >= WINO_CHANNELS * (Ci + Mo)))
 
 
 def _wino_image_bytes(dt, p, Ci, Mo, P, Q):

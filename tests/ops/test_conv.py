@@ -469,16 +469,20 @@ def _check_winograd(dtype, shape, m, packed=True, dilation=(1, 1)):
 
 def test_winograd_choice_and_groups(monkeypatch):
     """The library takes Winograd's F(WINO_M x WINO_M, 3x3) by itself for 3x3 layers at
-    unit stride (dilated ones too) where both channel counts reach WINO_CHANNELS (not
-    strided or 1x1 ones, nor narrow ones), for all three ops; images go in groups whose
+    unit stride (dilated ones too) where the two channel counts' harmonic mean reaches
+    WINO_CHANNELS (not strided or 1x1 ones, nor narrow ones), for all three ops; images go in groups whose
     transforms fit SCRATCH_BYTES, the forward pass bitwise as in one, the weight
     gradient's groups adding into one sum."""
     wino = conv_module._winograd
     assert wino(GATHER, 128, 128, 3, 3, (1, 1), (1, 1))
     assert wino(GATHER, 256, 512, 3, 3, (1, 1), (1, 1))
     assert wino(GATHER, 64, 128, 3, 3, (1, 1), (1, 1))
-    assert not wino(GATHER, 32, 128, 3, 3, (1, 1), (1, 1))
-    assert not wino(GATHER, 128, 32, 3, 3, (1, 1), (1, 1))
+    assert wino(GATHER, 32, 64, 3, 3, (1, 1), (1, 1))           # harmonic mean 42.7
+    assert wino(GATHER, 64, 32, 3, 3, (1, 1), (1, 1))
+    assert wino(GATHER, 24, 96, 3, 3, (1, 1), (1, 1))           # 38.4
+    assert not wino(GATHER, 32, 32, 3, 3, (1, 1), (1, 1))
+    assert not wino(GATHER, 24, 64, 3, 3, (1, 1), (1, 1))       # 34.9
+    assert not wino(GATHER, 16, 4096, 3, 3, (1, 1), (1, 1))     # 31.9
     assert not wino(GATHER, 256, 256, 3, 3, (2, 2), (1, 1))
     assert wino(GATHER, 256, 256, 3, 3, (1, 1), (2, 2))          # phase by phase
     assert not wino(GATHER, 256, 256, 1, 1, (1, 1), (1, 1))
