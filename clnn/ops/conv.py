@@ -713,6 +713,13 @@ def _pad_input(dev, dt, x, images, H, W, ph, pw, into=None):
 WINO_CHANNELS = 36  # the harmonic mean of the two channel counts, at least
 WINO_M = 4
 WINO_WG = 8         # work-items per work-group of winograd.cl's kernels
+# Winograd's image groups: as many images as have their transformed operands within
+# WINO_GROUP_BYTES (at least one; a layer whose one image needs more than SCRATCH_BYTES
+# takes the gathered kernel). Half of SCRATCH_BYTES: the transformed input, the GEMM
+# outputs and the transforms' streams then stay nearer the caches (32 MiB of L3 here);
+# forward passes, kernel ms, AMD EPYC Zen 4, groups of 32 -> 16 MiB: 56x56x64
+# 29.8 -> 25.4, 28x28x128 17.9-18.8 -> 16.9-17.1, 14x14x256 17.0-17.1 -> 16.6.
+WINO_GROUP_BYTES = 16 << 20
 
 
 def _winograd(p, Ci, Mo, R, S, stride, dilation, groups=1, dt=None, P=1, Q=1):
@@ -811,7 +818,7 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
     """out (N, Mo, P, Q) = the 3x3 convolution of x (N, Ci, H, W) with padding (ph, pw)
     and dilation: filters w (Mo, Ci, 3, 3), or with ``flip`` w (Ci, Mo, 3, 3) turned
     (a data gradient). Images go in groups whose transformed input and GEMM outputs fit
-    SCRATCH_BYTES, and a dilated convolution's phases (_wino_phases) one after another;
+    WINO_GROUP_BYTES, and a dilated convolution's phases (_wino_phases) one after another;
     every buffer is taken before the first launch. The transforms write the GEMMs'
     operands as the packed CPU GEMM's panels (U as A panels of MWI filters, V as B
     panels of NWI tiles), so nothing packs them again; another GEMM variant gets plain
@@ -820,7 +827,7 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
     m, X = _wino_tile(p), (_wino_tile(p) + 2) ** 2
     phases = _wino_phases(p, H, W, ph, pw, dilation)
     tiles = max(f["TH"] * f["TW"] for f in phases)     # an image's, in its largest phase
-    group = max(1, min(N, scratch_cap(dev, SCRATCH_BYTES) //
+    group = max(1, min(N, scratch_cap(dev, WINO_GROUP_BYTES) //
                        _wino_image_bytes(dt, p, Ci, Mo, phases[0]["P"], phases[0]["Q"])))
     prm = {"dtype": programs.dtype_name(dt), "m": m, "act": act,
            "bias": "row" if bias is not None else "none"}
@@ -869,7 +876,7 @@ def _run_winograd_wgrad(dev, dt, p, *, dy, x, N, C, H, W, M, ph, pw, out, alpha,
     (N, C, H, W) with padding (ph, pw), dilation and output gradient dy: F(m x m, 3x3)
     transposed (winograd.cl). The GEMMs sum over a group of images and a phase
     (_wino_phases) at a time into Z, every one after the first adding to it (groups
-    from the constant SCRATCH_BYTES, so the bits do not depend on the pool's budget);
+    from the constant WINO_GROUP_BYTES, so the bits do not depend on the pool's budget);
     all scratch is taken first. The transforms write the GEMMs' operands as panels, as
     in _run_winograd: Y as A panels of MWI channels of dy, V^T as B panels of NWI
     channels of x, both along the tiles."""
@@ -877,8 +884,8 @@ def _run_winograd_wgrad(dev, dt, p, *, dy, x, N, C, H, W, M, ph, pw, out, alpha,
     m, X = _wino_tile(p), (_wino_tile(p) + 2) ** 2
     phases = _wino_phases(p, H, W, ph, pw, dilation)
     tiles = max(f["TH"] * f["TW"] for f in phases)
-    group = max(1, min(N, SCRATCH_BYTES // _wino_image_bytes(dt, p, C, M, phases[0]["P"],
-                                                             phases[0]["Q"])))
+    group = max(1, min(N, WINO_GROUP_BYTES // _wino_image_bytes(dt, p, C, M, phases[0]["P"],
+                                                                phases[0]["Q"])))
     prm = {"dtype": programs.dtype_name(dt), "m": m, "act": "none", "bias": "none"}
     rows = tuning.gemm_rows(dev.facts, acc.itemsize, acc, tuning.shape_class(
         M, C, group * tiles, trans_b=True, batch=X))

@@ -470,9 +470,10 @@ def _check_winograd(dtype, shape, m, packed=True, dilation=(1, 1)):
 def test_winograd_choice_and_groups(monkeypatch):
     """The library takes Winograd's F(WINO_M x WINO_M, 3x3) by itself for 3x3 layers at
     unit stride (dilated ones too) where the two channel counts' harmonic mean reaches
-    WINO_CHANNELS (not strided or 1x1 ones, nor narrow ones), for all three ops; images go in groups whose
-    transforms fit SCRATCH_BYTES, the forward pass bitwise as in one, the weight
-    gradient's groups adding into one sum."""
+    WINO_CHANNELS (not strided or 1x1 ones, nor narrow ones), for all three ops; images
+    go in groups whose transforms fit WINO_GROUP_BYTES (one image's within
+    SCRATCH_BYTES, else the gathered kernel), the forward pass bitwise as in one, the
+    weight gradient's groups adding into one sum."""
     wino = conv_module._winograd
     assert wino(GATHER, 128, 128, 3, 3, (1, 1), (1, 1))
     assert wino(GATHER, 256, 512, 3, 3, (1, 1), (1, 1))
@@ -529,7 +530,7 @@ def test_winograd_choice_and_groups(monkeypatch):
             # an image's transforms: (m + 2)^2 planes of (3 + 4) channels' tiles, floats:
             # groups of 2, 2 and 1
             image = (m + 2) ** 2 * 7 * (-(-6 // m)) * (-(-7 // m)) * 4
-            monkeypatch.setattr(conv_module, "SCRATCH_BYTES", 2 * image + 5)
+            monkeypatch.setattr(conv_module, "WINO_GROUP_BYTES", 2 * image + 5)
             with clnn.profile() as prof:
                 y = clnn.conv2d(X, Wd, padding=1).get()
                 dw = clnn.conv2d_backward_weight(DY, X, w.shape, padding=1).get()
