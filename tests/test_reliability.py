@@ -170,11 +170,11 @@ CASES = {
                                               beta=0.5), (3, 2, 3, 3)),
     "winograd-groups": lambda dev: (
         # an image's transforms take 3456 bytes (F(4x4)): groups of 2, 2 and 1
-        _all(mock.patch.object(conv_module, "SCRATCH_BYTES", 9300),
+        _all(mock.patch.object(conv_module, "WINO_GROUP_BYTES", 9300),
              tuning.override("conv", dict(tuning.CONV_TABLE["type"]["CPU"], WINO=True))),
         lambda o: clnn.conv2d(X, W2, padding=1, out=o), (5, 4, 6, 7)),
     "winograd-wgrad-groups": lambda dev: (
-        _all(mock.patch.object(conv_module, "SCRATCH_BYTES", 9300),
+        _all(mock.patch.object(conv_module, "WINO_GROUP_BYTES", 9300),
              tuning.override("conv", dict(tuning.CONV_TABLE["type"]["CPU"], WINO=True))),
         lambda o: clnn.conv2d_backward_weight(DY, X, (3, 2, 3, 3), out=o, padding=1,
                                               beta=0.5), (3, 2, 3, 3)),

@@ -383,10 +383,20 @@ def test_packed_order_reads_the_smaller_operand_again():
 
 def test_bounded_panels_split_batches_and_k(monkeypatch):
     """With a tiny panel budget the CPU variant packs a few batches, or a slice of K, at
-    a time; results stay right (and bias/activation GEMMs are never sliced along K)."""
+    a time; results stay right. A bias and activation epilogue runs in the last slice's
+    launch on the whole sum, alpha and beta in the first: sliced in float32 and float64,
+    never where C holds 16-bit values (the partial sums would be rounded to them)."""
     import sys
-    monkeypatch.setattr(sys.modules["clnn.ops.gemm"], "PANEL_BYTES", 4096)
+    gemm_module = sys.modules["clnn.ops.gemm"]
+    monkeypatch.setattr(gemm_module, "PANEL_BYTES", 4096)
     with tuning.override("gemm", VARIANTS["cpu-default"]):
         check_gemm(13, 21, 300, False, True, -1.5, 1.0, np.float32)
         check_gemm(13, 21, 170, True, False, 1.0, 0.0, np.float32, batch=5)
         check_gemm(9, 30, 200, False, False, 1.0, 0.0, np.float32, bias=True, act="tanh")
+        monkeypatch.setattr(gemm_module, "DIRECT_FLOPS", 0)      # (23 rows: packed)
+        for dtype, act, sliced in ((np.float32, "tanh", True), (np.float64, "relu", True),
+                                   (np.float16, "sigmoid", False)):
+            with clnn.profile() as prof:
+                check_gemm(23, 30, 200, False, False, -1.5, 0.5, dtype, bias=True, act=act)
+            packs = [r for r in prof.records if r.entry == "clnn_pack_a"]
+            assert (len(packs) > 1) == sliced, (dtype, len(packs))
