@@ -200,9 +200,11 @@ __kernel void clnn_pack_b(const int N, const int K, const int Nb, const int k0,
     __global acc_t *dst = b_pk + ((batch * Nb + nb) * K + k) * NWI;
 % if conv == "none":
     if (n_base + (nb + 1) * NWI <= N) {      // a whole panel, as in clnn_pack_a
-%   if not trans_b and VW in (2, 4, 8):
-        // rows of B run along n: whole vectors (16-bit storage converted a vector at
-        // a time)
+%   if not trans_b and VW in (2, 4, 8) and dtype != "float16":
+        // rows of B run along n: whole vectors (bfloat16 converted a vector at a time;
+        // float16's vector conversion here took 2.7 ns an element, the scalar loop
+        // below, vectorised across k by the work-group loop, 0.8: 1024^3 2.68 -> 0.77
+        // ms on PoCL)
         __global const real_t *src = b + (k0 + k) * ldb + n_base + nb * NWI;
 %     for v in range(t["NWI"] // VW):
         *(__global ${rvec} *)(dst + ${v * VW}) = CLNN_LOADV(${VW}, src + ${v * VW});
