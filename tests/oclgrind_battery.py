@@ -295,6 +295,15 @@ def conv():
                     close(clnn.conv2d_backward_weight(dyy, xx, ww.shape, stride=st,
                                                       padding=1).get(), refs[2], 1e-4)
             checked += 1
+    # winograd.cl with the CPU GEMM's packed panels (the transforms write them, and dy's
+    # transform takes an A panel of channels per work-item), its rows forced here
+    with tuning.override("gemm", tuning.GEMM_TABLE["type"]["CPU"]), \
+            tuning.override("conv", dict(base, WINO=True, DGRAD="flip")), clnn.profile() as prof:
+        close(clnn.conv2d(X1, W1, B1, padding=1).get(), y1, 1e-4)
+        close(clnn.conv2d_backward_data(DY1, W1, X1.shape, padding=1).get(), dx1, 1e-4)
+        close(clnn.conv2d_backward_weight(DY1, X1, W1.shape, padding=1).get(), dw1, 1e-4)
+    assert any(r.entry == "clnn_wino_dy_panels" for r in prof.records)
+    checked += 1
     pooling = [(mode, fwd, bwd, per)
                for mode, fwd, bwd in (("max", clnn.max_pool2d, clnn.max_pool2d_backward),
                                       ("avg", clnn.avg_pool2d, clnn.avg_pool2d_backward))

@@ -338,6 +338,78 @@ ${to_planes("yt", yy, " " * 12)}
     }
 }
 
+// The same Y from one A panel's dyv (its MWI) channels m0 .. of an image per work-item,
+// the channels in the first MWI lanes of vectors: each tile's 16 dy elements are one
+// bounds check and MWI loads, A g A^T runs once for the panel, and each of the 36
+// transformed elements goes out as MWI contiguous values (the panel holds a tile's
+// MWI channels side by side). Channels past M (the last panel's padding rows, which
+// the GEMM never stores) repeat the last channel. For panels of 2 to ${VC} channels
+// (a wider dyv renders no kernel: conv.py asks for this one only within a vector).
+% if 2 <= dyv <= VC:
+<%
+    dv_t = f"{acc}{VC}"
+    def runs(n):
+        """(offset, width) of the vector stores that cover n contiguous values"""
+        out, o = [], 0
+        for w in (8, 4, 2, 1):
+            while n - o >= w and w <= VC:
+                out.append((o, w))
+                o += w
+        return out
+    def part(e, o, w):
+        """lanes o .. o + w - 1 of vector expression e"""
+        return f"({e}).s{lane[o]}" if w == 1 else f"({e}).s{''.join(lane[o + k] for k in range(w))}"
+%>\
+__kernel void clnn_wino_dy_panels(const int M, const int P, const int Q, const int TH,
+                                  const int TW, const int images, const int plane,
+                                  const int4 m_lay, const int4 t_lay,
+                                  __global const real_t *dy, const int dy_off,
+                                  const int4 dy_lay, __global acc_t *y)
+{
+    const int MP = (M + ${dyv - 1}) / ${dyv};
+    const int gid = (int)get_global_id(0);             // (n, panel of channels)
+    if (gid >= images * MP)
+        return;
+    const int n = gid / MP, m0 = gid % MP * ${dyv}, lanes = min(${dyv}, M - m0);
+% for l in range(dyv):
+    const int mo${l} = min(${l}, lanes - 1) * dy_lay.s0;
+% endfor
+    y += clnn_wino_at(m0, m_lay);
+    dy += dy_off + dy_lay.s3 + (n * M + m0) * dy_lay.s0;
+    for (int ty = 0; ty < TH; ++ty) {
+        const int p0 = ${m} * ty;
+        for (int tx = 0; tx < TW; ++tx) {
+            const int q0 = ${m} * tx;
+            __global acc_t *yt = y + clnn_wino_at((n * TH + ty) * TW + tx, t_lay);
+% for i in range(m):
+%   for j in range(m):
+            const bool ok${i}_${j} = p0 + ${i} < P && q0 + ${j} < Q;
+            const int k${i}_${j} = ok${i}_${j} ? (p0 + ${i}) * dy_lay.s1 + (q0 + ${j}) * dy_lay.s2 : 0;
+            const ${dv_t} l${i}_${j} = (${dv_t})(${", ".join([f"CLNN_LOAD(dy, k{i}_{j} + mo{l})" for l in range(dyv)] + ["(acc_t)0"] * (VC - dyv))});
+            const ${dv_t} g${i}_${j} = ok${i}_${j} ? l${i}_${j} : (${dv_t})0;
+%   endfor
+% endfor
+<% decl, yy = sandwich(T_(AT), lambda k, j: f"g{k}_{j}", "h", m, m, " " * 12, "A g", dv_t) %>\
+${decl}
+% for a in range(AL):
+%   for b in range(AL):
+            {
+                const ${dv_t} e = ${yy[a][b]};
+%     for o, w in runs(dyv):
+%       if w == 1:
+                yt[${AL * a + b} * plane + ${o}] = ${part("e", o, w)};
+%       else:
+                CLNN_ELEMS_STORE${w}(${acc}, ${part("e", o, w)}, (yt + ${AL * a + b} * plane + ${o}));
+%       endif
+%     endfor
+            }
+%   endfor
+% endfor
+        }
+    }
+}
+% endif
+
 // dw[m][c] (3x3, from dw + dw_off: (M, C, 3, 3)) = alpha G^T Z[.][m][c] G + beta dw, Z
 // ${AL * AL} x M x C (plane elements apart). A work-item per (m, c).
 __kernel void clnn_wino_dw(const int M, const int C, const int plane,

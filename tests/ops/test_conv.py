@@ -372,8 +372,10 @@ def test_winograd(dtype, shape, m):
     and beta), on odd sizes (tiles past the output's edge, a 1-row input, channels and
     tiles over several GEMM panels and short of whole ones), paddings 0 to 2, inside
     canaries, in every dtype, against the float64 loops within the error bound of what
-    Winograd adds up."""
-    _check_winograd(dtype, shape, m)
+    Winograd adds up. dy's transform takes the packed GEMM's panels of 6 channels per
+    work-item where a CPU vector holds 6 (floats; doubles: a channel per work-item)."""
+    prof = _check_winograd(dtype, shape, m)
+    assert bool(ran(prof, "clnn_wino_dy_panels")) == (dtype != np.float64)
 
 
 @pytest.mark.parametrize("shape", [(3, 5, 7, 9, 6, 1), (2, 19, 9, 10, 17, 1)])
@@ -387,11 +389,16 @@ def test_winograd_plain_gemms(shape):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda t: np.dtype(t).name)
 def test_winograd_narrow_panels(dtype):
     """Panels of 12 and 5 columns: channel vectors that straddle two panels go out lane
-    by lane (clnn_wino_input's whole vectors only inside one)."""
+    by lane (clnn_wino_input's whole vectors only inside one). And A panels of 5, 3 and
+    2 rows: dy's transform takes a panel's channels per work-item (stored in runs of 4,
+    2 and 1) where a CPU vector holds them (8 floats, 4 doubles), else one channel."""
     cpu = tuning.GEMM_TABLE["type"]["CPU"]
-    for nwi, vw in ((12, 4), (5, 1)):
-        with tuning.override("gemm", dict(cpu, MWI=5, NWI=nwi, VW=vw)):
-            _check_winograd(dtype, (2, 19, 9, 10, 17, 1), 4)
+    lanes = 8 if dtype == np.float32 else 4
+    for mwi, nwi, vw in ((5, 12, 4), (5, 5, 1), (3, 16, 8), (2, 8, 8)):
+        with tuning.override("gemm", dict(cpu, MWI=mwi, NWI=nwi, VW=vw)):
+            prof = _check_winograd(dtype, (2, 19, 9, 10, 17, 1), 4)
+        assert bool(ran(prof, "clnn_wino_dy_panels")) == (mwi <= lanes)
+        assert bool(ran(prof, "clnn_wino_dy")) == (mwi > lanes)
 
 
 @pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
@@ -450,6 +457,8 @@ def _check_winograd(dtype, shape, m, packed=True, dilation=(1, 1)):
                                     out=dw_out.view, alpha=-0.5, beta=0.75)
     assert len(ran(prof, "clnn_wino_dw")) == 1
     assert len(ran(prof, "clnn_wino_output")) >= 2
+    if not packed:                  # (dy's transform: a channel per work-item)
+        assert ran(prof, "clnn_wino_dy") and not ran(prof, "clnn_wino_dy_panels")
     assert not ran(prof, "clnn_conv_gather") and not ran(prof, "clnn_conv_pixels")
     # packed: the transforms wrote the panels, nothing packed them again
     assert bool(ran(prof, "clnn_gemm_packed")) == packed
@@ -465,6 +474,7 @@ def _check_winograd(dtype, shape, m, packed=True, dilation=(1, 1)):
            _phase_scale(wino_scale, dy, (2 * dh - pad, 2 * dw - pad), dilation, turned, None,
                         m), M * 9,
            dtype)
+    return prof
 
 
 def test_winograd_choice_and_groups(monkeypatch):
@@ -534,7 +544,8 @@ def test_winograd_choice_and_groups(monkeypatch):
             with clnn.profile() as prof:
                 y = clnn.conv2d(X, Wd, padding=1).get()
                 dw = clnn.conv2d_backward_weight(DY, X, w.shape, padding=1).get()
-        assert len(ran(prof, "clnn_wino_output")) == 3 and len(ran(prof, "clnn_wino_dy")) == 3
+        assert len(ran(prof, "clnn_wino_output")) == 3
+        assert len(ran(prof, "clnn_wino_dy") + ran(prof, "clnn_wino_dy_panels")) == 3
         assert y.tobytes() == whole.tobytes()
         within(y, conv2d_ref(x, w, None, (1, 1), (1, 1)), wino_scale(x, w, None, 1, m), 27,
                np.float32)
