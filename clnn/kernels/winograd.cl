@@ -9,10 +9,13 @@
 ##                     (F(4x4, 3x3): 36 GEMMs, 4x fewer, larger transform coefficients)
 ##              act    the output's activation (a name from clnn.ACTIVATIONS) or "none"
 ##              bias   "none" or "row" (bias[m] added to output channel m)
+##              dyv    0, or 2 to the CPU vector's lanes: clnn_wino_dy_panels for A panels
+##                     of that many channels
 ## Kernels: clnn_wino_filter (U = G g G^T), clnn_wino_input (V = B^T d B), then the
 ## GEMMs Z[xi] (Mo x T) = U[xi] (Mo x Ci) @ V[xi] (Ci x T) run by gemm.cl, and
 ## clnn_wino_output (y = A^T Z A, with the fused epilogue); for weight gradients
-## clnn_wino_dy (Y = A dy A^T) and clnn_wino_dw (dw = G^T Z G) around the GEMMs
+## clnn_wino_dy or clnn_wino_dy_panels (Y = A dy A^T) and clnn_wino_dw (dw = G^T Z G)
+## around the GEMMs
 ## Z[xi] = Y[xi] V[xi]^T. Used by clnn/ops/conv.py for forward passes, unit-stride data
 ## gradients (the flipped filters) and weight gradients. The template writes every
 ## transform out as sums of named values with the matrices' coefficients (PoCL kept
@@ -176,8 +179,9 @@ ${decl}
 // faster than a work-item per channel on 28x28x128 (a work-item per tile spent its
 // time dividing its index and gathering its loads). Where the channels lie side by
 // side in V (a weight gradient's panels of channels) their values go out as one
-// vector, else lane by lane. (clnn_wino_dy, 16 loads for 36 stores into panels of
-// MWI channels, ran 1.25x slower so: it keeps a work-item per channel.)
+// vector, else lane by lane. (dy's transform written so, 16 loads for 36 stores into
+// panels of MWI channels, ran 1.25x slower: its vectors of 8 channels straddled the
+// panels of 6; clnn_wino_dy_panels takes one panel's channels instead.)
 __kernel void clnn_wino_input(const int C, const int H, const int W, const int ph,
                               const int pw, const int TH, const int TW, const int images,
                               const int plane, const int4 c_lay, const int4 t_lay,
