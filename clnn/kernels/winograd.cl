@@ -9,13 +9,12 @@
 ##                     (F(4x4, 3x3): 36 GEMMs, 4x fewer, larger transform coefficients)
 ##              act    the output's activation (a name from clnn.ACTIVATIONS) or "none"
 ##              bias   "none" or "row" (bias[m] added to output channel m)
-##              dyv    0, or 2 to the CPU vector's lanes: clnn_wino_dy_panels for A panels
-##                     of that many channels
+##              dyv    clnn_wino_dy's channels per work-item: 1, or an A panel's MWI
+##                     (2 to the CPU vector's lanes)
 ## Kernels: clnn_wino_filter (U = G g G^T), clnn_wino_input (V = B^T d B), then the
 ## GEMMs Z[xi] (Mo x T) = U[xi] (Mo x Ci) @ V[xi] (Ci x T) run by gemm.cl, and
 ## clnn_wino_output (y = A^T Z A, with the fused epilogue); for weight gradients
-## clnn_wino_dy or clnn_wino_dy_panels (Y = A dy A^T) and clnn_wino_dw (dw = G^T Z G)
-## around the GEMMs
+## clnn_wino_dy (Y = A dy A^T) and clnn_wino_dw (dw = G^T Z G) around the GEMMs
 ## Z[xi] = Y[xi] V[xi]^T. Used by clnn/ops/conv.py for forward passes, unit-stride data
 ## gradients (the flipped filters) and weight gradients. The template writes every
 ## transform out as sums of named values with the matrices' coefficients (PoCL kept
@@ -181,7 +180,7 @@ ${decl}
 // side in V (a weight gradient's panels of channels) their values go out as one
 // vector, else lane by lane. (dy's transform written so, 16 loads for 36 stores into
 // panels of MWI channels, ran 1.25x slower: its vectors of 8 channels straddled the
-// panels of 6; clnn_wino_dy_panels takes one panel's channels instead.)
+// panels of 6; clnn_wino_dy takes one panel's channels instead.)
 __kernel void clnn_wino_input(const int C, const int H, const int W, const int ph,
                               const int pw, const int TH, const int TW, const int images,
                               const int plane, const int4 c_lay, const int4 t_lay,
@@ -309,49 +308,21 @@ ${decl}
 
 // Y[xi][m][t] (${AL * AL} x M x T) from the ${m}x${m} tiles of channel m of dy (images of
 // M x P x Q from dy + dy_off, laid out by dy_lay), zeros past P and Q; channel m goes
-// along m_lay, tile t
-// along t_lay. A work-item per plane (n, m) walks its tiles.
-__kernel void clnn_wino_dy(const int M, const int P, const int Q, const int TH,
-                           const int TW, const int images, const int plane,
-                           const int4 m_lay, const int4 t_lay,
-                           __global const real_t *dy, const int dy_off, const int4 dy_lay,
-                           __global acc_t *y)
-{
-    const int nm = (int)get_global_id(0);              // (n, m)
-    if (nm >= images * M)
-        return;
-    const int m = nm % M, n = nm / M;
-    y += clnn_wino_at(m, m_lay);
-    dy += dy_off + dy_lay.s3 + nm * dy_lay.s0;
-    for (int ty = 0; ty < TH; ++ty) {
-        const int p0 = ${m} * ty;
-        for (int tx = 0; tx < TW; ++tx) {
-            const int q0 = ${m} * tx;
-            __global acc_t *yt = y + clnn_wino_at((n * TH + ty) * TW + tx, t_lay);
-% for i in range(m):
-%   for j in range(m):
-            const bool ok${i}_${j} = p0 + ${i} < P && q0 + ${j} < Q;
-            const acc_t l${i}_${j} = CLNN_LOAD(dy, ok${i}_${j} ? (p0 + ${i}) * dy_lay.s1 + (q0 + ${j}) * dy_lay.s2 : 0);
-            const acc_t g${i}_${j} = ok${i}_${j} ? l${i}_${j} : (acc_t)0;
-%   endfor
-% endfor
-<% decl, yy = sandwich(T_(AT), lambda k, j: f"g{k}_{j}", "h", m, m, " " * 12, "A g") %>\
-${decl}
-${to_planes("yt", yy, " " * 12)}
-        }
-    }
-}
-
-// The same Y from one A panel's dyv (its MWI) channels m0 .. of an image per work-item,
-// the channels in the first MWI lanes of vectors: each tile's 16 dy elements are one
-// bounds check and MWI loads, A g A^T runs once for the panel, and each of the 36
-// transformed elements goes out as MWI contiguous values (the panel holds a tile's
-// MWI channels side by side). Channels past M (the last panel's padding rows, which
-// the GEMM never stores) repeat the last channel. For panels of 2 to ${VC} channels
-// (a wider dyv renders no kernel: conv.py asks for this one only within a vector).
-% if 2 <= dyv <= VC:
+// along m_lay, tile t along t_lay. A work-item per dyv channels m0 .. of an image (the
+// packed GEMM's A panel of MWI channels, or 1) walks their tiles, the channels in the
+// first dyv lanes of a vector: each tile's 16 dy elements are one bounds check and dyv
+// loads, A g A^T runs once for them, and each of the 36 transformed elements goes out
+// as dyv contiguous values (a panel holds a tile's MWI channels side by side: a float4
+// and a float2 for panels of 6, against a work-item per channel writing stride-6
+// scalars: 56x56x64 7.05 -> 5.35 ms). Channels past M (the last panel's padding rows,
+// which the GEMM never stores) repeat the last channel. (dy's transform written like
+// clnn_wino_input, with vectors of 8 channels, ran 1.25x slower: they straddled the
+// panels of 6.) A dyv wider than a vector renders no kernel: conv.py asks for it only
+// within one.
+% if 1 <= dyv <= VC:
 <%
-    dv_t = f"{acc}{VC}"
+    dv_t = acc if dyv == 1 else f"{acc}{VC}"
+
     def runs(n):
         """(offset, width) of the vector stores that cover n contiguous values"""
         out, o = [], 0
@@ -360,24 +331,38 @@ ${to_planes("yt", yy, " " * 12)}
                 out.append((o, w))
                 o += w
         return out
+
     def part(e, o, w):
-        """lanes o .. o + w - 1 of vector expression e"""
-        return f"({e}).s{lane[o]}" if w == 1 else f"({e}).s{''.join(lane[o + k] for k in range(w))}"
+        """lanes o .. o + w - 1 of vector expression e (e itself for one channel)"""
+        if dyv == 1:
+            return e
+        return f"({e}).s" + "".join(lane[o + k] for k in range(w))
+
+    def loads(k):
+        """the dyv channels' values at offset k of their planes, as a dv_t"""
+        if dyv == 1:
+            return f"CLNN_LOAD(dy, {k})"
+        return f"({dv_t})(" + ", ".join([f"CLNN_LOAD(dy, {k} + mo{l})" for l in range(dyv)] +
+                                        ["(acc_t)0"] * (VC - dyv)) + ")"
 %>\
-__kernel void clnn_wino_dy_panels(const int M, const int P, const int Q, const int TH,
-                                  const int TW, const int images, const int plane,
-                                  const int4 m_lay, const int4 t_lay,
-                                  __global const real_t *dy, const int dy_off,
-                                  const int4 dy_lay, __global acc_t *y)
+__kernel void clnn_wino_dy(const int M, const int P, const int Q, const int TH,
+                           const int TW, const int images, const int plane,
+                           const int4 m_lay, const int4 t_lay,
+                           __global const real_t *dy, const int dy_off, const int4 dy_lay,
+                           __global acc_t *y)
 {
     const int MP = (M + ${dyv - 1}) / ${dyv};
-    const int gid = (int)get_global_id(0);             // (n, panel of channels)
+    const int gid = (int)get_global_id(0);             // (n, channels m0 .. m0 + dyv - 1)
     if (gid >= images * MP)
         return;
     const int n = gid / MP, m0 = gid % MP * ${dyv}, lanes = min(${dyv}, M - m0);
-% for l in range(dyv):
+    (void)lanes;
+% for l in range(1, dyv):
     const int mo${l} = min(${l}, lanes - 1) * dy_lay.s0;
 % endfor
+% if dyv > 1:
+    const int mo0 = 0;
+% endif
     y += clnn_wino_at(m0, m_lay);
     dy += dy_off + dy_lay.s3 + (n * M + m0) * dy_lay.s0;
     for (int ty = 0; ty < TH; ++ty) {
@@ -389,7 +374,7 @@ __kernel void clnn_wino_dy_panels(const int M, const int P, const int Q, const i
 %   for j in range(m):
             const bool ok${i}_${j} = p0 + ${i} < P && q0 + ${j} < Q;
             const int k${i}_${j} = ok${i}_${j} ? (p0 + ${i}) * dy_lay.s1 + (q0 + ${j}) * dy_lay.s2 : 0;
-            const ${dv_t} l${i}_${j} = (${dv_t})(${", ".join([f"CLNN_LOAD(dy, k{i}_{j} + mo{l})" for l in range(dyv)] + ["(acc_t)0"] * (VC - dyv))});
+            const ${dv_t} l${i}_${j} = ${loads(f"k{i}_{j}")};
             const ${dv_t} g${i}_${j} = ok${i}_${j} ? l${i}_${j} : (${dv_t})0;
 %   endfor
 % endfor

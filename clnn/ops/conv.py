@@ -55,8 +55,8 @@ _TILES = ((("MWI", 10), ("NWI", 16), ("VW", 8)), (("MWI", 5), ("NWI", 8), ("VW",
           (("MWI", 4), ("NWI", 24), ("VW", 8)))
 
 
-programs.register("winograd", {"m": 4, "act": "none", "bias": "none", "dyv": 0},
-                  lambda: [{"m": m, "act": a, "bias": b, "dyv": 0} for m in (2, 4)
+programs.register("winograd", {"m": 4, "act": "none", "bias": "none", "dyv": 1},
+                  lambda: [{"m": m, "act": a, "bias": b, "dyv": 1} for m in (2, 4)
                            for a in ("none",) + ACTIVATIONS for b in ("none", "row")] +
                   [{"m": m, "act": "none", "bias": "none", "dyv": v} for m in (2, 4)
                    for v in (2, 3, 4, 5, 6)])
@@ -894,14 +894,14 @@ def _run_winograd_wgrad(dev, dt, p, *, dy, x, N, C, H, W, M, ph, pw, out, alpha,
     group = max(1, min(N, WINO_GROUP_BYTES // _wino_image_bytes(dt, p, C, M, phases[0]["P"],
                                                                 phases[0]["Q"])))
     prm = {"dtype": programs.dtype_name(dt), "m": m, "act": "none", "bias": "none",
-           "dyv": 0}
+           "dyv": 1}
     rows = tuning.gemm_rows(dev.facts, acc.itemsize, acc, tuning.shape_class(
         M, C, group * tiles, trans_b=True, batch=X))
     panels = panel_widths(rows)
     mwi, nwi = panels or (1, 1)
-    # dy's transform a panel of MWI channels per work-item, stored as contiguous runs,
+    # dy's transform: a panel of MWI channels per work-item, stored as contiguous runs,
     # where the panels are no wider than a CPU vector (else a work-item per channel)
-    dyv = mwi if panels and 2 <= mwi <= _wino_lanes(acc) else 0
+    dyv = mwi if panels and 2 <= mwi <= _wino_lanes(acc) else 1
     Mpad, Cpad = _round_up(M, mwi), _round_up(C, nwi)
     zs = _wino_plane(M * C)
     z = dev_scratch(dev, X * zs, acc)
@@ -909,8 +909,7 @@ def _run_winograd_wgrad(dev, dt, p, *, dy, x, N, C, H, W, M, ph, pw, out, alpha,
     y = dev_scratch(dev, X * _wino_plane(Mpad * group * tiles), acc)
     inp, dwk = (programs.get_kernel(dev, "winograd", e, prm) for e in
                 ("clnn_wino_input", "clnn_wino_dw"))
-    dyk = programs.get_kernel(dev, "winograd", "clnn_wino_dy_panels", dict(prm, dyv=dyv)) \
-        if dyv else programs.get_kernel(dev, "winograd", "clnn_wino_dy", prm)
+    dyk = programs.get_kernel(dev, "winograd", "clnn_wino_dy", dict(prm, dyv=dyv))
     wg = min(WINO_WG, dev.facts.max_work_group_size)
     first = True
     for n0 in range(0, N, group):
@@ -926,8 +925,8 @@ def _run_winograd_wgrad(dev, dt, p, *, dy, x, N, C, H, W, M, ph, pw, out, alpha,
                 vt_lay = yt_lay = _wino_lay(_WHOLE, 0, 1)
             _wino_input(inp, acc, wg, f, x, offset(x) + n0 * C * H * W, g, C, v, vs,
                         c_lay, vt_lay)
-            dyk((_round_up(g * (-(-M // dyv) if dyv else M), wg),), (wg,), M=M, P=f["P"],
-                Q=f["Q"], TH=f["TH"],
+            dyk((_round_up(g * -(-M // dyv), wg),), (wg,), M=M, P=f["P"], Q=f["Q"],
+                TH=f["TH"],
                 TW=f["TW"], images=g, plane=ys, m_lay=m_lay, t_lay=yt_lay, dy=dy,
                 dy_off=offset(dy) + n0 * M * f["out_plane"], dy_lay=f["y"], y=y)
             c = Operand(z, 0, C, zs, X)

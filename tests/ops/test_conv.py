@@ -375,7 +375,8 @@ def test_winograd(dtype, shape, m):
     Winograd adds up. dy's transform takes the packed GEMM's panels of 6 channels per
     work-item where a CPU vector holds 6 (floats; doubles: a channel per work-item)."""
     prof = _check_winograd(dtype, shape, m)
-    assert bool(ran(prof, "clnn_wino_dy_panels")) == (dtype != np.float64)
+    assert {r.params["dyv"] for r in ran(prof, "clnn_wino_dy")} == \
+        {1 if dtype == np.float64 else 6}
 
 
 @pytest.mark.parametrize("shape", [(3, 5, 7, 9, 6, 1), (2, 19, 9, 10, 17, 1)])
@@ -397,8 +398,8 @@ def test_winograd_narrow_panels(dtype):
     for mwi, nwi, vw in ((5, 12, 4), (5, 5, 1), (3, 16, 8), (2, 8, 8)):
         with tuning.override("gemm", dict(cpu, MWI=mwi, NWI=nwi, VW=vw)):
             prof = _check_winograd(dtype, (2, 19, 9, 10, 17, 1), 4)
-        assert bool(ran(prof, "clnn_wino_dy_panels")) == (mwi <= lanes)
-        assert bool(ran(prof, "clnn_wino_dy")) == (mwi > lanes)
+        assert {r.params["dyv"] for r in ran(prof, "clnn_wino_dy")} == \
+            {mwi if mwi <= lanes else 1}
 
 
 @pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
@@ -458,7 +459,7 @@ def _check_winograd(dtype, shape, m, packed=True, dilation=(1, 1)):
     assert len(ran(prof, "clnn_wino_dw")) == 1
     assert len(ran(prof, "clnn_wino_output")) >= 2
     if not packed:                  # (dy's transform: a channel per work-item)
-        assert ran(prof, "clnn_wino_dy") and not ran(prof, "clnn_wino_dy_panels")
+        assert {r.params["dyv"] for r in ran(prof, "clnn_wino_dy")} == {1}
     assert not ran(prof, "clnn_conv_gather") and not ran(prof, "clnn_conv_pixels")
     # packed: the transforms wrote the panels, nothing packed them again
     assert bool(ran(prof, "clnn_gemm_packed")) == packed
@@ -544,8 +545,7 @@ def test_winograd_choice_and_groups(monkeypatch):
             with clnn.profile() as prof:
                 y = clnn.conv2d(X, Wd, padding=1).get()
                 dw = clnn.conv2d_backward_weight(DY, X, w.shape, padding=1).get()
-        assert len(ran(prof, "clnn_wino_output")) == 3
-        assert len(ran(prof, "clnn_wino_dy") + ran(prof, "clnn_wino_dy_panels")) == 3
+        assert len(ran(prof, "clnn_wino_output")) == 3 and len(ran(prof, "clnn_wino_dy")) == 3
         assert y.tobytes() == whole.tobytes()
         within(y, conv2d_ref(x, w, None, (1, 1), (1, 1)), wino_scale(x, w, None, 1, m), 27,
                np.float32)
