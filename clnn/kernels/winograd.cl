@@ -77,11 +77,6 @@
             f"{indent}const {typ} " + ", ".join(f"{tmp}{a}_{j} = {mx[a][j]}" for j in range(cols))
             + f";   // {what}" for a in range(len(mat)))
         return decl, right(lambda i, k: f"{tmp}{i}_{k}", mat, len(mat), cols)
-
-    def to_planes(dst, exprs, indent):
-        """the stores of a transformed tile, element xi = AL i + j to plane xi"""
-        return "\n".join(f"{indent}{dst}[{AL * a + b} * plane] = {exprs[a][b]};"
-                         for a in range(AL) for b in range(AL))
 %>
 //
 // Where a transformed operand's elements go: the GEMMs' operands are written straight

@@ -703,7 +703,7 @@ def _pad_input(dev, dt, x, images, H, W, ph, pw, into=None):
 # transforms per input channel, output and filter transforms per filter, against
 # Ci x Mo multiply-adds), so the threshold is on the two counts' harmonic mean,
 # 2 Ci Mo / (Ci + Mo), at least WINO_CHANNELS (forward + both gradients, ms, gathered
-# / F(4x4), same process: 32 -> 64 channels at 56x56 63.8 / 55.4, 64 -> 32 at 28x28
+# / F(4x4), alternating processes: 32 -> 64 channels at 56x56 63.8 / 55.4, 64 -> 32 at 28x28
 # 15.7 / 13.2, 32 -> 48 at 32x32 30.9 / 26.9, 24 -> 96 at 28x28 16.9 / 15.6, where the
 # harmonic means are 38-43; 24 -> 64 48.3 / 50.6 (35), 32 -> 32 20.7 / 21.7 at 32x32,
 # 33.4 / 36.5 at 56x56, 16 -> 64 36.0 / 41.2 (26)). A parameter set may say instead
@@ -926,8 +926,7 @@ def _run_winograd_wgrad(dev, dt, p, *, dy, x, N, C, H, W, M, ph, pw, out, alpha,
             _wino_input(inp, acc, wg, f, x, offset(x) + n0 * C * H * W, g, C, v, vs,
                         c_lay, vt_lay)
             dyk((_round_up(g * -(-M // dyv), wg),), (wg,), M=M, P=f["P"], Q=f["Q"],
-                TH=f["TH"],
-                TW=f["TW"], images=g, plane=ys, m_lay=m_lay, t_lay=yt_lay, dy=dy,
+                TH=f["TH"], TW=f["TW"], images=g, plane=ys, m_lay=m_lay, t_lay=yt_lay, dy=dy,
                 dy_off=offset(dy) + n0 * M * f["out_plane"], dy_lay=f["y"], y=y)
             c = Operand(z, 0, C, zs, X)
             if panels:
