@@ -6,9 +6,9 @@
 
 The tutorial reported 433 ms for this step on a GTX 1080 Ti through CUDA, and 18 s or
 CL_MEM_OBJECT_ALLOCATION_FAILURE on an R9 290X (4 GiB) through OpenCL. A step is 2.3
-TFLOP (the input needs no gradient): on a CPU device the default batch shrinks to 1000 (--batch to choose). Before
-timing, one step from the same weights is compared with PyTorch's. Writes
-benchmarks/results/bench_tutorial.json.
+TFLOP (the input needs no gradient): on a CPU device the default batch shrinks to 1000
+(--batch to choose). Before timing, one step from the same weights is compared with
+PyTorch's. Writes benchmarks/results/bench_tutorial.json.
 """
 
 import os

@@ -352,12 +352,9 @@ __kernel void clnn_wino_dy(const int M, const int P, const int Q, const int TH,
         return;
     const int n = gid / MP, m0 = gid % MP * ${dyv}, lanes = min(${dyv}, M - m0);
     (void)lanes;
-% for l in range(1, dyv):
+% for l in range(dyv if dyv > 1 else 0):
     const int mo${l} = min(${l}, lanes - 1) * dy_lay.s0;
 % endfor
-% if dyv > 1:
-    const int mo0 = 0;
-% endif
     y += clnn_wino_at(m0, m_lay);
     dy += dy_off + dy_lay.s3 + (n * M + m0) * dy_lay.s0;
     for (int ty = 0; ty < TH; ++ty) {

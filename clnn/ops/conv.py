@@ -779,6 +779,19 @@ def _wino_phases(p, H, W, ph, pw, dilation):
     return phases
 
 
+def _wino_plan(dt, p, N, Ci, Mo, H, W, ph, pw, dilation, cap):
+    """(m, X, phases, tiles, group) of a Winograd pass of N images from Ci to Mo
+    channels: the tile's outputs per side, the GEMMs (the transformed tile's elements),
+    _wino_phases, an image's tiles in its largest phase (the first), and the images per
+    group whose transformed operands fit ``cap`` bytes (at least one)."""
+    m = _wino_tile(p)
+    phases = _wino_phases(p, H, W, ph, pw, dilation)
+    tiles = max(f["TH"] * f["TW"] for f in phases)
+    group = max(1, min(N, cap // _wino_image_bytes(dt, p, Ci, Mo, phases[0]["P"],
+                                                   phases[0]["Q"])))
+    return m, (m + 2) ** 2, phases, tiles, group
+
+
 def _wino_plane(n):
     """The distance between the transformed planes of ``n`` elements: 16 more than a
     multiple of 1024, so that a work-item's streams of stores or loads (one per plane)
@@ -831,11 +844,8 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
     panels of NWI tiles), so nothing packs them again; another GEMM variant gets plain
     matrices."""
     acc = programs.acc_dtype(dt)
-    m, X = _wino_tile(p), (_wino_tile(p) + 2) ** 2
-    phases = _wino_phases(p, H, W, ph, pw, dilation)
-    tiles = max(f["TH"] * f["TW"] for f in phases)     # an image's, in its largest phase
-    group = max(1, min(N, scratch_cap(dev, WINO_GROUP_BYTES) //
-                       _wino_image_bytes(dt, p, Ci, Mo, phases[0]["P"], phases[0]["Q"])))
+    m, X, phases, tiles, group = _wino_plan(dt, p, N, Ci, Mo, H, W, ph, pw, dilation,
+                                            scratch_cap(dev, WINO_GROUP_BYTES))
     prm = {"dtype": programs.dtype_name(dt), "m": m, "act": act,
            "bias": "row" if bias is not None else "none"}
     rows = tuning.gemm_rows(dev.facts, acc.itemsize, acc,
@@ -888,11 +898,8 @@ def _run_winograd_wgrad(dev, dt, p, *, dy, x, N, C, H, W, M, ph, pw, out, alpha,
     in _run_winograd: Y as A panels of MWI channels of dy, V^T as B panels of NWI
     channels of x, both along the tiles."""
     acc = programs.acc_dtype(dt)
-    m, X = _wino_tile(p), (_wino_tile(p) + 2) ** 2
-    phases = _wino_phases(p, H, W, ph, pw, dilation)
-    tiles = max(f["TH"] * f["TW"] for f in phases)
-    group = max(1, min(N, WINO_GROUP_BYTES // _wino_image_bytes(dt, p, C, M, phases[0]["P"],
-                                                                phases[0]["Q"])))
+    m, X, phases, tiles, group = _wino_plan(dt, p, N, C, M, H, W, ph, pw, dilation,
+                                            WINO_GROUP_BYTES)
     prm = {"dtype": programs.dtype_name(dt), "m": m, "act": "none", "bias": "none",
            "dyv": 1}
     rows = tuning.gemm_rows(dev.facts, acc.itemsize, acc, tuning.shape_class(
