@@ -58,8 +58,10 @@ _TILES = ((("MWI", 10), ("NWI", 16), ("VW", 8)), (("MWI", 5), ("NWI", 8), ("VW",
 programs.register("winograd", {"m": 4, "act": "none", "bias": "none", "dyv": 1},
                   lambda: [{"m": m, "act": a, "bias": b, "dyv": 1} for m in (2, 4)
                            for a in ("none",) + ACTIVATIONS for b in ("none", "row")] +
+                  # every panel width the weight gradient may ask dy's transform for
+                  # (2 to a CPU vector's lanes: the tuner's rows go to MWI 8)
                   [{"m": m, "act": "none", "bias": "none", "dyv": v} for m in (2, 4)
-                   for v in (2, 3, 4, 5, 6)])
+                   for v in range(2, programs.CPU_LANES["float"] + 1)])
 
 PX_WG = 4           # work-items per work-group of clnn_conv_pixels
 PACK_RUN = 8        # consecutive k per work-item of clnn_conv_pack
