@@ -19,7 +19,8 @@
 ##                    float16 and bfloat16) multiplies its tiles on NVIDIA's matrix
 ##                    engines (mma.sync, inline PTX), a warp per WM x WN block: chosen
 ##                    only for NVIDIA compute capability 8.0 and up
-## Kernels: "reg": clnn_pack_a, clnn_pack_b, clnn_gemm_packed, clnn_gemv;
+## Kernels: "reg": clnn_pack_a, clnn_pack_b, clnn_gemm_packed, clnn_gemv,
+##          clnn_gemm_direct, clnn_gemm_splitk (conv "none": 16-bit K slices' epilogue);
 ##          "local": clnn_gemm_tiled, clnn_gemm_splitk.
 ## Used by clnn/ops/gemm.py (and, through it, dense and convolution layers).
 <%include file="_common.cl"/>
@@ -49,7 +50,7 @@
 #error "NWI must be a multiple of VW"
 #endif
 
-<% conv_sig = "" %>
+<% conv_sig, c_map = "", False %>
 % if conv in ("none", "wgrad"):
 #define CLNN_C_IDX(m, n) ((m) * ldc + (n))
 % endif
@@ -1286,15 +1287,45 @@ ${store_ldsm("(buf ^ 1)", g, "A") + store_ldsm("(buf ^ 1)", g, "B") if LDSM else
 %   endfor
 % endif
 }
+% endif
+% if variant == "local" or conv == "none":
 
 // Split-K, second stage: C = act(alpha * (sum of the slices' sums, in slice order) +
 // beta * C + bias). A fixed order and no atomics: bitwise the same result every run.
+// (The reg variant's K slices of 16-bit storage add up in one float32 workspace and
+// come here with splits = 1: partial sums rounded to halves would lose bits.)
 __kernel void clnn_gemm_splitk(const int M, const int N, const int splits,
                                const acc_t alpha, const acc_t beta, const acc_t act_p, const acc_t act_q,
                                __global const acc_t *ws,
                                __global const real_t *bias, const int bias_off,
                                __global real_t *c, const int4 c_desc${", const int16 cols" if c_map else ""})
 {
+% if variant == "reg" and VW in (2, 4, 8):
+    // CPUs: ${VW} neighbouring columns per work-item, the epilogue on vectors (PoCL calls
+    // a scalar math built-in once per element: a column at a time, the tutorial's
+    // 1000 x 5000 tanh took 76 ms)
+    const int n = (int)get_global_id(0) * ${VW}, m = (int)get_global_id(1);
+    const int batch = (int)get_global_id(2);
+    if (n >= N || m >= M)
+        return;
+    ws += batch * splits * M * N + m * N + n;
+    const int nv = min(${VW}, N - n);
+    ${acc}${VW} sum = (${acc}${VW})0;
+    for (int s = 0; s < splits; ++s) {
+        if (nv == ${VW}) {
+            sum += vload${VW}(0, ws + s * M * N);
+        } else {
+            acc_t tail[${VW}] = {0};
+            for (int j = 0; j < nv; ++j)
+                tail[j] = ws[s * M * N + j];
+            sum += vload${VW}(0, tail);
+        }
+    }
+    const int ldc = c_desc.s1;
+    c += c_desc.s0 + batch * c_desc.s2;
+    clnn_epilogue_v(c, CLNN_C_IDX(m, n), 1, m, n, nv, sum, alpha, beta, act_p, act_q,
+                    bias + bias_off);
+% else:
     const int n = (int)get_global_id(0), m = (int)get_global_id(1);
     const int batch = (int)get_global_id(2);
     if (n >= N || m >= M)
@@ -1306,5 +1337,6 @@ __kernel void clnn_gemm_splitk(const int M, const int N, const int splits,
     const int ldc = c_desc.s1;
     c += c_desc.s0 + batch * c_desc.s2;
     clnn_epilogue(c, CLNN_C_IDX(m, n), m, n, sum, alpha, beta, act_p, act_q, bias + bias_off);
+% endif
 }
 % endif

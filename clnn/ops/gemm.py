@@ -379,11 +379,10 @@ def _gemm_packed(dev, dt, prm, params, a, b, c, nbatch, common, geometry):
     common = dict(common, c=c.data)
     M, N, K = common["M"], common["N"], common["K"]
     mwi, nwi, wgm = params["MWI"], params["NWI"], params["WGM"]
-    Mb = -(-M // mwi)
     acc = programs.acc_dtype(dt)
 
-    def panel_bytes(group, kc, nc):
-        return ((group if a_batches > 1 else 1) * Mb * mwi +
+    def panel_bytes(group, kc, nc, mc=M):
+        return ((group if a_batches > 1 else 1) * -(-mc // mwi) * mwi +
                 (group if b_batches > 1 else 1) * -(-nc // nwi) * nwi) * \
             max(kc, 1) * acc.itemsize
 
@@ -397,38 +396,61 @@ def _gemm_packed(dev, dt, prm, params, a, b, c, nbatch, common, geometry):
     # and the shape alone, never the budget: a GEMM whose A panel alone is too big.
     # A bias or activation epilogue runs in the last slice's launch, on the whole sum;
     # the slices before it store plain partial sums in C, so only where C holds them
-    # in the sums' own precision (float32, float64: not 16-bit storage). Unsliced,
-    # A's panel alone past the workspace left B one panel of columns per launch, A
-    # re-read from memory for each: the tutorial's 1000 x 5000 x 10000 forward pass
-    # (bias and tanh) took 313 launches and ran at 123 GFLOP/s.
+    # in the sums' own precision (float32, float64). A plain GEMM with 16-bit C adds
+    # its slices up in a float32 workspace of C's size instead (SPLITK_BYTES at most),
+    # and clnn_gemm_splitk applies alpha, beta and the epilogue to the whole sum: C is
+    # rounded once. Unsliced, A's panel alone past the workspace left B one panel of
+    # columns per launch, A re-read from memory for each: the tutorial's 1000 x 5000 x
+    # 10000 forward pass (bias and tanh) took 313 launches and ran at 123 GFLOP/s
+    # (float16, before the workspace: 88; 16-bit convolutions still take that path).
     kc = K
     g = fit_group(K, PANEL_BYTES)
     epilogue = prm["act"] != "none" or prm["bias"] != "none"
+    half = np.dtype(dt) != acc
+    sums = half and prm["conv"] == "none" and nbatch * M * N * acc.itemsize <= SPLITK_BYTES
     if panel_bytes(g, K, N) > PANEL_BYTES and panel_bytes(g, K, 0) > PANEL_BYTES // 2 \
-            and (not epilogue or np.dtype(dt) == acc):
+            and (sums or not half or not epilogue):
         kc = max(1, PANEL_BYTES // panel_bytes(1, 1, N))
+    sums = sums and kc < K
     # Groups of batches and blocks of columns leave every sum as it is: those follow
     # the budget (an eighth of it at most), so a small budget takes more launches.
     cap = scratch_cap(dev, PANEL_BYTES)
     group = fit_group(kc, cap)
+    # Blocks of rows where A's panels alone would take more than 3/4 of the workspace
+    # (a plain GEMM's A; a convolution's loaders index their rows their own way): each
+    # block packs B again, but B's panels keep a quarter of the workspace. Without
+    # them, A's panels took it all and B went one panel of columns per launch, each
+    # re-reading all of A: the tutorial's forward pass in float16 (its K not sliced
+    # under the epilogue, above) took 313 launches at 88 GFLOP/s.
+    mc = M
+    if prm["conv"] == "none" and panel_bytes(group, kc, 0) > cap * 3 // 4:
+        blocks = -(-panel_bytes(group, kc, 0) // (cap * 3 // 4))
+        mc = min(M, -(-(-(-M // blocks)) // mwi) * mwi)
     nc = N
-    if panel_bytes(group, kc, N) > cap:
+    if panel_bytes(group, kc, N, mc) > cap:
         gb = group if b_batches > 1 else 1
-        room = cap - panel_bytes(group, kc, 0)
+        room = cap - panel_bytes(group, kc, 0, mc)
         nc = min(N, max(nwi, room // (gb * max(kc, 1) * acc.itemsize) // nwi * nwi))
     # Every panel buffer is taken from the pool before the first launch: C is written
     # slice by slice and block by block, and a pool error after the first write would
     # leave it half-written.
     ga_most, gb_most = (group if a_batches > 1 else 1), (group if b_batches > 1 else 1)
     kc_most = max(1, min(kc, K))
-    a_pk = dev_scratch(dev, ga_most * Mb * mwi * kc_most, acc)
+    a_pk = dev_scratch(dev, ga_most * -(-mc // mwi) * mwi * kc_most, acc)
     b_pk = dev_scratch(dev, gb_most * -(-nc // nwi) * nwi * kc_most, acc)
     pack_a = programs.get_kernel(dev, "gemm", "clnn_pack_a", prm)
     pack_b = programs.get_kernel(dev, "gemm", "clnn_pack_b", prm)
+    ws = dev_scratch(dev, group * M * N, acc) if sums else None
     kern = programs.get_kernel(dev, "gemm", "clnn_gemm_packed", prm)
-    # the slices before the last: plain sums, no epilogue
-    part = kern if kc >= K or not epilogue else programs.get_kernel(
-        dev, "gemm", "clnn_gemm_packed", dict(prm, act="none", bias="none"))
+    # the slices before the last: plain sums, no epilogue (into the float32 workspace:
+    # the acc_t kernel, whose C is the workspace, then a pass that applies the epilogue)
+    part = kern if kc >= K or not (epilogue or sums) else programs.get_kernel(
+        dev, "gemm", "clnn_gemm_packed",
+        dict(prm, act="none", bias="none",
+             **({"dtype": programs.dtype_name(acc)} if sums else {})))
+    if sums:
+        kern = part
+        finish = programs.get_kernel(dev, "gemm", "clnn_gemm_splitk", prm)
     pack_wg = min(8, dev.facts.max_work_group_size)  # 8 measured best for conv packing on PoCL
     wg = min(wgm, dev.facts.max_work_group_size)
     evt = None
@@ -436,27 +458,44 @@ def _gemm_packed(dev, dt, prm, params, a, b, c, nbatch, common, geometry):
         gn = min(group, nbatch - g0)
         ga, gb = (gn if a_batches > 1 else 1), (gn if b_batches > 1 else 1)
         # this group's first batch of each operand
-        a_desc = a._replace(off=a.off + (g0 * a.bstride if a_batches > 1 else 0)).desc()
+        a_off = a.off + (g0 * a.bstride if a_batches > 1 else 0)
         b_desc = b._replace(off=b.off + (g0 * b.bstride if b_batches > 1 else 0)).desc()
-        c_desc = c._replace(off=c.off + g0 * c.bstride).desc()
+        c_off = c.off + g0 * c.bstride
         for k0 in range(0, max(K, 1), max(kc, 1)):
             kn = min(kc, K - k0)
             kpad = -(-max(kn, 1) // pack_wg) * pack_wg
-            if kn:
-                pack_a((kpad, Mb, ga), (pack_wg, 1, 1), M=M, K=kn, Mb=Mb, k0=k0, a=a.data,
-                       a_desc=a_desc, a_pk=a_pk, **geometry)
-            for n0 in range(0, N, nc):
-                Nb = -(-min(nc, N - n0) // nwi)
+            for m0 in range(0, M, mc):
+                # rows m0.. of op(A), C and a bias by rows, as matrices of their own
+                mn = min(mc, M - m0)
+                Mbb = -(-mn // mwi)
+                a_desc = a._replace(off=a_off + (m0 if prm["trans_a"] else m0 * a.ld)).desc()
+                block = dict(common, M=mn, K=kn, c_desc=c._replace(off=c_off + m0 * c.ld).desc(),
+                             beta=common["beta"] if k0 == 0 else 1.0,
+                             bias_off=common["bias_off"] + (m0 if prm["bias"] == "row" else 0))
+                if sums:
+                    block.update(c=ws, c_desc=int4(m0 * N, N, M * N), alpha=1.0,
+                                 beta=0.0 if k0 == 0 else 1.0, bias=ws, bias_off=0)
                 if kn:
-                    pack_b((kpad, Nb, gb), (pack_wg, 1, 1), N=N, K=kn, Nb=Nb, k0=k0,
-                           n_base=n0, b=b.data, b_desc=b_desc, b_pk=b_pk, **geometry)
-                step = dict(common, K=kn, beta=common["beta"] if k0 == 0 else 1.0,
-                            c_desc=c_desc)
-                evt = _multiply(dev, kern if k0 + kn >= K else part, params, acc, wg,
-                                Mb, Nb, gn,
-                                Mb * mwi * kn if ga > 1 else 0,
-                                Nb * nwi * kn if gb > 1 else 0, a_pk, b_pk, n0,
-                                dict(step, **geometry))
+                    pack_a((kpad, Mbb, ga), (pack_wg, 1, 1), M=mn, K=kn, Mb=Mbb, k0=k0,
+                           a=a.data, a_desc=a_desc, a_pk=a_pk, **geometry)
+                for n0 in range(0, N, nc):
+                    Nb = -(-min(nc, N - n0) // nwi)
+                    if kn:
+                        pack_b((kpad, Nb, gb), (pack_wg, 1, 1), N=N, K=kn, Nb=Nb, k0=k0,
+                               n_base=n0, b=b.data, b_desc=b_desc, b_pk=b_pk, **geometry)
+                    evt = _multiply(dev, kern if k0 + kn >= K else part, params, acc, wg,
+                                    Mbb, Nb, gn,
+                                    Mbb * mwi * kn if ga > 1 else 0,
+                                    Nb * nwi * kn if gb > 1 else 0, a_pk, b_pk, n0,
+                                    dict(block, **geometry))
+        if sums:
+            # a work-item per VW columns (the kernel's CPU form), work-groups of 8
+            wg_n, nv = min(8, dev.facts.max_work_group_size), -(-N // params["VW"])
+            evt = finish((-(-nv // wg_n) * wg_n, M, gn), (wg_n, 1, 1), M=M, N=N, splits=1,
+                         alpha=common["alpha"], beta=common["beta"], act_p=common["act_p"],
+                         act_q=common["act_q"], ws=ws, bias=common["bias"],
+                         bias_off=common["bias_off"], c=c.data,
+                         c_desc=c._replace(off=c_off).desc())
     return evt
 
 

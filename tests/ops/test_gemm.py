@@ -384,8 +384,8 @@ def test_packed_order_reads_the_smaller_operand_again():
 def test_bounded_panels_split_batches_and_k(monkeypatch):
     """With a tiny panel budget the CPU variant packs a few batches, or a slice of K, at
     a time; results stay right. A bias and activation epilogue runs in the last slice's
-    launch on the whole sum, alpha and beta in the first: sliced in float32 and float64,
-    never where C holds 16-bit values (the partial sums would be rounded to them)."""
+    launch on the whole sum, alpha and beta in the first: sliced in every dtype, 16-bit
+    C's slices summed in a float32 workspace (test_16bit_k_slices_round_once)."""
     import sys
     gemm_module = sys.modules["clnn.ops.gemm"]
     monkeypatch.setattr(gemm_module, "PANEL_BYTES", 4096)
@@ -395,8 +395,64 @@ def test_bounded_panels_split_batches_and_k(monkeypatch):
         check_gemm(9, 30, 200, False, False, 1.0, 0.0, np.float32, bias=True, act="tanh")
         monkeypatch.setattr(gemm_module, "DIRECT_FLOPS", 0)      # (23 rows: packed)
         for dtype, act, sliced in ((np.float32, "tanh", True), (np.float64, "relu", True),
-                                   (np.float16, "sigmoid", False)):
+                                   (np.float16, "sigmoid", True)):
             with clnn.profile() as prof:
                 check_gemm(23, 30, 200, False, False, -1.5, 0.5, dtype, bias=True, act=act)
             packs = [r for r in prof.records if r.entry == "clnn_pack_a"]
             assert (len(packs) > 1) == sliced, (dtype, len(packs))
+
+
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("ta,batch", [(False, None), (True, None), (False, 3)])
+def test_packed_blocks_of_rows(monkeypatch, dtype, ta, batch):
+    """Where A's panels alone would take more than 3/4 of the panel workspace, the CPU
+    variant packs blocks of rows at a time: rows of op(A) (transposed or not), of C and
+    of a bias by rows, offset as matrices of their own; results stay right."""
+    import sys
+    gemm_module = sys.modules["clnn.ops.gemm"]
+    monkeypatch.setattr(gemm_module, "PANEL_BYTES", 4096)
+    monkeypatch.setattr(gemm_module, "DIRECT_FLOPS", 0)
+    M, row = 200, VARIANTS["cpu-default"]
+    with tuning.override("gemm", row), clnn.profile() as prof:
+        check_gemm(M, 8, 300, ta, False, -1.5, 0.5, dtype, batch=batch, bias=(M, 1),
+                   act="tanh")
+    blocks = [r.global_size[1] for r in prof.records if r.entry == "clnn_pack_a"]
+    assert blocks and max(blocks) < -(-M // row["MWI"]), blocks
+
+
+@pytest.mark.parametrize("dtype", [t for t in float_dtypes() if t in (np.float16, clnn.bfloat16)],
+                         ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("act,beta,bias", [("tanh", 0.0, True), (None, 0.5, False),
+                                           ("relu", -1.0, (29, 1))])
+def test_16bit_k_slices_round_once(monkeypatch, dtype, act, beta, bias):
+    """A plain GEMM with 16-bit C whose K is sliced adds the slices up in a float32
+    workspace and rounds C once, with the epilogue, in clnn_gemm_splitk: the result is
+    within one 16-bit rounding of the float64 value (plus float32's accumulation), a
+    bound that partial sums rounded into C between the slices (11 here) break."""
+    import sys
+    gemm_module = sys.modules["clnn.ops.gemm"]
+    monkeypatch.setattr(gemm_module, "PANEL_BYTES", 4096)
+    monkeypatch.setattr(gemm_module, "DIRECT_FLOPS", 0)
+    M, N, K = 29, 30, 200
+    a = RNG.standard_normal((M, K)).astype(dtype)
+    b = RNG.standard_normal((N, K)).astype(dtype)
+    c = RNG.standard_normal((M, N)).astype(dtype)
+    bv = RNG.standard_normal(bias if isinstance(bias, tuple) else (N,)).astype(dtype) \
+        if bias else None
+    c_host, c_sl = host_view(c.shape, dtype, 1, 2, fill=c if beta else np.nan)
+    c_big, C = device_view(c_host, c_sl)
+    with tuning.override("gemm", VARIANTS["cpu-default"]), clnn.profile() as prof:
+        clnn.gemm(clnn.asarray(a), clnn.asarray(b), out=C, beta=beta, trans_b=True,
+                  bias=clnn.asarray(bv) if bv is not None else None, activation=act)
+        got_big = c_big.get()
+    entries = [r.entry for r in prof.records]
+    assert entries.count("clnn_pack_a") > 1 and entries.count("clnn_gemm_splitk") == 1
+    untouched = np.ones(got_big.shape, bool)
+    untouched[c_sl] = False
+    assert np.all(got_big[untouched] == CANARY), "a canary around out was overwritten"
+    ref, scale = reference(a, b, c, 1.0, beta, False, True, bv)
+    if act is not None:
+        ref = f_ref(act, ref, 1.0)
+    bound = eps(dtype) * np.abs(ref) + error_bound(np.float32, K + 1, 4) * scale + 1e-6
+    err = np.abs(got_big[c_sl].astype(np.float64) - ref)
+    assert np.all(err <= bound), f"max error {err.max()}, {np.sum(err > bound)} elements over"
