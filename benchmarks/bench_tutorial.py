@@ -1,6 +1,7 @@
 """The tutorial's own micro-benchmark: one training step of a 10000-5000-1000-10 network
 (tanh, sigmoid, sigmoid, quadratic loss, plain SGD) on a batch of 10000, beside PyTorch
-(CUDA where there is an NVIDIA GPU, else CPU), also under a 4 GiB pool budget.
+(CUDA where there is an NVIDIA GPU, else CPU), also in mixed precision (float16) and under
+a 4 GiB pool budget.
 
     python benchmarks/bench_tutorial.py [--device SPEC] [--repeats 3] [--batch 10000]
 
@@ -82,8 +83,24 @@ def main(argv=None):
                                 args.repeats, warmup=1, sync=dev.finish)
         run["step_ms"]["clnn"] = 1e3 * t
         run["pool_peak_bytes"] = dev.pool.stats()["peak_bytes"]
-        # the same step under the R9 290X's 4 GiB, in a fresh network and pool state
+        # mixed precision (PyTorch's autocast + GradScaler): float16 activations, deltas
+        # and weight copies; its first step checked against float32's from the same
+        # weights (loss to 1%)
         del net
+        first32 = float(make_net(dev).train_step(X, Y, LR, 0.0, "quadratic").get())
+        net16 = make_net(dev)
+        first16 = float(net16.train_step(X, Y, LR, 0.0, "quadratic", precision="float16").get())
+        if abs(first16 - first32) > 1e-2 * abs(first32):
+            raise SystemExit(f"the float16 step's loss {first16} is not float32's {first32}")
+        dev.finish()
+        dev.pool.reset_peak()
+        t16 = _common.median_time(
+            lambda: net16.train_step(X, Y, LR, 0.0, "quadratic", precision="float16"),
+            args.repeats, warmup=1, sync=dev.finish)
+        run["step_ms"]["clnn, mixed precision (float16)"] = 1e3 * t16
+        run["pool_peak_bytes_float16"] = dev.pool.stats()["peak_bytes"]
+        # the same step under the R9 290X's 4 GiB, in a fresh network and pool state
+        del net16
         dev.pool.free_held()
         saved = dev.pool.budget
         dev.pool.budget = min(saved, BUDGET)

@@ -57,7 +57,8 @@ def tutorial_table(data):
     lines = ["| device | batch | library | ms per step | pool peak GiB |", "|---|---|---|---|---|"]
     for run in data["runs"]:
         for lib, ms in run["step_ms"].items():
-            peak = run.get("pool_peak_bytes_4gib" if "4 GiB" in lib else "pool_peak_bytes")
+            peak = run.get("pool_peak_bytes_4gib" if "4 GiB" in lib else
+                           "pool_peak_bytes_float16" if "float16" in lib else "pool_peak_bytes")
             lines.append(f"| {run['device']} | {run['batch']} | {lib} | "
                          f"{'did not fit' if ms is None else f'{ms:.1f}'} | "
                          f"{peak / 2**30:.2f} |" if lib.startswith("clnn") and peak else

@@ -19,8 +19,9 @@ def test_report_from_result_files(tmp_path):
                                                             "weight grad": 3}}}]}
     lenet = {"step_seconds": {"clnn (dev)": 0.008, "PyTorch CPU": 0.004}}
     tutorial = {"runs": [{"device": "dev", "batch": 10, "step_ms": {
-        "PyTorch CUDA": 40.0, "clnn": 50.0, "clnn, 4 GiB pool budget": None},
-        "pool_peak_bytes": 2**30}]}
+        "PyTorch CUDA": 40.0, "clnn": 50.0, "clnn, mixed precision (float16)": 30.0,
+        "clnn, 4 GiB pool budget": None},
+        "pool_peak_bytes": 2**30, "pool_peak_bytes_float16": 2**29}]}
     ops = {"rows": [{"device": "dev", "op": "relu", "clnn_GBps": 20.0, "numpy_GBps": 10.0,
                      "torch_cpu_GBps": 40.0},
                     {"device": "gpu", "op": "sum", "clnn_GBps": 1500.0, "numpy_GBps": 15.0,
@@ -40,6 +41,7 @@ def test_report_from_result_files(tmp_path):
     assert "| clnn (dev) | 0.500 |" in text and "| C1 | 1.00 / 2.00 / 3.00 |" in text
     assert "## LeNet-5 training step" in text and "| clnn (dev) | 0.008 |" in text
     assert "| dev | 10 | clnn | 50.0 | 1.00 |" in text
+    assert "| dev | 10 | clnn, mixed precision (float16) | 30.0 | 0.50 |" in text
     assert "| dev | 10 | clnn, 4 GiB pool budget | did not fit | |" in text
     assert "| dev | relu | 20.0 | 10.0 | 40.0 |  | 2.00 | 0.50 |  |" in text
     assert "| gpu | sum | 1500.0 | 15.0 |  | 2000.0 | 100.00 |  | 0.75 |" in text
