@@ -163,6 +163,13 @@ CASES = {
              mock.patch.object(gemm_module, "DIRECT_FLOPS", 0),      # (a small product)
              tuning.override("gemm", tuning.GEMM_TABLE["type"]["CPU"])),
         lambda o: clnn.gemm(A, B, out=o, beta=0.5), (64, 3)),
+    # a 16-bit C's slices of K summed in a float32 workspace, then the epilogue pass
+    "gemm-16bit-k-slices": lambda dev: (
+        _all(mock.patch.object(gemm_module, "PANEL_BYTES", 64 << 10),
+             mock.patch.object(gemm_module, "DIRECT_FLOPS", 0),
+             tuning.override("gemm", tuning.GEMM_TABLE["type"]["CPU"])),
+        lambda o: clnn.gemm(A16, B16, out=o, beta=0.5, activation="tanh"), (64, 3),
+        np.float16),
     "wgrad-groups": lambda dev: (
         _all(mock.patch.object(conv_module, "SCRATCH_BYTES", 4 << 10),
              tuning.override("conv", tuning.CONV_TABLE["type"]["CPU"])),
@@ -185,7 +192,7 @@ CASES = {
         lambda o: clnn.conv2d_backward_data(DY2, W2, (5, 2, 6, 7), stride=2, padding=1,
                                             out=o), (5, 2, 6, 7)),
 }
-A = B = X = DY = DY2 = W2 = None
+A = B = A16 = B16 = X = DY = DY2 = W2 = None
 
 
 @contextlib.contextmanager
@@ -204,12 +211,14 @@ def _dgrad_col2im(o):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_4_a_failed_allocation_never_leaves_a_half_written_output(dev, case):
-    global A, B, X, DY, DY2, W2
+    global A, B, A16, B16, X, DY, DY2, W2
     A, B = dev_rand(dev, 64, 301), dev_rand(dev, 301, 3)
+    A16, B16 = (clnn.asarray(x.get().astype(np.float16), device=dev) for x in (A, B))
     X, DY = dev_rand(dev, 5, 2, 6, 7), dev_rand(dev, 5, 3, 6, 7)
     W2, DY2 = dev_rand(dev, 4, 2, 3, 3), dev_rand(dev, 5, 4, 3, 4)
-    patch, call, shape = CASES[case](dev)
-    out = Guarded(dev, shape, np.float32, fill=RNG.standard_normal(shape))
+    patch, call, shape, *dtype = CASES[case](dev)
+    out = Guarded(dev, shape, dtype[0] if dtype else np.float32,
+                  fill=RNG.standard_normal(shape))
     with patch:
         n = walk(dev, lambda: call(out.view), lambda: [out.big.get()])
     assert n >= 1
