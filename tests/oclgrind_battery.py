@@ -190,6 +190,7 @@ def gemm():
             # the packed kernel's other order: blocks of rows that walk the panels
             _gemm_cases(dict(params, PANELS_FIRST=not params.get("PANELS_FIRST", False)),
                         rng)
+            _gemm_16bit_slices(params, rng)
         if params["variant"] == "local":
             # split-K's partial sums and second pass, on an edge and an inside case
             _gemm_cases(dict(params, KSPLIT=3), rng, split=True)
@@ -225,6 +226,26 @@ def _gemm_cases(params, rng, split=False):
         w = rng.standard_normal((3, 7)).astype(np.float32)
         close(clnn.gemm(clnn.asarray(x), clnn.asarray(w), trans_b=True).get(), x @ w.T,
               1e-4)
+
+
+def _gemm_16bit_slices(params, rng):
+    """The packed kernel's K slices of a float16 C: sums in a float32 workspace in blocks
+    of rows, then clnn_gemm_splitk's vector epilogue (with a partial last vector)."""
+    from unittest import mock
+    from clnn import tuning
+    gemm_module = sys.modules["clnn.ops.gemm"]
+    M, N, K = 61, 9, 200
+    a = rng.standard_normal((M, K)).astype(np.float16)
+    b = rng.standard_normal((K, N)).astype(np.float16)
+    c = rng.standard_normal((M, N)).astype(np.float16)
+    bias = rng.standard_normal(N).astype(np.float16)
+    C = clnn.asarray(c)
+    with tuning.override("gemm", params), mock.patch.object(gemm_module, "PANEL_BYTES", 4096), \
+            mock.patch.object(gemm_module, "DIRECT_FLOPS", 0):
+        clnn.gemm(clnn.asarray(a), clnn.asarray(b), out=C, alpha=0.5, beta=-1.5,
+                  bias=clnn.asarray(bias), activation="tanh")
+    f = [x.astype(np.float64) for x in (a, b, c, bias)]
+    close(C.get().astype(np.float64), np.tanh(0.5 * f[0] @ f[1] - 1.5 * f[2] + f[3]), 2e-3)
 
 
 def conv():
