@@ -324,6 +324,14 @@ def conv():
         close(clnn.conv2d_backward_data(DY1, W1, X1.shape, padding=1).get(), dx1, 1e-4)
         close(clnn.conv2d_backward_weight(DY1, X1, W1.shape, padding=1).get(), dw1, 1e-4)
     assert any(r.params.get("dyv", 1) > 1 for r in prof.records if r.entry == "clnn_wino_dy")
+    # a forward pass whose tile rows are whole vectors of tiles: clnn_wino_input_rows (29
+    # columns and padding 1: 8 tiles a row, edge vectors at both sides)
+    xr = rng.standard_normal((1, 3, 6, 29)).astype(np.float32)
+    yr = conv2d_ref(xr, w1, b[:4], (1, 1), (1, 1))
+    with tuning.override("gemm", tuning.GEMM_TABLE["type"]["CPU"]), \
+            tuning.override("conv", dict(base, WINO=True)), clnn.profile() as prof:
+        close(clnn.conv2d(clnn.asarray(xr), W1, B1, padding=1).get(), yr, 1e-4)
+    assert any(r.entry == "clnn_wino_input_rows" for r in prof.records)
     checked += 1
     pooling = [(mode, fwd, bwd, per)
                for mode, fwd, bwd in (("max", clnn.max_pool2d, clnn.max_pool2d_backward),

@@ -11,7 +11,8 @@
 ##              bias   "none" or "row" (bias[m] added to output channel m)
 ##              dyv    clnn_wino_dy's channels per work-item: 1, or an A panel's MWI
 ##                     (2 to the CPU vector's lanes)
-## Kernels: clnn_wino_filter (U = G g G^T), clnn_wino_input (V = B^T d B), then the
+## Kernels: clnn_wino_filter (U = G g G^T), clnn_wino_input (V = B^T d B; where the
+## tile rows are whole vectors, clnn_wino_input_rows, a row's tiles in the lanes), then the
 ## GEMMs Z[xi] (Mo x T) = U[xi] (Mo x Ci) @ V[xi] (Ci x T) run by gemm.cl, and
 ## clnn_wino_output (y = A^T Z A, with the fused epilogue); for weight gradients
 ## clnn_wino_dy (Y = A dy A^T) and clnn_wino_dw (dw = G^T Z G) around the GEMMs
@@ -234,6 +235,81 @@ ${decl}
 % endfor
             }
         }
+    }
+}
+
+// V[xi][c][t] as clnn_wino_input's, for undilated input (x_lay.s2 == 1), with tiles in
+// the lanes: a work-item per ${VC} neighbouring tiles of one tile row of one channel.
+// Their ${AL} input rows are read as ${m + 1} whole vectors each (the ${m * VC + 2}
+// elements the tiles' patches cover; a vector across the image's edge element by
+// element, zeros outside), every lane's patch picked out of them, and each element of
+// the transform goes out as one vector of the ${VC} tiles. The caller takes it only
+// where TW is a multiple of ${VC} (clnn/ops/conv.py's _wino_rows), so the lanes never
+// straddle two tile rows and each work-item's tiles are a run of ${VC} in a B panel.
+// (Channels in the lanes, clnn_wino_input, check the bounds of every element per
+// channel and store lane by lane; lanes over any ${VC} tiles straddled rows and took a
+// pass per row: both slower.)
+<%
+    NCH = m + 1                      # vectors per input row
+    assert m * VC + 2 <= NCH * VC
+%>\
+// ${VC} elements of input row ``row`` from column wj, zeros outside 0 .. W - 1
+inline ${vc_t} clnn_wino_run(__global const real_t *x, const int row, const int wj,
+                             const int W)
+{
+    if (wj >= 0 && wj + ${VC} <= W)
+        return CLNN_LOADV(${VC}, x + row + wj);
+    return (${vc_t})(${", ".join(f"(uint)(wj + {e}) < (uint)W ? CLNN_LOAD(x, row + wj + {e}) : (acc_t)0" for e in range(VC))});
+}
+
+__kernel void clnn_wino_input_rows(const int C, const int H, const int W, const int ph,
+                                   const int pw, const int TH, const int TW,
+                                   const int images, const int plane, const int4 c_lay,
+                                   const int4 t_lay, __global const real_t *x,
+                                   const int x_off, const int4 x_lay, __global acc_t *v)
+{
+    const int GX = TW / ${VC};
+    const int gid = (int)get_global_id(0);             // ((n C + c) TH + ty) GX + gx
+    if (gid >= images * TH * GX * C)
+        return;
+    const int gx = gid % GX, ty = gid / GX % TH, c = gid / (GX * TH) % C;
+    const int n = gid / (GX * TH * C);
+    const int g = (n * TH + ty) * GX + gx;             // the tiles t0 .. / ${VC}
+    const int h0 = ${m} * ty - ph, w0 = ${m * VC} * gx - pw;
+    x += x_off + x_lay.s3 + (n * C + c) * x_lay.s0;
+% for k in range(AL):
+    // input row h0 + ${k}: its vectors, then each lane's ${AL} elements
+    const bool hv${k} = (uint)(h0 + ${k}) < (uint)H;
+%   for j in range(NCH):
+    const ${vc_t} q${k}_${j} = hv${k} ? clnn_wino_run(x, (h0 + ${k}) * x_lay.s1, w0 + ${VC * j}, W) : (${vc_t})0;
+%   endfor
+%   for b in range(AL):
+    const ${vc_t} d${k}_${b} = (${vc_t})(${", ".join(f"q{k}_{(m * l + b) // VC}.s{lane[(m * l + b) % VC]}" for l in range(VC))});
+%   endfor
+% endfor
+<% decl, vv = sandwich(BT, lambda k, j: f"d{k}_{j}", "e", AL, AL, "    ", "B^T d", vc_t) %>\
+${decl}
+    const int t0 = g * ${VC};
+    __global acc_t *vb = v + clnn_wino_at(c, c_lay);
+    if (t_lay.s2 == 1 && t0 % t_lay.s0 + ${VC} <= t_lay.s0) {
+        vb += clnn_wino_at(t0, t_lay);
+% for a in range(AL):
+%   for b in range(AL):
+        CLNN_ELEMS_STORE${VC}(${acc}, ${vv[a][b]}, (vb + ${AL * a + b} * plane));
+%   endfor
+% endfor
+    } else {
+        // B panels narrower than a vector: lane by lane
+% for l in range(VC):
+        {
+            const int at = clnn_wino_at(t0 + ${l}, t_lay);
+%   for a in range(AL):
+%     for b in range(AL):
+            vb[at + ${AL * a + b} * plane] = (${vv[a][b]}).s${lane[l]};
+%     endfor
+%   endfor
+        }
+% endfor
     }
 }
 

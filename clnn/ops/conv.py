@@ -724,6 +724,10 @@ WINO_WG = 8         # work-items per work-group of winograd.cl's kernels
 # forward passes, kernel ms, AMD EPYC Zen 4, groups of 32 -> 16 MiB: 56x56x64
 # 29.8 -> 25.4, 28x28x128 17.9-18.8 -> 16.9-17.1, 14x14x256 17.0-17.1 -> 16.6.
 WINO_GROUP_BYTES = 16 << 20
+# Forward passes (and flipped data gradients) transform their input with tiles in the
+# lanes where its tile rows allow (_wino_rows, clnn_wino_input_rows); False: always
+# channels in the lanes (clnn_wino_input, which weight gradients use)
+WINO_INPUT_ROWS = True
 
 
 def _winograd(p, Ci, Mo, R, S, stride, dilation, groups=1, dt=None, P=1, Q=1):
@@ -794,6 +798,18 @@ def _wino_plan(dt, p, N, Ci, Mo, H, W, ph, pw, dilation, cap):
     return m, (m + 2) ** 2, phases, tiles, group
 
 
+def _wino_rows(acc, phases):
+    """Whether a Winograd forward pass transforms its input with clnn_wino_input_rows:
+    one phase (undilated) whose tile rows are whole vectors of tiles (32x32 and 64x64
+    images at F(4x4)). Kernel ms against clnn_wino_input, AMD EPYC Zen 3, 3-4 runs
+    each: 64 -> 64 channels at 64x64, batch 16: 10.1-11.8 against 21.2-22.1; 48 at
+    32x32, batch 64: 7.9-9.8 against 10.8-11.6. Rows padded to whole vectors with tiles that
+    the GEMMs multiply for nothing (14 -> 16 tiles at 56x56, 7 -> 8 at 28x28) gained
+    in the transform what the GEMMs and the output transform lost."""
+    return WINO_INPUT_ROWS and len(phases) == 1 and int(phases[0]["x"]["s2"]) == 1 and \
+        phases[0]["TW"] % _wino_lanes(acc) == 0
+
+
 def _wino_plane(n):
     """The distance between the transformed planes of ``n`` elements: 16 more than a
     multiple of 1024, so that a work-item's streams of stores or loads (one per plane)
@@ -827,10 +843,14 @@ def _round_up(n, k):
     return -(-n // k) * k
 
 
-def _wino_input(inp, acc, wg, f, x, x_off, images, C, v, plane, c_lay, t_lay):
+def _wino_input(inp, acc, wg, f, x, x_off, images, C, v, plane, c_lay, t_lay, rows=False):
     """clnn_wino_input (kernel ``inp``) over phase ``f`` of ``images`` images of C
-    channels from x + x_off, into v (planes ``plane`` apart) along c_lay and t_lay."""
-    inp((_round_up(images * _wino_lane_groups(acc, C), wg),), (wg,), C=C, H=f["H"],
+    channels from x + x_off, into v (planes ``plane`` apart) along c_lay and t_lay; with
+    ``rows``, clnn_wino_input_rows (a work-item per vector of tiles of a tile row of a
+    channel; f's TW a multiple of the vector's lanes)."""
+    items = C * images * f["TH"] * f["TW"] // _wino_lanes(acc) if rows else \
+        images * _wino_lane_groups(acc, C)
+    inp((_round_up(items, wg),), (wg,), C=C, H=f["H"],
         W=f["W"], ph=f["ph"], pw=f["pw"], TH=f["TH"], TW=f["TW"], images=images,
         plane=plane, c_lay=c_lay, t_lay=t_lay, x=x, x_off=x_off, x_lay=f["x"], v=v)
 
@@ -848,6 +868,7 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
     acc = programs.acc_dtype(dt)
     m, X, phases, tiles, group = _wino_plan(dt, p, N, Ci, Mo, H, W, ph, pw, dilation,
                                             scratch_cap(dev, WINO_GROUP_BYTES))
+    rows_in = _wino_rows(acc, phases)
     prm = {"dtype": programs.dtype_name(dt), "m": m, "act": act,
            "bias": "row" if bias is not None else "none"}
     rows = tuning.gemm_rows(dev.facts, acc.itemsize, acc,
@@ -860,7 +881,9 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
     v = dev_scratch(dev, X * _wino_plane(Ci * _round_up(group * tiles, nwi)), acc)
     z = dev_scratch(dev, X * _wino_plane(Mo * group * tiles), acc)
     filt, inp, outp = (programs.get_kernel(dev, "winograd", e, prm) for e in
-                       ("clnn_wino_filter", "clnn_wino_input", "clnn_wino_output"))
+                       ("clnn_wino_filter",
+                        "clnn_wino_input_rows" if rows_in else "clnn_wino_input",
+                        "clnn_wino_output"))
     wg = min(WINO_WG, dev.facts.max_work_group_size)
     filt((_round_up(_wino_lane_groups(acc, Mpad * Ci), wg),), (wg,), Mo=Mo, Ci=Ci,
          flip=int(flip), plane=us, orun=mwi, w=w, w_off=offset(w), u=u)
@@ -872,7 +895,7 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
             c_lay, t_lay = (_wino_lay(_WHOLE, 0, nwi), _wino_lay(nwi, Ci * nwi, 1)) \
                 if panels else (_wino_lay(_WHOLE, 0, T), _wino_lay(_WHOLE, 0, 1))
             _wino_input(inp, acc, wg, f, x, offset(x) + n0 * Ci * H * W, g, Ci, v, vs,
-                        c_lay, t_lay)
+                        c_lay, t_lay, rows_in)
             c = Operand(z, 0, T, zs, X)
             if panels:
                 run_panels(dev, acc, rows, M=Mo, N=T, K=Ci, nbatch=X, a_pk=u, b_pk=v,

@@ -379,6 +379,34 @@ def test_winograd(dtype, shape, m):
         {1 if dtype == np.float64 else 6}
 
 
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("shape,m", [((2, 5, 9, 29, 6, 1), 4), ((1, 3, 6, 31, 4, 0), 4),
+                                     ((2, 4, 5, 30, 3, 2), 4), ((1, 3, 5, 16, 4, 1), 2),
+                                     ((2, 19, 3, 30, 17, 1), 4)])
+def test_winograd_input_rows(monkeypatch, dtype, shape, m):
+    """Where a forward pass's (or a flipped data gradient's) tile rows are whole CPU
+    vectors of tiles (8 floats, 4 doubles), its input transform puts a row's tiles in
+    the lanes and reads the input rows as vectors (clnn_wino_input_rows): edge vectors
+    at both sides, paddings 0 to 2, rows past the input's bottom, channels over several
+    panels; the outputs are bitwise those of clnn_wino_input (channels in the lanes)."""
+    from clnn import programs
+    lanes = 8 if programs.acc_dtype(np.dtype(dtype)) == np.float32 else 4
+    N, C, H, W, M, pad = shape
+    prof = _check_winograd(dtype, shape, m)
+    # the forward pass's tile rows (of its W + 2 pad - 2 outputs), the data gradient's
+    # (of W)
+    rows = [-(-q // m) % lanes == 0 for q in (W + 2 * pad - 2, W)]
+    assert len(ran(prof, "clnn_wino_input_rows")) == sum(rows) >= 1, shape
+    x = RNG.standard_normal((N, C, H, W)).astype(dtype)
+    w = RNG.standard_normal((M, C, 3, 3)).astype(dtype)
+    outs = []
+    for rows in (True, False):
+        monkeypatch.setattr(sys.modules["clnn.ops.conv"], "WINO_INPUT_ROWS", rows)
+        with tuning.override("conv", dict(GATHER, WINO=True, WINO_M=m)):
+            outs.append(clnn.conv2d(clnn.asarray(x), clnn.asarray(w), padding=pad).get())
+    assert np.array_equal(outs[0], outs[1])
+
+
 @pytest.mark.parametrize("shape", [(3, 5, 7, 9, 6, 1), (2, 19, 9, 10, 17, 1)])
 def test_winograd_plain_gemms(shape):
     """Where the GEMM rows are not the packed CPU variant's (a forced tiled row), the
