@@ -425,7 +425,8 @@ def _gemm_packed(dev, dt, prm, params, a, b, c, nbatch, common, geometry):
     mc = M
     if prm["conv"] == "none" and panel_bytes(group, kc, 0) > cap * 3 // 4:
         blocks = -(-panel_bytes(group, kc, 0) // (cap * 3 // 4))
-        mc = min(M, -(-(-(-M // blocks)) // mwi) * mwi)
+        rows = -(-M // blocks)
+        mc = min(M, -(-rows // mwi) * mwi)
     nc = N
     if panel_bytes(group, kc, N, mc) > cap:
         gb = group if b_batches > 1 else 1
@@ -489,8 +490,10 @@ def _gemm_packed(dev, dt, prm, params, a, b, c, nbatch, common, geometry):
                                     Nb * nwi * kn if gb > 1 else 0, a_pk, b_pk, n0,
                                     dict(block, **geometry))
         if sums:
-            # a work-item per VW columns (the kernel's CPU form), work-groups of 8
-            wg_n, nv = min(8, dev.facts.max_work_group_size), -(-N // params["VW"])
+            # a work-item per VW columns where VW is 2, 4 or 8 (the kernel's CPU form),
+            # else per column; work-groups of 8
+            vw = params["VW"] if params["VW"] in (2, 4, 8) else 1
+            wg_n, nv = min(8, dev.facts.max_work_group_size), -(-N // vw)
             evt = finish((-(-nv // wg_n) * wg_n, M, gn), (wg_n, 1, 1), M=M, N=N, splits=1,
                          alpha=common["alpha"], beta=common["beta"], act_p=common["act_p"],
                          act_q=common["act_q"], ws=ws, bias=common["bias"],

@@ -422,13 +422,16 @@ def test_packed_blocks_of_rows(monkeypatch, dtype, ta, batch):
 
 @pytest.mark.parametrize("dtype", [t for t in float_dtypes() if t in (np.float16, clnn.bfloat16)],
                          ids=lambda t: np.dtype(t).name)
-@pytest.mark.parametrize("act,beta,bias", [("tanh", 0.0, True), (None, 0.5, False),
-                                           ("relu", -1.0, (29, 1))])
-def test_16bit_k_slices_round_once(monkeypatch, dtype, act, beta, bias):
+@pytest.mark.parametrize("act,beta,bias,row", [("tanh", 0.0, True, "cpu-default"),
+                                               (None, 0.5, False, "cpu-3x8-vw4"),
+                                               ("relu", -1.0, (29, 1), "cpu-scalar")])
+def test_16bit_k_slices_round_once(monkeypatch, dtype, act, beta, bias, row):
     """A plain GEMM with 16-bit C whose K is sliced adds the slices up in a float32
     workspace and rounds C once, with the epilogue, in clnn_gemm_splitk: the result is
     within one 16-bit rounding of the float64 value (plus float32's accumulation), a
-    bound that partial sums rounded into C between the slices (11 here) break."""
+    bound that partial sums rounded into C between the slices (11 here) break. Rows
+    with vectors of 8 and 4 (the last pass's vector form, a partial last vector) and
+    of 1 (its form by columns)."""
     import sys
     gemm_module = sys.modules["clnn.ops.gemm"]
     monkeypatch.setattr(gemm_module, "PANEL_BYTES", 4096)
@@ -441,7 +444,7 @@ def test_16bit_k_slices_round_once(monkeypatch, dtype, act, beta, bias):
         if bias else None
     c_host, c_sl = host_view(c.shape, dtype, 1, 2, fill=c if beta else np.nan)
     c_big, C = device_view(c_host, c_sl)
-    with tuning.override("gemm", VARIANTS["cpu-default"]), clnn.profile() as prof:
+    with tuning.override("gemm", VARIANTS[row]), clnn.profile() as prof:
         clnn.gemm(clnn.asarray(a), clnn.asarray(b), out=C, beta=beta, trans_b=True,
                   bias=clnn.asarray(bv) if bv is not None else None, activation=act)
         got_big = c_big.get()
