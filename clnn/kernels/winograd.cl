@@ -108,6 +108,13 @@ inline int clnn_wino_at(const int i, const int4 L)
     VC = cpu_lanes
     vc_t = f"{acc}{VC}"
     lane = "0123456789abcdef"
+
+    def vector_stores(vals, base, indent):
+        """the stores of a transformed tile held in vectors, element xi = AL a + b
+        (vals[a][b]) as one vector to plane xi from base"""
+        return "\n".join(f"{indent}CLNN_ELEMS_STORE{VC}({acc}, {vals[a][b]}, "
+                         f"({base} + {AL * a + b} * plane));"
+                         for a in range(AL) for b in range(AL))
 %>\
 
 // U[xi][o][i] (${AL * AL} x Mo x Ci) from the 3x3 filter g of output channel o and input
@@ -145,11 +152,7 @@ __kernel void clnn_wino_filter(const int Mo, const int Ci, const int flip,
 ${decl}
     u += s0;
     if (s0 + ${VC} <= slots) {
-% for a in range(AL):
-%   for b in range(AL):
-        CLNN_ELEMS_STORE${VC}(${acc}, ${uu[a][b]}, (u + ${AL * a + b} * plane));
-%   endfor
-% endfor
+${vector_stores(uu, "u", " " * 8)}
     } else {
 % for a in range(AL):
 %   for b in range(AL):
@@ -222,9 +225,7 @@ ${decl}
 %   endfor
 % endfor
             if (whole) {
-% for xi in range(AL * AL):
-                CLNN_ELEMS_STORE${VC}(${acc}, o${xi // AL}_${xi % AL}, (v0 + at + ${xi} * plane));
-% endfor
+${vector_stores([[f"o{a}_{b}" for b in range(AL)] for a in range(AL)], "v0 + at", " " * 16)}
             } else {
 % for l in range(VC):
                 if (${l} < lanes) {
@@ -293,11 +294,7 @@ ${decl}
     __global acc_t *vb = v + clnn_wino_at(c, c_lay);
     if (t_lay.s2 == 1 && t0 % t_lay.s0 + ${VC} <= t_lay.s0) {
         vb += clnn_wino_at(t0, t_lay);
-% for a in range(AL):
-%   for b in range(AL):
-        CLNN_ELEMS_STORE${VC}(${acc}, ${vv[a][b]}, (vb + ${AL * a + b} * plane));
-%   endfor
-% endfor
+${vector_stores(vv, "vb", " " * 8)}
     } else {
         // B panels narrower than a vector: lane by lane
 % for l in range(VC):

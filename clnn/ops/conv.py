@@ -803,9 +803,9 @@ def _wino_rows(acc, phases):
     one phase (undilated) whose tile rows are whole vectors of tiles (32x32 and 64x64
     images at F(4x4)). Kernel ms against clnn_wino_input, AMD EPYC Zen 3, 3-4 runs
     each: 64 -> 64 channels at 64x64, batch 16: 10.1-11.8 against 21.2-22.1; 48 at
-    32x32, batch 64: 7.9-9.8 against 10.8-11.6. Rows padded to whole vectors with tiles that
-    the GEMMs multiply for nothing (14 -> 16 tiles at 56x56, 7 -> 8 at 28x28) gained
-    in the transform what the GEMMs and the output transform lost."""
+    32x32, batch 64: 7.9-9.8 against 10.8-11.6. Rows padded to whole vectors with
+    tiles that the GEMMs multiply for nothing (14 -> 16 tiles at 56x56, 7 -> 8 at
+    28x28) gained in the transform what the GEMMs and the output transform lost."""
     return WINO_INPUT_ROWS and len(phases) == 1 and int(phases[0]["x"]["s2"]) == 1 and \
         phases[0]["TW"] % _wino_lanes(acc) == 0
 

@@ -406,7 +406,7 @@ def _gemm_packed(dev, dt, prm, params, a, b, c, nbatch, common, geometry):
     kc = K
     g = fit_group(K, PANEL_BYTES)
     epilogue = prm["act"] != "none" or prm["bias"] != "none"
-    half = np.dtype(dt) != acc
+    half = prm["dtype"] in programs.STORAGE_ONLY
     sums = half and prm["conv"] == "none" and nbatch * M * N * acc.itemsize <= SPLITK_BYTES
     if panel_bytes(g, K, N) > PANEL_BYTES and panel_bytes(g, K, 0) > PANEL_BYTES // 2 \
             and (sums or not half or not epilogue):
