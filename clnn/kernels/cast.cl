@@ -40,9 +40,31 @@ inline float clnn_d2f_odd(const double d)
 }
 % endif
 
+<%
+    # float32 <-> 16-bit on CPUs: 8 elements at a time through the same vector loads and
+    # stores as every other CPU kernel of the 16-bit types (so the exactness test of
+    # cast covers them too)
+    vector = "float32" in (src, dtype) and src != dtype and \
+        {src, dtype} & {"float16", "bfloat16"}
+    loadv = {"float16": "CLNN_HALF_LOADV_AT", "bfloat16": "CLNN_BF16_LOADV_AT"}.get(src)
+%>
 __kernel void clnn_cast(const int n, __global const ${src_t} *x, const int x_off,
                         __global real_t *out, const int out_off)
 {
+% if vector:
+#ifdef CLNN_CPU
+    CLNN_FOR_EACH(v, n / 8) {
+        const int i = v * 8;
+%   if loadv:
+        CLNN_ELEMS_STORE8(float, ${loadv}(__global, 8, x + x_off + i), out + out_off + i);
+%   else:
+        CLNN_STOREV(8, CLNN_ELEMS_LOAD8(float, x + x_off + i), out + out_off + i);
+%   endif
+    }
+    for (int i = n / 8 * 8 + (int)get_global_id(0); i < n; i += (int)get_global_size(0))
+        CLNN_STORE(CLNN_SRC(x, x_off + i), out, out_off + i);
+#else
+% endif
     CLNN_FOR_EACH(i, n) {
 % if dtype == "float16" and src == "float64":
         // rounded once, to nearest, from double (through float it would round twice)
@@ -55,4 +77,7 @@ __kernel void clnn_cast(const int n, __global const ${src_t} *x, const int x_off
         out[out_off + i] = (real_t)CLNN_SRC(x, x_off + i);
 % endif
     }
+% if vector:
+#endif
+% endif
 }
