@@ -40,13 +40,32 @@ __kernel void clnn_conv_pack(const int RUN, const int cols, const int Nb,
     // a whole panel checks no column bound per element, so its loads (16-bit ones with
     // their conversions) vectorise
     const int whole = (nb + 1) * NWI <= cols;
-    if (whole && !flip && CS > 1 && kr + kn <= KD) {
+    if (!flip && CS > 1 && kr + kn <= KD) {
         // the run's k are consecutive in src (one image of dy^T, one filter row of w):
-        // each column's run is read along src, and written across the rows of dst
+        // each column's run is read along src, and written across the rows of dst; a
+        // whole run of 8 as one vector load (16-bit ones converted as a vector), the
+        // columns of a last panel past cols as zeros (doubles: 4 lanes on CPUs, so
+        // element by element)
         __global const real_t *s = src + src_off + kq * KS + kr + nb * NWI * CS;
-        for (int j = 0; j < NWI; ++j)
+        const int jn = whole ? NWI : cols - nb * NWI;
+% if cpu_lanes >= 8:
+        if (kn == 8) {
+            for (int j = 0; j < jn; ++j) {
+                const ${acc}8 v = CLNN_LOADV(8, s + j * CS);
+%   for t in range(8):
+                dst[${t} * NWI + j] = v.s${t};
+%   endfor
+            }
+        } else
+% endif
+        {
+            for (int j = 0; j < jn; ++j)
+                for (int t = 0; t < kn; ++t)
+                    dst[t * NWI + j] = CLNN_LOAD(s, j * CS + t);
+        }
+        for (int j = jn; j < NWI; ++j)
             for (int t = 0; t < kn; ++t)
-                dst[t * NWI + j] = CLNN_LOAD(s, j * CS + t);
+                dst[t * NWI + j] = (acc_t)0;
         return;
     }
     for (int t = 0; t < kn; ++t, dst += NWI) {
