@@ -201,11 +201,11 @@ __kernel void clnn_pack_b(const int N, const int K, const int Nb, const int k0,
     __global acc_t *dst = b_pk + ((batch * Nb + nb) * K + k) * NWI;
 % if conv == "none":
     if (n_base + (nb + 1) * NWI <= N) {      // a whole panel, as in clnn_pack_a
-%   if not trans_b and VW in (2, 4, 8) and dtype != "float16":
-        // rows of B run along n: whole vectors (bfloat16 converted a vector at a time;
-        // float16's vector conversion here took 2.7 ns an element, the scalar loop
-        // below, vectorised across k by the work-group loop, 0.8: 1024^3 2.68 -> 0.77
-        // ms on PoCL)
+%   if not trans_b and VW in (2, 4, 8):
+        // rows of B run along n: whole vectors, 16-bit ones converted a vector at a time
+        // (float16 through vload_halfN, F16C's conversion on x86: 10-30% faster than the
+        // scalar loop below, which the work-group loop vectorises across k; clnn's own
+        // conversion of vectors, before, took 3.5x that loop's time)
         __global const real_t *src = b + (k0 + k) * ldb + n_base + nb * NWI;
 %     for v in range(t["NWI"] // VW):
         *(__global ${rvec} *)(dst + ${v * VW}) = CLNN_LOADV(${VW}, src + ${v * VW});
@@ -365,9 +365,13 @@ __kernel void clnn_gemv(const int M, const int K, const acc_t alpha, const acc_t
     DN = 4 if trans_b else 2    # columns of C per work-item (NN: vectors of VW columns)
     def vload(ptr, idx):
         """VW consecutive elements from ``ptr[idx]`` as one vector (element by element
-        in the source: PoCL makes vloadN a call; the compiler merges these loads)."""
+        in the source: PoCL makes vloadN a call; the compiler merges these loads).
+        16-bit storage: CLNN_LOADV, whose conversion of a whole vector (F16C's for
+        float16) beats VW scalar ones."""
         if VW == 1:
             return f"CLNN_LOAD({ptr}, {idx})"
+        if storage_only and VW in (2, 4, 8):
+            return f"CLNN_LOADV({VW}, {ptr} + {idx})"
         return "(vec_t)(" + ", ".join(f"CLNN_LOAD({ptr}, {idx} + {j})" for j in range(VW)) + ")"
 %>
 // ---- direct (CPUs, op(A) not transposed, few rows of C: a batch of a few examples

@@ -231,7 +231,7 @@ def run_gemm(dev, dt, *, M, N, K, nbatch, a, b, c, alpha=1.0, beta=0.0, act="non
         prm = {"dtype": programs.dtype_name(dt), "variant": "reg", "trans_a": bool(trans_a),
                "trans_b": bool(trans_b), "act": act, "bias": bias_mode, "conv": conv,
                "tuning": tuning.template_tuning(rows[0], dt)}
-        if conv == "none" and not trans_a and _direct(dt, M, N, K, nbatch):
+        if conv == "none" and not trans_a and _direct(dt, M, N, K, nbatch, trans_b):
             return _gemm_direct(dev, prm, a, b, c, nbatch, common)
         return _gemm_packed(dev, dt, prm, rows[0], a, b, c, nbatch, common, conv_args or {})
     plan, kern, red = _tiled_launch(dev, dt, rows, M, N, K, nbatch, a, b, c, act,
@@ -319,10 +319,13 @@ PANEL_BYTES = 32 << 20
 # transposed) where A and B lie, without packing them: packing a big B (a dense
 # layer's weights) for a few rows of A read and wrote all of it before the multiply
 # read it again. float16 elements are converted as they are loaded, once per block of
-# rows here (2 in a work-item's block) against once in the packing: for halves the
-# direct kernel wins only while one block covers every row.
+# rows here against once in the packing, so for halves the direct kernel wins on fewer
+# rows: with B's rows loaded as vectors of halves (F16C's conversion on x86), up to 8
+# rows of an NT product (X W^T, a dense layer's forward pass: 1 x 2000 x 2000 12 -> 1.2
+# ms, 8 rows 1.3x the packed path's speed, 16 rows 0.7x) and 4 of an NN one (whose A is
+# still converted element by element: 1.1-1.4x at 4 rows, 0.9x at 8; Zen 3, PoCL 3.0).
 DIRECT_M = 16
-DIRECT_M_HALF = 2
+DIRECT_M_HALF = {True: 8, False: 4}        # by trans_b
 # Small products with more rows too, in float32 and float64: there the packed path's
 # three launches cost more than its faster multiply saves (LeNet-5's and the MNIST
 # MLP's dense layers at batch 64, 0.1 to 26 MFLOP, forward and data gradient: 1.3-4x
@@ -334,10 +337,10 @@ DIRECT_FLOPS = 32e6
 DIRECT_ROWS = 1024
 
 
-def _direct(dt, M, N, K, nbatch):
+def _direct(dt, M, N, K, nbatch, trans_b):
     """Whether the CPU variant takes the direct kernel (op(A) not transposed)."""
     if dt == np.float16:
-        return M <= DIRECT_M_HALF
+        return M <= DIRECT_M_HALF[bool(trans_b)]
     return M <= DIRECT_M or (dt.itemsize >= 4 and M <= DIRECT_ROWS and
                              2.0 * M * N * K * nbatch <= DIRECT_FLOPS)
 

@@ -168,12 +168,15 @@ def test_direct_kernel_for_few_rows(variant, dtype):
     activations, batches (B shared too), vectors of 8 (float32, float16), 4 (float64)
     and 1; one row more, in a bigger product, takes the packed kernels."""
     gemm_module = sys.modules["clnn.ops.gemm"]
-    top = gemm_module.DIRECT_M if dtype != np.float16 else gemm_module.DIRECT_M_HALF
+
+    def top(tb):                # float16: fewer rows, by B's layout
+        return gemm_module.DIRECT_M if dtype != np.float16 else \
+            gemm_module.DIRECT_M_HALF[tb]
     small = [(64, 121, 83)] if np.dtype(dtype).itemsize >= 4 else []   # 2.6 MFLOP
     with tuning.override("gemm", VARIANTS[variant]):
-        for M, N, K in [(1, 1, 1), (1, 37, 21), (2, 5, 8), (min(3, top), 17, 3),
-                        (top, 33, 45)] + small:
-            for tb in (False, True):
+        for tb in (False, True):
+            for M, N, K in [(1, 1, 1), (1, 37, 21), (2, 5, 8), (min(3, top(tb)), 17, 3),
+                            (top(tb), 33, 45)] + small:
                 with clnn.profile() as prof:
                     check_gemm(M, N, K, False, tb, 1.0, 0.0, dtype, bias=(1, N), act="tanh")
                     check_gemm(M, N, K, False, tb, -1.5, 1.0, dtype, bias=(M, 1))
@@ -189,9 +192,12 @@ def test_direct_kernel_for_few_rows(variant, dtype):
                                    atol=8 * eps(dtype))
         # past both bounds: 2 (top + 1) N K > DIRECT_FLOPS, or float16; and a small
         # product of more than DIRECT_ROWS rows
-        n = 1 + int((gemm_module.DIRECT_FLOPS / (2 * (top + 1))) ** 0.5)
+        for tb in (False, True):
+            n = 1 + int((gemm_module.DIRECT_FLOPS / (2 * (top(tb) + 1))) ** 0.5)
+            with clnn.profile() as prof:
+                check_gemm(top(tb) + 1, n, n, False, tb, 1.0, 0.0, dtype)
+            assert "clnn_gemm_direct" not in {r.entry for r in prof.records}
         with clnn.profile() as prof:
-            check_gemm(top + 1, n, n, False, True, 1.0, 0.0, dtype)
             check_gemm(gemm_module.DIRECT_ROWS + 1, 3, 5, False, False, 1.0, 0.0, dtype)
         assert "clnn_gemm_direct" not in {r.entry for r in prof.records}
 
