@@ -11,6 +11,8 @@
 ##              bias   "none" or "row" (bias[m] added to output channel m)
 ##              dyv    clnn_wino_dy's channels per work-item: 1, or an A panel's MWI
 ##                     (2 to the CPU vector's lanes)
+##              x_acc  clnn_wino_input reads an acc_t copy of a 16-bit input (float16
+##                     on CPUs: converted once, not at every patch that covers it)
 ## Kernels: clnn_wino_filter (U = G g G^T), clnn_wino_input (V = B^T d B; where the
 ## tile rows are whole vectors, clnn_wino_input_rows, a row's tiles in the lanes), then the
 ## GEMMs Z[xi] (Mo x T) = U[xi] (Mo x Ci) @ V[xi] (Ci x T) run by gemm.cl, and
@@ -183,8 +185,8 @@ ${vector_stores(uu, "u", " " * 8)}
 __kernel void clnn_wino_input(const int C, const int H, const int W, const int ph,
                               const int pw, const int TH, const int TW, const int images,
                               const int plane, const int4 c_lay, const int4 t_lay,
-                              __global const real_t *x, const int x_off, const int4 x_lay,
-                              __global acc_t *v)
+                              __global const ${"acc_t" if x_acc else "real_t"} *x,
+                              const int x_off, const int4 x_lay, __global acc_t *v)
 {
     const int CG = (C + ${VC - 1}) / ${VC};
     const int gid = (int)get_global_id(0);             // (n, channels c0 .. c0 + ${VC - 1})
@@ -213,7 +215,7 @@ __kernel void clnn_wino_input(const int C, const int H, const int W, const int p
 % for a in range(AL):
 %   for b in range(AL):
             const int i${a}_${b} = hv${a} && wv${b} ? (h0 + ${a}) * x_lay.s1 + (w0 + ${b}) * x_lay.s2 : 0;
-            const ${vc_t} l${a}_${b} = (${vc_t})(${", ".join(f"CLNN_LOAD(x, i{a}_{b} + xo{l})" for l in range(VC))});
+            const ${vc_t} l${a}_${b} = (${vc_t})(${", ".join((f"x[i{a}_{b} + xo{l}]" if x_acc else f"CLNN_LOAD(x, i{a}_{b} + xo{l})") for l in range(VC))});
             const ${vc_t} d${a}_${b} = hv${a} && wv${b} ? l${a}_${b} : (${vc_t})0;
 %   endfor
 % endfor

@@ -42,7 +42,7 @@ import pyopencl.cltypes as cltypes
 from .. import programs, tuning
 from ..errors import ArgumentError, ShapeError
 from ._args import (INT_MAX, check, check_out, common_device, dev_scratch, done, finite,
-                    int4, launch_size, offset, pair, scratch_cap)
+                    int4, launch, launch_size, offset, pair, scratch_cap)
 from ._memo import memoized
 from .elementwise import ACTIVATIONS, activation_parameter
 from .gemm import Operand, panel_widths, run_gemm, run_panels, tiled_workspace
@@ -55,13 +55,17 @@ _TILES = ((("MWI", 10), ("NWI", 16), ("VW", 8)), (("MWI", 5), ("NWI", 8), ("VW",
           (("MWI", 4), ("NWI", 24), ("VW", 8)))
 
 
-programs.register("winograd", {"m": 4, "act": "none", "bias": "none", "dyv": 1},
+programs.register("winograd", {"m": 4, "act": "none", "bias": "none", "dyv": 1,
+                                "x_acc": False},
                   lambda: [{"m": m, "act": a, "bias": b, "dyv": 1} for m in (2, 4)
                            for a in ("none",) + ACTIVATIONS for b in ("none", "row")] +
                   # every panel width the weight gradient may ask dy's transform for
                   # (2 to a CPU vector's lanes: the tuner's rows go to MWI 8)
                   [{"m": m, "act": "none", "bias": "none", "dyv": v} for m in (2, 4)
-                   for v in range(2, programs.CPU_LANES["float"] + 1)])
+                   for v in range(2, programs.CPU_LANES["float"] + 1)] +
+                  # clnn_wino_input on a float copy of a float16 input (_wino_copies)
+                  [{"m": m, "act": "none", "bias": "none", "dyv": 1, "x_acc": True}
+                   for m in (2, 4)])
 
 PX_WG = 4           # work-items per work-group of clnn_conv_pixels
 PACK_RUN = 8        # consecutive k per work-item of clnn_conv_pack
@@ -810,6 +814,29 @@ def _wino_rows(acc, phases):
         phases[0]["TW"] % _wino_lanes(acc) == 0
 
 
+# float16's input to clnn_wino_input (channels in the lanes: its loads gather a lane
+# per channel, each a scalar conversion, and every element is loaded by up to four
+# patches) goes through a float copy of each group of images first, made in vectors
+# (clnn_cast's kernel: F16C's conversion on x86). Kernel ms, one process switching
+# this, AMD EPYC Zen 3, batch 32: at 56x56, 64 -> 64 channels, the forward pass's input
+# transform 46.1 -> 19.1 plus a 2.5 ms copy (the whole pass 79.2 -> 50.7), the weight
+# gradient 78.3 -> 43.5; 28x28x128 forward 45.3 -> 31.7. bfloat16's loads are a shift:
+# no copy.
+WINO_X_COPY = True
+
+
+def _wino_copies(dt, rows_in):
+    """Whether clnn_wino_input reads a float copy of the input (see WINO_X_COPY)."""
+    return WINO_X_COPY and not rows_in and programs.dtype_name(dt) == "float16"
+
+
+def _wino_x(dev, xf, x, x_off, count):
+    """``count`` float16 elements of x from x_off as floats into the buffer xf."""
+    kern = programs.get_kernel(dev, "cast", "clnn_cast", {"dtype": "float32",
+                                                          "src": "float16"})
+    launch(kern, dev, count, x=x, x_off=x_off, out=xf, out_off=0)
+
+
 def _wino_plane(n):
     """The distance between the transformed planes of ``n`` elements: 16 more than a
     multiple of 1024, so that a work-item's streams of stores or loads (one per plane)
@@ -880,10 +907,13 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
     u = dev_scratch(dev, X * us, acc)
     v = dev_scratch(dev, X * _wino_plane(Ci * _round_up(group * tiles, nwi)), acc)
     z = dev_scratch(dev, X * _wino_plane(Mo * group * tiles), acc)
-    filt, inp, outp = (programs.get_kernel(dev, "winograd", e, prm) for e in
-                       ("clnn_wino_filter",
-                        "clnn_wino_input_rows" if rows_in else "clnn_wino_input",
-                        "clnn_wino_output"))
+    copy = _wino_copies(dt, rows_in)
+    xf = dev_scratch(dev, group * Ci * H * W, acc) if copy else None
+    filt, outp = (programs.get_kernel(dev, "winograd", e, prm) for e in
+                  ("clnn_wino_filter", "clnn_wino_output"))
+    inp = programs.get_kernel(dev, "winograd",
+                              "clnn_wino_input_rows" if rows_in else "clnn_wino_input",
+                              dict(prm, x_acc=True) if copy else prm)
     wg = min(WINO_WG, dev.facts.max_work_group_size)
     filt((_round_up(_wino_lane_groups(acc, Mpad * Ci), wg),), (wg,), Mo=Mo, Ci=Ci,
          flip=int(flip), plane=us, orun=mwi, w=w, w_off=offset(w), u=u)
@@ -894,8 +924,11 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
             vs, zs = _wino_plane(Ci * _round_up(T, nwi)), _wino_plane(Mo * T)
             c_lay, t_lay = (_wino_lay(_WHOLE, 0, nwi), _wino_lay(nwi, Ci * nwi, 1)) \
                 if panels else (_wino_lay(_WHOLE, 0, T), _wino_lay(_WHOLE, 0, 1))
-            _wino_input(inp, acc, wg, f, x, offset(x) + n0 * Ci * H * W, g, Ci, v, vs,
-                        c_lay, t_lay, rows_in)
+            if copy and f is phases[0]:
+                _wino_x(dev, xf, x, offset(x) + n0 * Ci * H * W, g * Ci * H * W)
+            _wino_input(inp, acc, wg, f, *((xf, 0) if copy else
+                                           (x, offset(x) + n0 * Ci * H * W)),
+                        g, Ci, v, vs, c_lay, t_lay, rows_in)
             c = Operand(z, 0, T, zs, X)
             if panels:
                 run_panels(dev, acc, rows, M=Mo, N=T, K=Ci, nbatch=X, a_pk=u, b_pk=v,
@@ -939,8 +972,11 @@ def _run_winograd_wgrad(dev, dt, p, *, dy, x, N, C, H, W, M, ph, pw, out, alpha,
     z = dev_scratch(dev, X * zs, acc)
     v = dev_scratch(dev, X * _wino_plane(Cpad * group * tiles), acc)
     y = dev_scratch(dev, X * _wino_plane(Mpad * group * tiles), acc)
-    inp, dwk = (programs.get_kernel(dev, "winograd", e, prm) for e in
-                ("clnn_wino_input", "clnn_wino_dw"))
+    copy = _wino_copies(dt, False)
+    xf = dev_scratch(dev, group * C * H * W, acc) if copy else None
+    inp = programs.get_kernel(dev, "winograd", "clnn_wino_input",
+                              dict(prm, x_acc=True) if copy else prm)
+    dwk = programs.get_kernel(dev, "winograd", "clnn_wino_dw", prm)
     dyk = programs.get_kernel(dev, "winograd", "clnn_wino_dy", dict(prm, dyv=dyv))
     wg = min(WINO_WG, dev.facts.max_work_group_size)
     first = True
@@ -955,8 +991,11 @@ def _run_winograd_wgrad(dev, dt, p, *, dy, x, N, C, H, W, M, ph, pw, out, alpha,
             else:
                 c_lay = m_lay = _wino_lay(_WHOLE, 0, T)
                 vt_lay = yt_lay = _wino_lay(_WHOLE, 0, 1)
-            _wino_input(inp, acc, wg, f, x, offset(x) + n0 * C * H * W, g, C, v, vs,
-                        c_lay, vt_lay)
+            if copy and f is phases[0]:
+                _wino_x(dev, xf, x, offset(x) + n0 * C * H * W, g * C * H * W)
+            _wino_input(inp, acc, wg, f, *((xf, 0) if copy else
+                                           (x, offset(x) + n0 * C * H * W)),
+                        g, C, v, vs, c_lay, vt_lay)
             dyk((_round_up(g * -(-M // dyv), wg),), (wg,), M=M, P=f["P"], Q=f["Q"],
                 TH=f["TH"], TW=f["TW"], images=g, plane=ys, m_lay=m_lay, t_lay=yt_lay, dy=dy,
                 dy_off=offset(dy) + n0 * M * f["out_plane"], dy_lay=f["y"], y=y)

@@ -407,6 +407,44 @@ def test_winograd_input_rows(monkeypatch, dtype, shape, m):
     assert np.array_equal(outs[0], outs[1])
 
 
+@pytest.mark.parametrize("shape,dilation", [((3, 19, 9, 10, 17, 1), (1, 1)),
+                                            ((2, 9, 10, 13, 17, 3), (2, 3))])
+@pytest.mark.parametrize("group_bytes", [None, 1], ids=["one-group", "image-groups"])
+def test_winograd_float16_input_copy(monkeypatch, shape, dilation, group_bytes):
+    """float16 input to the channel-lane input transform goes through a float copy of
+    each group of images (WINO_X_COPY: clnn_cast's kernel, then clnn_wino_input reading
+    floats) in the forward pass, the flipped data gradient and the weight gradient, one
+    group or an image at a time, dilated phases too: bitwise the results of converting
+    every load (a half converts to float exactly)."""
+    N, C, H, W, M, pad = shape
+    x = clnn.asarray(RNG.standard_normal((N, C, H, W)).astype(np.float16))
+    w = clnn.asarray(RNG.standard_normal((M, C, 3, 3)).astype(np.float16))
+    b = clnn.asarray(RNG.standard_normal(M).astype(np.float16))
+    y = clnn.conv2d(x, w, padding=pad, dilation=dilation)
+    dy = clnn.asarray(RNG.standard_normal(y.shape).astype(np.float16))
+    if group_bytes:
+        monkeypatch.setattr(conv_module, "WINO_GROUP_BYTES", group_bytes)
+    results = {}
+    for copy in (True, False):
+        monkeypatch.setattr(conv_module, "WINO_X_COPY", copy)
+        with tuning.override("conv", dict(GATHER, WINO=True, WINO_M=4, DGRAD="flip")), \
+                clnn.profile() as prof:
+            results[copy] = [
+                clnn.conv2d(x, w, b, padding=pad, dilation=dilation,
+                            activation="relu").get(),
+                clnn.conv2d_backward_data(dy, w, x.shape, padding=pad,
+                                          dilation=dilation).get(),
+                clnn.conv2d_backward_weight(dy, x, w.shape, padding=pad,
+                                            dilation=dilation).get()]
+        inputs = ran(prof, "clnn_wino_input")
+        assert len(inputs) >= 3 and {r.params["x_acc"] for r in inputs} == {copy}
+        # one copy per group of images (an image at a time: N per op)
+        copies = len(ran(prof, "clnn_cast"))
+        assert copies == (0 if not copy else 3 * (N if group_bytes else 1))
+    for a, b_ in zip(results[True], results[False]):
+        assert np.array_equal(a, b_)
+
+
 @pytest.mark.parametrize("shape", [(3, 5, 7, 9, 6, 1), (2, 19, 9, 10, 17, 1)])
 def test_winograd_plain_gemms(shape):
     """Where the GEMM rows are not the packed CPU variant's (a forced tiled row), the
