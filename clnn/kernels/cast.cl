@@ -44,8 +44,7 @@ inline float clnn_d2f_odd(const double d)
     # float32 <-> 16-bit on CPUs: 8 elements at a time through the same vector loads and
     # stores as every other CPU kernel of the 16-bit types (so the exactness test of
     # cast covers them too)
-    vector = "float32" in (src, dtype) and src != dtype and \
-        {src, dtype} & {"float16", "bfloat16"}
+    vector = {src, dtype} in ({"float32", "float16"}, {"float32", "bfloat16"})
     loadv = {"float16": "CLNN_HALF_LOADV_AT", "bfloat16": "CLNN_BF16_LOADV_AT"}.get(src)
 %>
 __kernel void clnn_cast(const int n, __global const ${src_t} *x, const int x_off,

@@ -20,6 +20,10 @@
 // one that fills the device without launching a work-item per element. Results go to
 // o: out, or (rendered with inplace) the input that out is.
 //
+## float16 runs on vectors on CPUs (each() below): its vector loads and stores are F16C
+## instructions on x86, its scalar ones integer code the loops ran at 0.5-0.7x
+## bfloat16's speed (relu's gradient on 300K elements: 0.31 ms, 0.14 in bfloat16)
+<% half = dtype == "float16" %>\
 % if op == "act":
 //
 // Activation ${act}; p is its parameter (leaky_relu slope, elu alpha), unused otherwise.
@@ -29,14 +33,11 @@
 //
 <%include file="_activation.cl" args="act=act, derivative_from=src, vector=cpu_lanes"/>
 <%
-    # which functions call math built-ins (exp, tanh, ...): on CPUs those run on vectors;
-    # the others' loops the compiler vectorises by itself, and faster (relu: 25 GB/s
-    # so, 19 through float8). float16 runs on vectors always: its vector loads and
-    # stores are F16C instructions on x86, its scalar ones integer code the loops ran
-    # at 0.5-0.7x bfloat16's speed (relu's gradient on 300K elements: 0.31 ms, 0.14 in
-    # bfloat16)
-    math_f = act in math_acts or dtype == "float16"
-    math_df = math_f and (src == "z" or act == "softplus" or dtype == "float16")
+    # which kernels run on vectors on CPUs: those whose functions call math built-ins
+    # (exp, tanh, ...); the others' loops the compiler vectorises by itself, and faster
+    # (relu: 25 GB/s so, 19 through float8); float16 always (half, above)
+    vector_f = act in math_acts or half
+    vector_df = half or (act in math_acts and (src == "z" or act == "softplus"))
 %>
 ## each(vector, scalar, on): the statements for element i (scalar) over every i; on
 ## CPUs, where on, first for the `cpu_lanes` (8; 4 doubles) elements from i (vector) over
@@ -70,7 +71,7 @@ __kernel void clnn_act_forward(const int n, const acc_t p, const acc_t q,
 {
     __global real_t *o = ${dst("z")};
 ${each(f"CLNN_STOREV({cpu_lanes}, clnn_f{cpu_lanes}(CLNN_LOADV({cpu_lanes}, z + z_off + i), p, q), o + i);",
-       "CLNN_STORE(clnn_f(CLNN_LOAD(z, z_off + i), p, q), o, i);", math_f)}
+       "CLNN_STORE(clnn_f(CLNN_LOAD(z, z_off + i), p, q), o, i);", vector_f)}
 }
 
 __kernel void clnn_act_derivative(const int n, const acc_t p, const acc_t q,
@@ -79,7 +80,7 @@ __kernel void clnn_act_derivative(const int n, const acc_t p, const acc_t q,
 {
     __global real_t *o = ${dst("src")};
 ${each(f"CLNN_STOREV({cpu_lanes}, clnn_df{cpu_lanes}(CLNN_LOADV({cpu_lanes}, src + src_off + i), p, q), o + i);",
-       "CLNN_STORE(clnn_df(CLNN_LOAD(src, src_off + i), p, q), o, i);", math_df)}
+       "CLNN_STORE(clnn_df(CLNN_LOAD(src, src_off + i), p, q), o, i);", vector_df)}
 }
 
 __kernel void clnn_act_backward(const int n, const acc_t p, const acc_t q,
@@ -91,11 +92,9 @@ __kernel void clnn_act_backward(const int n, const acc_t p, const acc_t q,
 ${each(f"CLNN_STOREV({cpu_lanes}, CLNN_LOADV({cpu_lanes}, dy + dy_off + i) * "
        f"clnn_df{cpu_lanes}(CLNN_LOADV({cpu_lanes}, src + src_off + i), p, q), o + i);",
        "CLNN_STORE(CLNN_LOAD(dy, dy_off + i) * clnn_df(CLNN_LOAD(src, src_off + i), p, q), o, i);",
-       math_df)}
+       vector_df)}
 }
 % elif op == "linalg":
-## float16 runs on vectors on CPUs, as the activations above
-<% half = dtype == "float16" %>
 
 // out = x (.) y, the Hadamard product of the backprop equations.
 __kernel void clnn_hadamard(const int n,

@@ -63,7 +63,7 @@ programs.register("winograd", {"m": 4, "act": "none", "bias": "none", "dyv": 1,
                   # (2 to a CPU vector's lanes: the tuner's rows go to MWI 8)
                   [{"m": m, "act": "none", "bias": "none", "dyv": v} for m in (2, 4)
                    for v in range(2, programs.CPU_LANES["float"] + 1)] +
-                  # clnn_wino_input on a float copy of a float16 input (_wino_copies)
+                  # clnn_wino_input on a float copy of a float16 input (WINO_X_COPY)
                   [{"m": m, "act": "none", "bias": "none", "dyv": 1, "x_acc": True}
                    for m in (2, 4)])
 
@@ -825,16 +825,26 @@ def _wino_rows(acc, phases):
 WINO_X_COPY = True
 
 
-def _wino_copies(dt, rows_in):
-    """Whether clnn_wino_input reads a float copy of the input (see WINO_X_COPY)."""
-    return WINO_X_COPY and not rows_in and programs.dtype_name(dt) == "float16"
+def _wino_input_kernel(dev, dt, acc, prm, rows_in, group_elems):
+    """The input transform's kernel (clnn_wino_input_rows where ``rows_in``, else
+    clnn_wino_input) and, where it reads a float copy of a float16 input (WINO_X_COPY),
+    the buffer for a group's ``group_elems`` elements of it (else None)."""
+    copy = WINO_X_COPY and not rows_in and programs.dtype_name(dt) == "float16"
+    entry = "clnn_wino_input_rows" if rows_in else "clnn_wino_input"
+    return (programs.get_kernel(dev, "winograd", entry, dict(prm, x_acc=copy)),
+            dev_scratch(dev, group_elems, acc) if copy else None)
 
 
-def _wino_x(dev, xf, x, x_off, count):
-    """``count`` float16 elements of x from x_off as floats into the buffer xf."""
+def _wino_group_x(dev, xf, x, x_off, count):
+    """(buffer, element offset) the input transform reads for a group of images, the
+    ``count`` elements of x from x_off: x itself, or, with a copy buffer ``xf``, xf
+    after they were converted into it (clnn_cast's kernel, in vectors)."""
+    if xf is None:
+        return x, x_off
     kern = programs.get_kernel(dev, "cast", "clnn_cast", {"dtype": "float32",
                                                           "src": "float16"})
     launch(kern, dev, count, x=x, x_off=x_off, out=xf, out_off=0)
+    return xf, 0
 
 
 def _wino_plane(n):
@@ -907,28 +917,21 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
     u = dev_scratch(dev, X * us, acc)
     v = dev_scratch(dev, X * _wino_plane(Ci * _round_up(group * tiles, nwi)), acc)
     z = dev_scratch(dev, X * _wino_plane(Mo * group * tiles), acc)
-    copy = _wino_copies(dt, rows_in)
-    xf = dev_scratch(dev, group * Ci * H * W, acc) if copy else None
     filt, outp = (programs.get_kernel(dev, "winograd", e, prm) for e in
                   ("clnn_wino_filter", "clnn_wino_output"))
-    inp = programs.get_kernel(dev, "winograd",
-                              "clnn_wino_input_rows" if rows_in else "clnn_wino_input",
-                              dict(prm, x_acc=True) if copy else prm)
+    inp, xf = _wino_input_kernel(dev, dt, acc, prm, rows_in, group * Ci * H * W)
     wg = min(WINO_WG, dev.facts.max_work_group_size)
     filt((_round_up(_wino_lane_groups(acc, Mpad * Ci), wg),), (wg,), Mo=Mo, Ci=Ci,
          flip=int(flip), plane=us, orun=mwi, w=w, w_off=offset(w), u=u)
     for n0 in range(0, N, group):
         g = min(group, N - n0)
+        xs, xs_off = _wino_group_x(dev, xf, x, offset(x) + n0 * Ci * H * W, g * Ci * H * W)
         for f in phases:
             T = g * f["TH"] * f["TW"]
             vs, zs = _wino_plane(Ci * _round_up(T, nwi)), _wino_plane(Mo * T)
             c_lay, t_lay = (_wino_lay(_WHOLE, 0, nwi), _wino_lay(nwi, Ci * nwi, 1)) \
                 if panels else (_wino_lay(_WHOLE, 0, T), _wino_lay(_WHOLE, 0, 1))
-            if copy and f is phases[0]:
-                _wino_x(dev, xf, x, offset(x) + n0 * Ci * H * W, g * Ci * H * W)
-            _wino_input(inp, acc, wg, f, *((xf, 0) if copy else
-                                           (x, offset(x) + n0 * Ci * H * W)),
-                        g, Ci, v, vs, c_lay, t_lay, rows_in)
+            _wino_input(inp, acc, wg, f, xs, xs_off, g, Ci, v, vs, c_lay, t_lay, rows_in)
             c = Operand(z, 0, T, zs, X)
             if panels:
                 run_panels(dev, acc, rows, M=Mo, N=T, K=Ci, nbatch=X, a_pk=u, b_pk=v,
@@ -972,16 +975,14 @@ def _run_winograd_wgrad(dev, dt, p, *, dy, x, N, C, H, W, M, ph, pw, out, alpha,
     z = dev_scratch(dev, X * zs, acc)
     v = dev_scratch(dev, X * _wino_plane(Cpad * group * tiles), acc)
     y = dev_scratch(dev, X * _wino_plane(Mpad * group * tiles), acc)
-    copy = _wino_copies(dt, False)
-    xf = dev_scratch(dev, group * C * H * W, acc) if copy else None
-    inp = programs.get_kernel(dev, "winograd", "clnn_wino_input",
-                              dict(prm, x_acc=True) if copy else prm)
+    inp, xf = _wino_input_kernel(dev, dt, acc, prm, False, group * C * H * W)
     dwk = programs.get_kernel(dev, "winograd", "clnn_wino_dw", prm)
     dyk = programs.get_kernel(dev, "winograd", "clnn_wino_dy", dict(prm, dyv=dyv))
     wg = min(WINO_WG, dev.facts.max_work_group_size)
     first = True
     for n0 in range(0, N, group):
         g = min(group, N - n0)
+        xs, xs_off = _wino_group_x(dev, xf, x, offset(x) + n0 * C * H * W, g * C * H * W)
         for f in phases:
             T = g * f["TH"] * f["TW"]
             vs, ys = _wino_plane(Cpad * T), _wino_plane(Mpad * T)
@@ -991,11 +992,7 @@ def _run_winograd_wgrad(dev, dt, p, *, dy, x, N, C, H, W, M, ph, pw, out, alpha,
             else:
                 c_lay = m_lay = _wino_lay(_WHOLE, 0, T)
                 vt_lay = yt_lay = _wino_lay(_WHOLE, 0, 1)
-            if copy and f is phases[0]:
-                _wino_x(dev, xf, x, offset(x) + n0 * C * H * W, g * C * H * W)
-            _wino_input(inp, acc, wg, f, *((xf, 0) if copy else
-                                           (x, offset(x) + n0 * C * H * W)),
-                        g, C, v, vs, c_lay, vt_lay)
+            _wino_input(inp, acc, wg, f, xs, xs_off, g, C, v, vs, c_lay, vt_lay)
             dyk((_round_up(g * -(-M // dyv), wg),), (wg,), M=M, P=f["P"], Q=f["Q"],
                 TH=f["TH"], TW=f["TW"], images=g, plane=ys, m_lay=m_lay, t_lay=yt_lay, dy=dy,
                 dy_off=offset(dy) + n0 * M * f["out_plane"], dy_lay=f["y"], y=y)
