@@ -298,7 +298,7 @@ class DataParallel:
         local = 1.0 / step.grad_scale if step.grad_scale else 0.0
         step.grad_scale = 1.0 / self._exchange(local)
 
-    def train_step(self, x, y, loss="quadratic", offset=0, precision=None,
+    def train_step(self, x, y, loss=None, offset=0, precision=None,
                    global_batch=None):
         """One global step: this rank's shard (x, y: device arrays of its examples,
         or None when the global batch left this rank none), ``offset`` examples into
@@ -330,7 +330,7 @@ class DataParallel:
         return None
 
     # ---------------------------------------------------------------- training
-    def fit(self, x, y, loss="quadratic", epochs=1, batch_size=32, lr=None, momentum=None,
+    def fit(self, x, y, loss=None, epochs=1, batch_size=32, lr=None, momentum=None,
             optimizer=None, scheduler=None, shuffle=True, seed=0, validation=None,
             initial_epoch=0, callback=None, precision=None):
         """``Sequential.fit`` across ranks: ``batch_size`` is the global batch; every
@@ -340,6 +340,7 @@ class DataParallel:
         exception on any rank ends the whole job. ``initial_epoch``, ``callback`` and
         ``precision`` as in ``Sequential.fit`` (the callback runs on every rank)."""
         net, world = self.net, self.world
+        loss = net.loss_for(loss)
         if not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ArgumentError(f"batch_size must be a positive int, got {batch_size!r}")
         with world.guard():

@@ -418,6 +418,14 @@ class Sequential:
         return self(x).get()
 
     # ------------------------------------------------------------ training
+    def loss_for(self, loss=None):
+        """``loss``, or where it is None the output layer's own: "cross_entropy" (fused
+        with the softmax) after a softmax layer, the only loss one trains with, else
+        "quadratic" (the tutorial's). What train_step, fit, evaluate and sgd use."""
+        if loss is not None:
+            return loss
+        return "cross_entropy" if self.layers[-1].activation == "softmax" else "quadratic"
+
     def _check_loss(self, loss):
         if len(self.out_shape) != 1:
             raise ArgumentError(f"the network's output is {self.out_shape} per example; "
@@ -493,7 +501,7 @@ class Sequential:
         return opt
 
     @_locked
-    def train_step(self, x, y, lr=None, momentum=None, loss="quadratic", hook=None,
+    def train_step(self, x, y, lr=None, momentum=None, loss=None, hook=None,
                    layer_hook=None, example_offset=0, precision=None, global_batch=None,
                    replay=False):
         """One gradient step on the batch (x, y), both device arrays already checked.
@@ -525,7 +533,7 @@ class Sequential:
         step time on a GPU. Dropout's key for the step goes into its captured
         launches before each replay. Only networks whose layers all allow it (see
         Layer.capturable), loss "quadratic" or
-        "cross_entropy", no ``layer_hook`` and no tuning override. Mixed-precision
+        "cross_entropy" (None: ``loss_for``'s default), no ``layer_hook`` and no tuning override. Mixed-precision
         steps capture their casts too (and a float16 step without a hook its
         overflow check, on the device: one capture for every loss scale; with a hook,
         a capture per scale); the optimizer's update, ``hook``, the host's overflow
@@ -536,6 +544,7 @@ class Sequential:
         Returns the batch loss of the forward pass (a 0-d device array). Allocates
         nothing once the workspace for this batch size exists.
         """
+        loss = self.loss_for(loss)
         low = amp.check_precision(precision, self)      # float16, bfloat16 or None
         half = low is not None
         batch = x.shape[0]
@@ -859,7 +868,7 @@ class Sequential:
         xd = self._input(x, dtype=dtype)
         return xd, self._targets(y, xd.shape[0], loss, dtype), lr, momentum
 
-    def fit(self, x, y, loss="quadratic", epochs=1, batch_size=32, lr=None, momentum=None,
+    def fit(self, x, y, loss=None, epochs=1, batch_size=32, lr=None, momentum=None,
             shuffle=True, seed=None, validation=None, progress=None, optimizer=None,
             scheduler=None, hook=None, initial_epoch=0, callback=None, precision=None,
             replay=True):
@@ -894,7 +903,11 @@ class Sequential:
         allows it (see train_step; each batch is first copied into a buffer of its
         size, so every step sees the same arrays): the same results, bitwise, with a
         fraction of the host time per step.
+
+        ``loss``: "quadratic", "cross_entropy" or a CrossEntropyLoss; None (the default)
+        takes the output layer's own (``loss_for``: cross-entropy after a softmax).
         """
+        loss = self.loss_for(loss)
         low = amp.check_precision(precision, self)
         scaled = amp.scaled(low)
         dt = low if low is not None else self.dtype    # the data's dtype on the device
@@ -1012,12 +1025,14 @@ class Sequential:
         return n
 
     @_locked
-    def evaluate(self, x, y, loss="quadratic", batch_size=1000, precision=None):
+    def evaluate(self, x, y, loss=None, batch_size=1000, precision=None):
         """(mean loss, accuracy) on (x, y); accuracy compares arg-max of output and y.
 
         ``precision="float16"`` (or "bfloat16"): evaluated as a mixed-precision step
         runs forward (the 16-bit copy of the weights, 16-bit activations; x and y are
-        stored so), as PyTorch evaluates under autocast: half the activation memory."""
+        stored so), as PyTorch evaluates under autocast: half the activation memory.
+        ``loss``: None for the output layer's own (``loss_for``)."""
+        loss = self.loss_for(loss)
         self._check_loss(loss)
         if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) \
                 or batch_size < 1:
@@ -1272,13 +1287,14 @@ def load(path, device=None):
     return net
 
 
-def sgd(net, x, y, loss="quadratic", epochs=1, lr=0.1, momentum=0.0, schedule=None):
+def sgd(net, x, y, loss=None, epochs=1, lr=0.1, momentum=0.0, schedule=None):
     """Full-batch gradient descent, as the tutorial's sgd.
 
     Returns the loss of the last epoch's forward pass (before its update); with
     ``schedule=[(epochs, lr), ...]`` runs each entry in turn and returns the list of
     those losses, one per entry.
     """
+    loss = net.loss_for(loss)
     entries = [(epochs, lr)] if schedule is None else list(schedule)
     if not entries:
         raise ArgumentError("schedule is empty")

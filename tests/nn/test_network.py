@@ -248,6 +248,32 @@ def test_fit_history_and_learning(dev):
 
 
 
+def test_the_default_loss_is_the_output_layers_own(dev):
+    """Without ``loss``, a softmax output trains and evaluates with cross-entropy (the
+    only loss it takes) and any other with the quadratic loss: fit, train_step,
+    evaluate and sgd give bitwise what the named loss gives."""
+    x = RNG.standard_normal((12, 5)).astype(np.float32)
+    labels = RNG.integers(0, 3, 12)
+    onehot = np.eye(3, dtype=np.float32)[labels]
+    for out, named in (("softmax", "cross_entropy"), ("sigmoid", "quadratic")):
+        def net():
+            return nn.Sequential([nn.Dense(4, "tanh"), nn.Dense(3, out)], 5, seed=3)
+        assert net().loss_for() == named and net().loss_for("quadratic") == "quadratic"
+        runs = []
+        for loss in ({}, {"loss": named}):
+            a, b, c = net(), net(), net()
+            hist = a.fit(x, onehot, epochs=2, batch_size=5, lr=0.1, seed=0,
+                         validation=(x, onehot), progress=False, **loss)
+            xd, yd, _, _ = b._train_args(x, onehot, named, 0.1, 0.0)
+            step = float(b.train_step(xd, yd, 0.1, 0.0, **loss).get())
+            runs.append((hist["loss"], hist["val_loss"], a.evaluate(x, onehot, **loss),
+                         step, nn.sgd(c, x, onehot, epochs=2, **loss),
+                         a.flat_parameters.get().tobytes(), c.flat_parameters.get().tobytes()))
+        assert runs[0] == runs[1]
+    with pytest.raises(clnn.ArgumentError):     # a named loss is still checked
+        nn.Sequential([nn.Dense(3, "softmax")], 5).evaluate(x, onehot, loss="quadratic")
+
+
 def test_fit_trains_with_the_networks_own_optimizer(dev, tmp_path):
     """fit without optimizer= keeps the one the network has (a loaded Adam stays Adam,
     its moments and step count carried on), changing only the rates it is given; a
