@@ -367,6 +367,16 @@ class TestBadInput:
                 call()
             assert self.params(net) == before
 
+    def test_an_empty_batch_is_named(self, dev):
+        """A batch of no examples is refused as empty, by predict, a call and fit (on
+        the host and on the device), before anything runs."""
+        net = nn.Sequential([nn.Dense(4, "relu"), nn.Dense(3, "softmax")], 5, seed=0)
+        empty = np.zeros((0, 5), np.float32)
+        for call in (lambda: net.predict(empty), lambda: net(clnn.asarray(empty)),
+                     lambda: net.fit(empty, np.zeros((0, 3), np.float32))):
+            with pytest.raises(clnn.ShapeError, match="empty batch"):
+                call()
+
     def test_bad_architectures(self, dev):
         with pytest.raises(clnn.ArgumentError):
             nn.Sequential([nn.Dense(3, "softmax"), nn.Dense(2, "relu")], 4)
