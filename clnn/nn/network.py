@@ -535,11 +535,11 @@ class Sequential:
         the Python that checks arguments and picks kernels: most of a small network's
         step time on a GPU. Dropout's key for the step goes into its captured
         launches before each replay. Only networks whose layers all allow it (see
-        Layer.capturable), loss "quadratic" or
-        "cross_entropy" (None: ``loss_for``'s default), no ``layer_hook`` and no tuning override. Mixed-precision
-        steps capture their casts too (and a float16 step without a hook its
-        overflow check, on the device: one capture for every loss scale; with a hook,
-        a capture per scale); the optimizer's update, ``hook``, the host's overflow
+        Layer.capturable), loss "quadratic" or "cross_entropy" (None: ``loss_for``'s
+        default), no ``layer_hook`` and no tuning override. Mixed-precision steps
+        capture their casts too (and a float16 step without a hook its overflow check,
+        on the device: one capture for every loss scale; with a hook, a capture per
+        scale); the optimizer's update, ``hook``, the host's overflow
         check and the layers' after-step work run as usual. The
         returned loss array is then the same array every step: read it (or add it up,
         as fit does) before the next step. Elsewhere ``replay`` changes nothing.
