@@ -235,7 +235,7 @@ class Sequential:
                 raise clnn.DTypeError(f"{name} must hold numbers, has dtype {host.dtype}")
             arr = None
         shape = arr.shape if arr is not None else host.shape
-        if len(shape) >= 2 and tuple(shape[1:]) == self.in_shape and shape[0] == 0:
+        if tuple(shape[1:]) == self.in_shape and shape[0] == 0:   # (in_shape is not ())
             raise ShapeError(f"{name} is an empty batch (shape {shape}): a batch holds at "
                              "least one example")
         if tuple(shape[1:]) != self.in_shape or len(shape) < 2 or shape[0] < 1:
