@@ -5,7 +5,8 @@ float16 and float32 through PyTorch CUDA on the same GPU, in one run.
     python benchmarks/bench_engines.py [--device gpu] [--sizes 1024,2048,4096,8192] [--each-row]
 
 --each-row also times every engine row of the table forced, in kernel time, and the
-float16 rows once more with ldmatrix (LDSM), which only the tuner picks until timed.
+float16 rows once more with ldmatrix (LDSM) and once with ldmatrix and cp.async (ASYNC),
+which only the tuner picks until timed.
 
 TF32 is what clnn.set_float32_matmul_precision("high") turns on, float16 what a float16
 GEMM takes. Each product is checked first against numpy's float64 product of the same
@@ -60,9 +61,11 @@ def each_row(dev, sizes, repeats, rng):
             A, B = clnn.asarray(a, device=dev), clnn.asarray(b, device=dev)
             C = clnn.empty((n, n), dt, device=dev)
             rows = list(tuning.mma_rows(dev.facts, kind))
-            # the float16 rows again with ldmatrix (LDSM: not yet timed, not in the table)
-            rows += [dict(r, LDSM=True) for r in rows if kind == "f16" and
-                     not tuning.gemm_problems(dict(r, LDSM=True), dev.facts, 2)]
+            # the float16 rows again with ldmatrix (LDSM), and with ldmatrix and tiles
+            # filled by cp.async, 3 in flight (ASYNC): not yet timed, not in the table
+            rows += [dict(r, LDSM=True, **extra) for extra in ({}, {"ASYNC": 3})
+                     for r in rows if kind == "f16" and
+                     not tuning.gemm_problems(dict(r, LDSM=True, **extra), dev.facts, 2)]
             for r in rows:
                 def run(r=r):
                     with tuning.override("gemm", dict(r, KSPLIT=1)):
@@ -71,7 +74,8 @@ def each_row(dev, sizes, repeats, rng):
                 check("clnn", C.get(), a, b, False, False,
                       "tf32" if kind == "tf32" else "float16")
                 tile = f"{r['MWG']}x{r['NWG']}x{r['KWG']} warps {r['WM']}x{r['WN']}" \
-                    + (" ldmatrix" if r.get("LDSM") else "")
+                    + (" ldmatrix" if r.get("LDSM") else "") \
+                    + (f" cp.async x{r['ASYNC']}" if r.get("ASYNC") else "")
                 tf = 2 * n ** 3 / median_kernel_time(run, dev, repeats) / 1e12
                 out.append({"shape": f"{n}^3", "row": tile, "format": kind, "tflops": tf})
                 print(f"{n:5d}^3 {kind:5s} {tile:28s} {tf:7.1f}", flush=True)

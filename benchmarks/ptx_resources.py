@@ -31,7 +31,7 @@ def rows():
                 "partial": False, "tuning": tuning.template_tuning(row, dtype)}
 
     def label(row):
-        extra = "".join(f" {k}={row[k]}" for k in ("WM", "WN", "LDSM") if k in row)
+        extra = "".join(f" {k}={row[k]}" for k in ("WM", "WN", "LDSM", "ASYNC") if k in row)
         return (f"{row['MWG']}x{row['NWG']}x{row['KWG']} {row['MDIMC']}x{row['NDIMC']}"
                 f"{extra}")
     for row in tuning.GEMM_TABLE["vendor"][("nvidia", "GPU")]:
@@ -44,6 +44,12 @@ def rows():
         if row["MMA"] == "f16" and row["WN"] % 16 == 0:
             ldsm = dict(row, LDSM=True)
             yield "MMA_TABLE f16 (LDSM)", label(ldsm), ldsm, params(ldsm, dtype)
+            # filled by cp.async (copies of 16 bytes, operands aligned to 8 halves), the
+            # stage counts that fit an H100's 48 KiB
+            for stages in (2, 3, 4):
+                cp = dict(ldsm, ASYNC=stages)
+                if not tuning.gemm_problems(cp, None, 2) and plans.local_bytes(cp, 2) <= 48 << 10:
+                    yield "MMA_TABLE f16 (ASYNC)", label(cp), cp, params(cp, dtype, vec=8)
 
 
 def main():

@@ -63,10 +63,11 @@ def local_bytes(p, itemsize=4):
         if p.get("EMULATE") else 0
     if p.get("MMA") == "f16" and p.get("LDSM"):
         # plain halves, rows padded by 8 halves: rows of k, or rows of m (n) holding k,
-        # whichever way the operand is stored (the larger of the two here)
+        # whichever way the operand is stored (the larger of the two here); a buffer
+        # per stage of a cp.async pipeline (ASYNC), else two
         k = p["KWG"]
-        return 2 * 2 * sum(max(k * (w + 8), w * (k + 8)) for w in (p["MWG"], p["NWG"])) \
-            + extra
+        return p.get("ASYNC", 2) * 2 * \
+            sum(max(k * (w + 8), w * (k + 8)) for w in (p["MWG"], p["NWG"])) + extra
     if p.get("MMA") == "f16":        # halves, rows of words padded by 8 words
         return 2 * p["KWG"] * (p["MWG"] + p["NWG"] + 16) * 2 + extra
     pad = 8 if p.get("MMA") == "tf32" else 4
@@ -181,10 +182,11 @@ def freeze(rows):
 
 
 def vector_width(p, operands, limit=4):
-    """The widest of 4, 2, 1 that divides every offset, leading dimension and batch
+    """The widest of 8, 4, 2, 1 that divides every offset, leading dimension and batch
     stride in ``operands`` (tuples of element counts) and the tile sizes it is loaded
-    along, so vector loads stay aligned. ``limit`` caps it (1 for gathered operands)."""
-    for v in (4, 2, 1):
+    along, so vector loads stay aligned. ``limit`` caps it (1 for gathered operands; 8
+    only for cp.async rows, whose copies of halves take up to 16 bytes)."""
+    for v in (8, 4, 2, 1):
         if v > limit:
             continue
         if all(x % v == 0 for x in operands) and p["KWG"] % v == 0 and \

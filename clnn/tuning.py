@@ -181,7 +181,7 @@ _KEYS = {"reg": ("MWI", "NWI", "VW", "WGM"),
 # parameters a row may leave out, with their defaults
 _OPTIONAL = {"local": {"VWM": 1, "VWN": 1}}
 # parameters passed to the template only when a row has them
-_EXTRA = {"local": ("MMA", "WM", "WN", "EMULATE", "LDSM")}
+_EXTRA = {"local": ("MMA", "WM", "WN", "EMULATE", "LDSM", "ASYNC")}
 MMA_KINDS = {"tf32": (8, 4), "f16": (16, 2)}      # K of one mma.sync, the item size it serves
 
 
@@ -257,6 +257,8 @@ def gemm_problems(p, facts=None, itemsize=4):
             probs.append(f"a work-group of MDIMC * NDIMC = {wg} exceeds 1024")
         if "MMA" in p:
             probs += _mma_problems(p, facts, itemsize)
+        elif "LDSM" in p or "ASYNC" in p:
+            probs.append("LDSM and ASYNC serve matrix-engine rows (MMA)")
         local_bytes = plans.local_bytes(p, itemsize)
     if facts is not None:
         if wg > facts.max_work_group_size:
@@ -292,6 +294,9 @@ def _mma_problems(p, facts, itemsize):
         probs.append("LDSM must be true or false")
     elif p.get("LDSM") and (kind != "f16" or wn % 16):
         probs.append("LDSM (ldmatrix) serves float16 engines with WN a multiple of 16")
+    if "ASYNC" in p and (not _is_int(p["ASYNC"]) or not 2 <= p["ASYNC"] <= 4 or
+                         not p.get("LDSM")):
+        probs.append("ASYNC (a cp.async pipeline of 2 to 4 tiles) serves LDSM rows")
     if not isinstance(p.get("EMULATE", False), bool):
         probs.append("EMULATE must be true or false")
     elif facts is not None and facts.nv_compute_capability < 80 and not p.get("EMULATE"):

@@ -52,7 +52,8 @@ def test_every_engine_row_fits_the_h100_and_no_other_device():
     ({"MDIMC": 4}, "32 work-items"), ({"KWG": 12}, "KWG must be a multiple"),
     ({"VWM": 2}, "VWM = VWN = 1"), ({"MMA": "bf16"}, "MMA must be one of"),
     ({"WM": None}, "warp blocks"), ({"speed": 20}, "speed"),
-    ({"LDSM": True}, "LDSM (ldmatrix) serves float16"), ({"LDSM": 1}, "true or false")])
+    ({"LDSM": True}, "LDSM (ldmatrix) serves float16"), ({"LDSM": 1}, "true or false"),
+    ({"ASYNC": 3}, "ASYNC (a cp.async pipeline")])
 def test_engine_row_constraints(change, why):
     row = dict(next(r for r in ENGINES if r["MMA"] == "tf32"), **change)
     row = {k: v for k, v in row.items() if v is not None}
@@ -74,6 +75,32 @@ def test_ldmatrix_rows_fit_and_take_their_local_memory():
     assert ldsm and all(plans.local_bytes(r, 2) <= H100.local_mem_size for r in ldsm)
     assert not any(r.get("LDSM") for r in tuner.engine_candidates(H100, "tf32", False))
     assert not any(r.get("LDSM") for r in ENGINES)     # untimed: the table has none
+
+
+@pytest.mark.parametrize("stages,ok", [(2, True), (3, True), (4, True), (1, False),
+                                       (5, False), (True, False), (2.0, False)])
+def test_cp_async_rows_take_a_buffer_per_stage(stages, ok):
+    """ASYNC rows (cp.async into a pipeline of 2 to 4 tiles) are LDSM rows with a local
+    buffer per stage; the tuner searches those that fit, the table has none."""
+    row = dict(LDSM, ASYNC=stages)
+    probs = tuning.gemm_problems(row, H100, 2)
+    assert (probs == []) == ok, probs
+    assert any("serves LDSM rows" in p
+               for p in tuning.gemm_problems(dict(ENGINES[5], ASYNC=3), H100, 2))
+    if ok:
+        assert plans.local_bytes(row, 2) == stages * plans.local_bytes(LDSM, 2) // 2
+    from clnn import tuner
+    for quick, counts in ((True, {3}), (False, {2, 3, 4})):
+        found = [r for r in tuner.engine_candidates(H100, "f16", quick) if "ASYNC" in r]
+        assert {r["ASYNC"] for r in found} == counts
+        assert all(r["LDSM"] and plans.local_bytes(r, 2) <= H100.local_mem_size
+                   for r in found)
+    assert not any("ASYNC" in r for r in tuner.engine_candidates(H100, "tf32", False))
+    assert not any("ASYNC" in r for r in ENGINES)
+    plain = {"variant": "local", "MWG": 64, "NWG": 64, "KWG": 16, "MDIMC": 8, "NDIMC": 8}
+    for extra in ({"LDSM": True}, {"ASYNC": 3}):
+        assert any("serve matrix-engine rows" in p
+                   for p in tuning.gemm_problems(dict(plain, **extra), H100, 4))
 
 
 def test_the_precision_switch(precision, monkeypatch):
@@ -166,8 +193,10 @@ def test_a_ten_column_product_keeps_a_tile_that_fits(precision):
     assert plan.params["NWG"] <= 64
 
 
-# a float16 row with ldmatrix (LDSM), which the tuner searches but the table lacks
+# a float16 row with ldmatrix (LDSM), which the tuner searches but the table lacks, and
+# the same filled by cp.async (ASYNC)
 LDSM = dict(ENGINES[5], LDSM=True)
+ASYNC = dict(LDSM, ASYNC=3)
 
 
 def engine_variants(emulate=False):
@@ -178,10 +207,16 @@ def engine_variants(emulate=False):
              ("none", False, True, 1, False), ("none", True, False, 2, False),
              ("fwd", False, False, 1, False), ("dgrad", False, False, 1, True),
              ("wgrad", False, False, 1, True))
-    for i, row in enumerate(ENGINES + [LDSM]):
+    # cp.async rows: copies of 16, 8 and 4 bytes, and the LDSM row's register loads
+    # where an operand allows no copy (vec 1, a convolution's gathered operand)
+    copies = (("none", False, False, 8, False), ("none", True, True, 8, True),
+              ("none", False, True, 4, False), ("none", True, False, 2, False),
+              ("none", False, False, 1, False), ("dgrad", False, False, 1, True))
+    for i, row in enumerate(ENGINES + [LDSM, ASYNC]):
         row = dict(row, EMULATE=True) if emulate else row
-        runs = [("float32", cases)] if row["MMA"] == "tf32" else \
-            [("float16", cases), ("bfloat16", cases[1:2] + cases[5:6])]
+        mine = copies if "ASYNC" in row else cases
+        runs = [("float32", mine)] if row["MMA"] == "tf32" else \
+            [("float16", mine), ("bfloat16", mine[1:2] + mine[5:6])]
         for dtype, conv, ta, tb, vec, partial in ((d,) + c for d, cs in runs for c in cs):
             params = {"dtype": dtype, "variant": "local", "trans_a": ta, "trans_b": tb,
                       "act": "relu", "bias": "row" if conv != "none" else "col",
@@ -190,6 +225,7 @@ def engine_variants(emulate=False):
             yield pytest.param(params, id=f"{row['MMA']}-{i}-{conv}-{int(ta)}{int(tb)}-v{vec}"
                                f"{'-partial' if partial else ''}"
                                f"{'-ldsm' if row.get('LDSM') else ''}"
+                               f"{'-async' if row.get('ASYNC') else ''}"
                                f"{'-bf16' if dtype == 'bfloat16' else ''}")
 
 
@@ -204,7 +240,10 @@ def test_engine_kernels_compile_for_nvptx(params):
     operands = {"float32": ".tf32.tf32.", "float16": ".f16.f16.",
                 "bfloat16": ".bf16.bf16."}[params["dtype"]]
     assert f"row.col.f32{operands}f32" in source
-    assert ("ldmatrix.sync.aligned" in source) == ("LDSM" in dict(params["tuning"]))
+    tiles = dict(params["tuning"])
+    assert ("ldmatrix.sync.aligned" in source) == ("LDSM" in tiles)
+    assert ("cp.async.wait_group" in source) == \
+        ("ASYNC" in tiles and params["conv"] == "none" and params["vec"] >= 2)
     cmd = [CLANG, "-x", "cl", "-fsyntax-only", "-target", "nvptx64-nvidia-cuda",
            "-cl-std=CL1.2", "-cl-no-stdinc", "-Xclang", "-finclude-default-header",
            "-Xclang", "-cl-ext=-cl_khr_fp64,-cl_khr_fp16", "-Wall", "-Werror", "-"]

@@ -553,6 +553,14 @@ ${rb.epilogue(DM, DN, VW, "c", "m0 + {i} < M", "(m0 + {i}) * ldc + {n}", "m0 + {
         RSB = KWG + 8 if b_kfast else NWG + 8
         SZA = MWG * RSA if a_kfast else KWG * RSA
         SZB = NWG * RSB if b_kfast else KWG * RSB
+    # ASYNC (LDSM rows): a pipeline of ASYNC tiles in local memory, filled by cp.async
+    # (PTX: global to local without registers, 4, 8 or 16 bytes a copy, the bytes past
+    # the source size zero-filled) ASYNC - 1 tiles ahead of the one multiplied. Plain
+    # matrix operands with vector loads only (vec >= 2: a copy is at least 4 bytes);
+    # a convolution's gathered operands and unaligned ones keep the two register-staged
+    # buffers of the LDSM rows
+    STAGES = t.get("ASYNC", 0) if LDSM and conv == "none" and vec >= 2 else 0
+    NBUF = STAGES or 2                       # tiles of each operand in local memory
     LVA = max(VWM, 1 if a_kfast else GVA)   # widest vector access to a_lm
     LVB = max(VWN, 1 if b_kfast else GVB)
     # (tiles that MDIMC * VWM or NDIMC * VWN do not divide stop at the #error below)
@@ -588,7 +596,7 @@ ${rb.epilogue(DM, DN, VW, "c", "m0 + {i} < M", "(m0 + {i}) * ldc + {n}", "m0 + {
                              "the work-group size")
     g = dict(NT=NT, KWG=KWG, MWG=MWG, NWG=NWG, GVA=GVA, GVB=GVB, LA=LA, LB=LB, TA=TA, TB=TB,
              a_tab=a_tab, b_tab=b_tab, a_kfast=a_kfast, b_kfast=b_kfast, DC=DC, comp=comp,
-             loadv=loadv, vt=vt, MMA=MMA)
+             loadv=loadv, vt=vt, MMA=MMA, STAGES=STAGES)
     if LDSM:
         g.update(RSA=RSA, RSB=RSB, SZA=SZA, SZB=SZB)
 %>
@@ -691,6 +699,45 @@ inline uint4 clnn_ldsm_emulated(__local uint *warp_exchange, const int lane, con
     r##_0 = v_.s0; r##_1 = v_.s1; r##_2 = v_.s2; r##_3 = v_.s3; }
 #define CLNN_LDSM(r, base, idx) CLNN_LDSM_EMU(r, base, idx, 0)
 #define CLNN_LDSM_T(r, base, idx) CLNN_LDSM_EMU(r, base, idx, 1)
+%       endif
+%       if STAGES:
+// cp.async (ASYNC rows): each work-item copies its vectors of the next tiles from
+// global to local memory without passing them through registers; CLNN_CP_ASYNC<bytes>
+// (dst, src, valid) copies the first `valid` halves of the vector at src and zeroes
+// the rest. A work-item's copies form a group at each commit; wait_group n waits until
+// at most its n newest groups are still in flight; then a barrier makes every
+// work-item's copies visible to the group.
+%         if not EMULATE:
+// (.cg, through L2 only, takes 16-byte copies; .ca the others)
+#define CLNN_CP_ASYNC_ASM(op, dst, src, valid) \
+    __asm__ __volatile__(op " %2;" \
+                 :: "r"((uint)(size_t)(dst)), "l"((ulong)(size_t)(src)), "r"(2 * (valid)) \
+                 : "memory")
+#define CLNN_CP_ASYNC16(dst, src, valid) CLNN_CP_ASYNC_ASM("cp.async.cg.shared.global [%0], [%1], 16,", dst, src, valid)
+#define CLNN_CP_ASYNC8(dst, src, valid) CLNN_CP_ASYNC_ASM("cp.async.ca.shared.global [%0], [%1], 8,", dst, src, valid)
+#define CLNN_CP_ASYNC4(dst, src, valid) CLNN_CP_ASYNC_ASM("cp.async.ca.shared.global [%0], [%1], 4,", dst, src, valid)
+#define CLNN_CP_COMMIT() __asm__ __volatile__("cp.async.commit_group;" ::: "memory")
+#define CLNN_CP_WAIT(n) __asm__ __volatile__("cp.async.wait_group " #n ";" ::: "memory")
+%         else:
+// emulated: a work-item queues its copies (cpq_*, a ring of ${STAGES} groups' worth) and
+// makes them at the wait that lets them land, not before: a tile read before its wait
+// and barrier reads stale data, and the tests see it
+#define CLNN_CPQ ${STAGES * (LA + LB)}
+#define CLNN_CP_QUEUE(n, dst, src, valid) { \
+    const int q_ = cpq_tail++ % CLNN_CPQ; \
+    cpq_dst[q_] = (__local ushort *)(dst); cpq_src[q_] = (__global const ushort *)(src); \
+    cpq_len[q_] = (n); cpq_valid[q_] = (valid); cpq_group[q_] = cpq_groups; }
+#define CLNN_CP_ASYNC16(dst, src, valid) CLNN_CP_QUEUE(8, dst, src, valid)
+#define CLNN_CP_ASYNC8(dst, src, valid) CLNN_CP_QUEUE(4, dst, src, valid)
+#define CLNN_CP_ASYNC4(dst, src, valid) CLNN_CP_QUEUE(2, dst, src, valid)
+#define CLNN_CP_COMMIT() (++cpq_groups)
+#define CLNN_CP_WAIT(n) \
+    for (; cpq_head < cpq_tail && cpq_group[cpq_head % CLNN_CPQ] < cpq_groups - (n); ++cpq_head) { \
+        const int q_ = cpq_head % CLNN_CPQ; \
+        for (int e_ = 0; e_ < cpq_len[q_]; ++e_) \
+            cpq_dst[q_][e_] = e_ < cpq_valid[q_] ? cpq_src[q_][e_] : (ushort)0; \
+    }
+%         endif
 %       endif
 %     endif
 %   endif
@@ -941,6 +988,43 @@ ${matrix_load(f"rb{l}", GVB, "b", "k", "n", "ldb", "kend", "N", guarded, g)}
 </%call>\
 </%def>
 
+<%def name="copy_async(buf, guarded, g, X)">
+<%
+    # one operand's next tile (X = "A" or "B") by cp.async, into local memory laid out
+    # as store_ldsm lays it out: GV halves a copy, zero-filled past the matrix's edge
+    # (rows from rlim, columns from clim: the slice's K end included)
+    KWG, GV = g["KWG"], g["GV" + X]
+    kfast = g["a_kfast" if X == "A" else "b_kfast"]
+    ptr, ld, lm = ("a", "lda", "a_lmh") if X == "A" else ("b", "ldb", "b_lmh")
+    m0, lim = ("m0", "M") if X == "A" else ("n0", "N")
+    RS, SZ = g["RS" + X], g["SZ" + X]
+    WX = g["MWG"] if X == "A" else g["NWG"]
+    per = (KWG if kfast else WX) // GV       # copies per local row
+    row, col = (f"{m0} + idx / {per}", f"k0 + idx % {per} * {GV}") if kfast else \
+        (f"k0 + idx / {per}", f"{m0} + idx % {per} * {GV}")
+    rlim, clim = (lim, "kend") if kfast else ("kend", lim)
+%>
+<%call expr="slots(g, X)" args="l">\
+                const int r = ${row}, c = ${col};
+                __local ushort *dst = ${lm} + ${buf} * ${SZ} + idx / ${per} * ${RS} + idx % ${per} * ${GV};
+%   if guarded:
+                const int valid = r < ${rlim} ? clamp(${clim} - c, 0, ${GV}) : 0;
+                CLNN_CP_ASYNC${2 * GV}(dst, ${ptr} + (valid ? r * ${ld} + c : 0), valid);
+%   else:
+                CLNN_CP_ASYNC${2 * GV}(dst, ${ptr} + r * ${ld} + c, ${GV});
+%   endif
+</%call>\
+</%def>
+
+<%def name="issue_async(buf, g)">
+## the copies of both tiles at k0 into buffer buf (the caller commits them as a group)
+        if (inside && k0 + KWG <= kend) {
+${copy_async(buf, False, g, "A")}${copy_async(buf, False, g, "B")}
+        } else {
+${copy_async(buf, True, g, "A")}${copy_async(buf, True, g, "B")}
+        }
+</%def>
+
 <%def name="store_local(buf, g)">
 <%
     # a def sees only its arguments and the template's parameters: unpack the tiling
@@ -996,9 +1080,9 @@ void clnn_gemm_tiled(const int M, const int N, const int K, const int splits,
 {
     // operand descriptors: (element offset, leading dimension, batch stride, unused)
 % if LDSM:
-    // two buffers of each tile, as halves (16-byte aligned: ldmatrix reads 16-byte rows)
-    __local uint4 a_lmq[${2 * SZA // 8}];
-    __local uint4 b_lmq[${2 * SZB // 8}];
+    // ${NBUF} buffers of each tile, as halves (16-byte aligned: ldmatrix reads 16-byte rows)
+    __local uint4 a_lmq[${NBUF * SZA // 8}];
+    __local uint4 b_lmq[${NBUF * SZB // 8}];
     __local ushort *a_lmh = (__local ushort *)a_lmq;
     __local ushort *b_lmh = (__local ushort *)b_lmq;
 % elif MMA == "f16":
@@ -1054,14 +1138,33 @@ void clnn_gemm_tiled(const int M, const int N, const int K, const int splits,
 %   endfor
 % endfor
 % endif
-% for l in range(LA):
+% if STAGES and EMULATE:
+    __local ushort *cpq_dst[CLNN_CPQ];
+    __global const ushort *cpq_src[CLNN_CPQ];
+    int cpq_len[CLNN_CPQ], cpq_valid[CLNN_CPQ], cpq_group[CLNN_CPQ];
+    int cpq_head = 0, cpq_tail = 0, cpq_groups = 0;
+% endif
+% if not STAGES:
+%   for l in range(LA):
     ${vt(GVA)} ra${l};
-% endfor
-% for l in range(LB):
+%   endfor
+%   for l in range(LB):
     ${"acc_t" if b_tab else vt(GVB)} rb${l};
-% endfor
+%   endfor
+% endif
 
     const int steps = kend > kbeg ? (kend - kbeg + KWG - 1) / KWG : 0;
+% if STAGES:
+    // the pipeline's first ${STAGES - 1} tiles in flight (a group each, empty past the
+    // slice's end, so that a wait counts groups the same way at every step)
+    for (int s = 0; s < ${STAGES - 1}; ++s) {
+        const int k0 = kbeg + s * KWG;
+        if (s < steps) {
+${issue_async("s", g)}
+        }
+        CLNN_CP_COMMIT();
+    }
+% else:
     if (steps > 0) {
         int k0 = kbeg;
         if (inside && k0 + KWG <= kend) {
@@ -1073,7 +1176,20 @@ ${to_tf32(g)}
 ${store_ldsm(0, g, "A") + store_ldsm(0, g, "B") if LDSM else store_half_pairs(0, g, "A") + store_half_pairs(0, g, "B") if MMA == "f16" else store_local(0, g)}
         barrier(CLK_LOCAL_MEM_FENCE);
     }
+% endif
     for (int step = 0; step < steps; ++step) {
+% if STAGES:
+        const int buf = step % ${STAGES};
+        CLNN_CP_WAIT(${STAGES - 2});    // this work-item's copies of tile `step` are in
+        barrier(CLK_LOCAL_MEM_FENCE);  // everyone's are, and no one still reads step - 1's
+        {                              // buffer, which tile step + ${STAGES - 1} now fills
+            const int ahead = step + ${STAGES - 1}, k0 = kbeg + ahead * KWG;
+            if (ahead < steps) {
+${issue_async(f"(ahead % {STAGES})", g)}
+            }
+            CLNN_CP_COMMIT();
+        }
+% else:
         const int buf = step & 1;
         const int k0 = kbeg + (step + 1) * KWG;
         if (step + 1 < steps) {           // the next tiles, into registers
@@ -1083,6 +1199,7 @@ ${load_a(False, g)}
 ${load_a(True, g)}
             }
         }
+% endif
 % if MMA != "none":
 %   if LDSM:
         // this lane's row of each ldmatrix: matrices (m 0-7, k 0-7), (m 8-15, k 0-7),
@@ -1204,12 +1321,14 @@ ${load_a(True, g)}
 % endfor
         }
 % endif
+% if not STAGES:
         if (step + 1 < steps) {
 ${to_tf32(g)}
 ${store_ldsm("(buf ^ 1)", g, "A") + store_ldsm("(buf ^ 1)", g, "B") if LDSM else store_half_pairs("(buf ^ 1)", g, "A") + store_half_pairs("(buf ^ 1)", g, "B") if MMA == "f16" else store_local("(buf ^ 1)", g)}
         }
         // the next step overwrites the buffer that others may still be reading
         barrier(CLK_LOCAL_MEM_FENCE);
+% endif
     }
 
 % if partial:

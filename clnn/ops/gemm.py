@@ -274,7 +274,7 @@ def _tiled_launch(dev, dt, rows, M, N, K, nbatch, a, b, c, act, bias_mode, trans
     """(plan, GEMM kernel, split-K kernel) of the tiled variant for one launch."""
     frozen = plans.freeze(rows)
     key = (dev, dt, M, N, K, nbatch, act, bias_mode, trans_a, trans_b, conv, id(frozen),
-           (a.off | a.ld | a.bstride) & 3, (b.off | b.ld | b.bstride) & 3,
+           (a.off | a.ld | a.bstride) & 7, (b.off | b.ld | b.bstride) & 7,
            (c.off | c.ld | c.bstride) & 3)
     hit = _launches.get(key)
     if hit is not None and hit[0] is frozen:
@@ -286,12 +286,14 @@ def _tiled_launch(dev, dt, rows, M, N, K, nbatch, a, b, c, act, bias_mode, trans
                              SPLITK_BYTES // acc.itemsize)
     p = plan.params
     # vector loads of the plain matrix operands where every offset and stride allows
-    # (a convolution's gathered operands load element by element)
+    # (a convolution's gathered operands load element by element); a cp.async row's
+    # copies take up to 16 bytes, 8 halves
     vec_ops = [a.off, a.ld, a.bstride] + ([b.off, b.ld, b.bstride] if conv == "none" else [])
     vwn = p.get("VWN", 1)
     prm = {"dtype": programs.dtype_name(dt), "variant": "local", "trans_a": trans_a,
            "trans_b": trans_b, "act": act, "bias": bias_mode, "conv": conv,
-           "vec": plans.vector_width(p, vec_ops) if conv in ("none", "fwd") else 1,
+           "vec": plans.vector_width(p, vec_ops, 8 if p.get("ASYNC") and p.get("LDSM") and conv == "none" else 4)
+           if conv in ("none", "fwd") else 1,
            "vec_c": vwn > 1 and conv in ("none", "wgrad") and
            all(x % vwn == 0 for x in (c.off, c.ld, c.bstride)),
            "partial": plan.splits > 1, "tuning": tuning.template_tuning(p, dt)}

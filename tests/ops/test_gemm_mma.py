@@ -11,11 +11,13 @@ What needs no kernel at all (constraints, selection, plans, clang's NVPTX target
 in tests/test_engines.py.
 """
 
+from unittest import mock
+
 import numpy as np
 import pytest
 
 import clnn
-from clnn import plans, tuning
+from clnn import plans, programs, tuning
 from conftest import CANARY
 
 RNG = np.random.default_rng(11)
@@ -79,7 +81,24 @@ def bound(dtype, scale, ref, K, stored=False):
     return (2 * (K + 2) * U32 + (out if stored else 0.0)) * scale + out * np.abs(ref) + 1e-30
 
 
-def check(dev, kind, row, M, N, K, ta, tb, alpha, beta, bias, act):
+def stored(dev, x, align):
+    """x on the device, inside a wider matrix when ``align``: at element offset
+    ``align``, rows ``align`` times an odd number long, so that vector loads (and
+    cp.async copies) of exactly ``align`` elements are what the alignment allows, and
+    the matrix's last columns fill part of a vector."""
+    if not align:
+        return clnn.asarray(x, device=dev)
+    rows, cols = x.shape
+    ld = -(-(cols + 1) // align) * align
+    ld += align * (1 - ld // align % 2)
+    big = np.full((rows + 1, ld), np.nan, x.dtype)
+    flat = big.reshape(-1)[align:align + rows * ld].reshape(rows, ld)
+    flat[:, :cols] = x
+    return clnn.asarray(big, device=dev).reshape(-1)[align:align + rows * ld] \
+        .reshape(rows, ld)[:, :cols]
+
+
+def check(dev, kind, row, M, N, K, ta, tb, alpha, beta, bias, act, align=0):
     dt = DTYPE[kind]
     a = RNG.standard_normal((K, M) if ta else (M, K)).astype(dt)
     b = RNG.standard_normal((N, K) if tb else (K, N)).astype(dt)
@@ -90,7 +109,7 @@ def check(dev, kind, row, M, N, K, ta, tb, alpha, beta, bias, act):
     big[1:1 + M, 2:2 + N] = c if beta else np.nan
     out_big = clnn.asarray(big, device=dev)
     with tuning.override("gemm", row):
-        clnn.gemm(clnn.asarray(a, device=dev), clnn.asarray(b, device=dev),
+        clnn.gemm(stored(dev, a, align), stored(dev, b, align),
                   out=out_big[1:1 + M, 2:2 + N], alpha=alpha, beta=beta, trans_a=ta,
                   trans_b=tb, bias=None if bv is None else clnn.asarray(bv, device=dev),
                   activation=act)
@@ -241,3 +260,49 @@ def test_ldmatrix_rows(dev):
     check(dev, "f16", dict(row, KSPLIT=3), 33, 17, 301, True, False, alpha=1.0,
           beta=-1.5, bias=True, act=None)
     check_conv(dev, "f16", row, (2, 3, 9, 11, 17, 3, 2, 1))
+
+
+def async_row(dev, stages):
+    """An LDSM row whose tiles arrive by cp.async, ``stages`` of them in local memory
+    (ASYNC): not in the table (not yet timed on a GPU; the tuner searches such rows).
+    Emulated, each work-item makes its copies only at the wait that lets them land,
+    so a tile read too early reads the one before it."""
+    return dict(ldsm_row(dev), ASYNC=stages)
+
+
+def vector_widths(row, run):
+    """The vector widths (``vec``) of the tiled GEMM kernels ``run`` builds under
+    ``row``'s override: which of them copy by cp.async (vec >= 2)."""
+    seen = []
+    real = programs.get_kernel
+
+    def spy(device, stem, entry, params, options=()):
+        if entry == "clnn_gemm_tiled" and dict(params["tuning"]).get("ASYNC"):
+            seen.append(params["vec"])
+        return real(device, stem, entry, params, options)
+    with mock.patch.object(programs, "get_kernel", spy):
+        run()
+    return seen
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+def test_cp_async_rows(dev, stages):
+    """Copies of 16, 8 and 4 bytes (operands whose offsets and rows allow vectors of 8,
+    4 and 2 halves, the last vector of a row part outside the matrix: zero-filled), the
+    four transposes, tile edges and split-K; an operand too unaligned for a copy of 4
+    bytes falls back to the LDSM row's loads through registers (two stages: one of
+    each copy size)."""
+    row = async_row(dev, stages)
+    cases = [(37, 45, 75, ta, tb, 8) for ta in (False, True) for tb in (False, True)]
+    cases += [(67, 61, 130, False, False, 4), (33, 17, 301, True, False, 2)]
+    if stages == 2:
+        cases = cases[:1] + cases[-2:]
+    for i, (M, N, K, ta, tb, align) in enumerate(cases):
+        split = dict(row, KSPLIT=3) if align == 2 else row
+        assert vector_widths(split, lambda: check(
+            dev, "f16", split, M, N, K, ta, tb, alpha=1.0 if ta else -0.5,
+            beta=0.5 if tb else 0.0, bias=ta, act="relu" if i % 2 else None,
+            align=align)) == [align]
+    assert vector_widths(row, lambda: check(dev, "f16", row, 20, 9, 33, False, False,
+                                            alpha=1.0, beta=0.0, bias=False,
+                                            act=None)) == [1]
