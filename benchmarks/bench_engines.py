@@ -5,8 +5,8 @@ float16 and float32 through PyTorch CUDA on the same GPU, in one run.
     python benchmarks/bench_engines.py [--device gpu] [--sizes 1024,2048,4096,8192] [--each-row]
 
 --each-row also times every engine row of the table forced, in kernel time, and the
-float16 rows once more with ldmatrix (LDSM) and once with ldmatrix and cp.async (ASYNC),
-which only the tuner picks until timed.
+float16 rows once more with ldmatrix (LDSM), and the float16 rows with ldmatrix and the
+TF32 rows with tiles filled by cp.async (ASYNC), which only the tuner picks until timed.
 
 TF32 is what clnn.set_float32_matmul_precision("high") turns on, float16 what a float16
 GEMM takes. Each product is checked first against numpy's float64 product of the same
@@ -61,11 +61,17 @@ def each_row(dev, sizes, repeats, rng):
             A, B = clnn.asarray(a, device=dev), clnn.asarray(b, device=dev)
             C = clnn.empty((n, n), dt, device=dev)
             rows = list(tuning.mma_rows(dev.facts, kind))
-            # the float16 rows again with ldmatrix (LDSM), and with ldmatrix and tiles
-            # filled by cp.async, 3 in flight (ASYNC): not yet timed, not in the table
-            rows += [dict(r, LDSM=True, **extra) for extra in ({}, {"ASYNC": 3})
-                     for r in rows if kind == "f16" and
-                     not tuning.gemm_problems(dict(r, LDSM=True, **extra), dev.facts, 2)]
+            # the float16 rows again with ldmatrix (LDSM); those and the TF32 rows again
+            # with tiles filled by cp.async, 3 stages or, where 3 do not fit, 2 (ASYNC):
+            # not yet timed, not in the table
+            size = 4 if kind == "tf32" else 2
+            base = [dict(r, LDSM=True) for r in rows] if kind == "f16" else rows
+            more = [r for r in base if kind == "f16"]
+            for r in base:
+                fits = [dict(r, ASYNC=n) for n in (3, 2)
+                        if not tuning.gemm_problems(dict(r, ASYNC=n), dev.facts, size)]
+                more += fits[:1]
+            rows += [r for r in more if not tuning.gemm_problems(r, dev.facts, size)]
             for r in rows:
                 def run(r=r):
                     with tuning.override("gemm", dict(r, KSPLIT=1)):

@@ -41,15 +41,20 @@ def rows():
     for row in tuning.MMA_TABLE[("nvidia", "GPU")]:
         dtype = "float32" if row["MMA"] == "tf32" else "float16"
         yield f"MMA_TABLE {row['MMA']}", label(row), row, params(row, dtype)
+        base = row
         if row["MMA"] == "f16" and row["WN"] % 16 == 0:
-            ldsm = dict(row, LDSM=True)
-            yield "MMA_TABLE f16 (LDSM)", label(ldsm), ldsm, params(ldsm, dtype)
-            # filled by cp.async (copies of 16 bytes, operands aligned to 8 halves), the
-            # stage counts that fit an H100's 48 KiB
+            base = dict(row, LDSM=True)
+            yield "MMA_TABLE f16 (LDSM)", label(base), base, params(base, dtype)
+        if row["MMA"] == "tf32" or base.get("LDSM"):
+            # tiles filled by cp.async (16-byte copies: operands aligned to 16 bytes),
+            # the stage counts that fit an H100's 48 KiB
+            size = 4 if dtype == "float32" else 2
             for stages in (2, 3, 4):
-                cp = dict(ldsm, ASYNC=stages)
-                if not tuning.gemm_problems(cp, None, 2) and plans.local_bytes(cp, 2) <= 48 << 10:
-                    yield "MMA_TABLE f16 (ASYNC)", label(cp), cp, params(cp, dtype, vec=8)
+                cp = dict(base, ASYNC=stages)
+                if not tuning.gemm_problems(cp, None, size) and \
+                        plans.local_bytes(cp, size) <= 48 << 10:
+                    yield (f"MMA_TABLE {row['MMA']} (ASYNC)", label(cp), cp,
+                           params(cp, dtype, vec=16 // size))
 
 
 def main():

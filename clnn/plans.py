@@ -54,9 +54,9 @@ def threads(p):
 
 
 def local_bytes(p, itemsize=4):
-    """Local memory of a tiled ("local") row: two buffers of each tile, in float or
-    wider (halves for float16 engines), rows padded by 4 elements (8 for the matrix
-    engines) against bank conflicts."""
+    """Local memory of a tiled ("local") row: two buffers of each tile (one per stage
+    of a cp.async row), in float or wider (halves for float16 engines), rows padded by
+    4 elements (8 for the matrix engines) against bank conflicts."""
     # an emulated engine (tests) exchanges a work-item's fragment registers (4 per mma
     # tile of A, 2 per tile of B) through local memory
     extra = 4 * (4 * p["WM"] // 16 + 2 * p["WN"] // 8) * threads(p) \
@@ -68,6 +68,12 @@ def local_bytes(p, itemsize=4):
         k = p["KWG"]
         return p.get("ASYNC", 2) * 2 * \
             sum(max(k * (w + 8), w * (k + 8)) for w in (p["MWG"], p["NWG"])) + extra
+    if p.get("MMA") == "tf32" and p.get("ASYNC"):
+        # a float buffer per stage, rows of k padded by 8 floats or rows of m (n)
+        # holding k padded by 4, as the copies run along the operand (the larger)
+        k = p["KWG"]
+        return p["ASYNC"] * 4 * \
+            sum(max(k * (w + 8), w * (k + 4)) for w in (p["MWG"], p["NWG"])) + extra
     if p.get("MMA") == "f16":        # halves, rows of words padded by 8 words
         return 2 * p["KWG"] * (p["MWG"] + p["NWG"] + 16) * 2 + extra
     pad = 8 if p.get("MMA") == "tf32" else 4

@@ -102,14 +102,12 @@ def engine_candidates(facts, kind, quick):
             continue
         row = {"variant": "local", "MMA": kind, "MWG": mwg, "NWG": nwg, "KWG": kwg,
                "MDIMC": threads // 16, "NDIMC": 16, "WM": wm, "WN": wn}
-        # float16 also with ldmatrix and tiles of plain halves (LDSM), and those filled
-        # by cp.async, 2 to 4 tiles in flight (ASYNC; 3 in a quick search): not yet
-        # timed on a GPU, so only a search can pick them
-        more = []
-        if kind == "f16":
-            ldsm = dict(row, LDSM=True)
-            more = [ldsm] + [dict(ldsm, ASYNC=n) for n in ((3,) if quick else (2, 3, 4))]
-        for r in [row] + more:
+        # float16 also with ldmatrix and tiles of plain halves (LDSM); those, and the
+        # TF32 rows, also with tiles filled by cp.async, a pipeline of 2 to 4 (ASYNC;
+        # 3 in a quick search): not yet timed on a GPU, so only a search picks them
+        base = [row, dict(row, LDSM=True)] if kind == "f16" else [row]
+        stages = (3,) if quick else (2, 3, 4)
+        for r in base + [dict(base[-1], ASYNC=n) for n in stages]:
             if not tuning.gemm_problems(r, facts, itemsize):
                 out.append(r)
     return out

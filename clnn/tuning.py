@@ -295,8 +295,9 @@ def _mma_problems(p, facts, itemsize):
     elif p.get("LDSM") and (kind != "f16" or wn % 16):
         probs.append("LDSM (ldmatrix) serves float16 engines with WN a multiple of 16")
     if "ASYNC" in p and (not _is_int(p["ASYNC"]) or not 2 <= p["ASYNC"] <= 4 or
-                         not p.get("LDSM")):
-        probs.append("ASYNC (a cp.async pipeline of 2 to 4 tiles) serves LDSM rows")
+                         not (p.get("LDSM") or kind == "tf32")):
+        probs.append("ASYNC (a cp.async pipeline of 2 to 4 tiles) serves TF32 rows and "
+                     "float16 rows with LDSM")
     if not isinstance(p.get("EMULATE", False), bool):
         probs.append("EMULATE must be true or false")
     elif facts is not None and facts.nv_compute_capability < 80 and not p.get("EMULATE"):

@@ -398,13 +398,16 @@ def engines():
                 LDSM=True)
     # and the 64x64 float16 row in bfloat16 (the same tiles, bfloat16 conversions)
     small = next(r for r in rows if r["MMA"] == "f16" and r["MWG"] == r["NWG"] == 64)
-    # (those two LDSM tiles pass the gate's 32 KiB emulated: a 32x32 tile stands in, its
-    # tiles filled by cp.async (ASYNC) where the operands allow copies of 16, 8 and 4
-    # bytes (the shapes below), else (the convolutions) loaded as the LDSM rows load
+    # and rows with tiles filled by cp.async (ASYNC), in 32x32 tiles that fit the gate's
+    # 32 KiB emulated, where the operands allow copies of at least 4 bytes (the shapes
+    # below: vectors of 8 halves or 4 floats, and for the third 2 of either), else (the
+    # convolutions) loaded through registers as their rows load
     tiny = {"variant": "local", "MMA": "f16", "MWG": 32, "NWG": 32, "KWG": 16, "MDIMC": 8,
             "NDIMC": 16, "WM": 16, "WN": 16, "LDSM": True, "ASYNC": 3}
+    tiny_tf32 = dict(tiny, MMA="tf32", KWG=8, LDSM=False)
     runs = [(r, np.float32 if r["MMA"] == "tf32" else np.float16) for r in rows + [ldsm]]
-    for row, dt in runs + [(small, clnn.bfloat16), (tiny, np.float16)]:
+    for row, dt in runs + [(small, clnn.bfloat16), (tiny, np.float16),
+                           (tiny_tf32, np.float32)]:
         row = dict(row, EMULATE=True)
         size = np.dtype(dt).itemsize
         if tuning.gemm_problems(row, facts, size) or plans.local_bytes(row, size) > 32768:
@@ -412,7 +415,7 @@ def engines():
         tol = {np.dtype(np.float32): 2e-3, np.dtype(np.float16): 1e-2,
                clnn.bfloat16: 8e-2}[np.dtype(dt)]
         shapes = ((37, 40, 48, False, False, None), (24, 72, 32, True, True, None),
-                  (20, 18, 100, False, True, 2)) if "ASYNC" in row else \
+                  (20, 18, 98, False, True, 2)) if "ASYNC" in row else \
             ((37, 29, 40, False, False, None), (9, 70, 33, True, True, None),
              (20, 20, 100, False, True, 2))
         for M, N, K, ta, tb, split in shapes:

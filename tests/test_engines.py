@@ -53,7 +53,7 @@ def test_every_engine_row_fits_the_h100_and_no_other_device():
     ({"VWM": 2}, "VWM = VWN = 1"), ({"MMA": "bf16"}, "MMA must be one of"),
     ({"WM": None}, "warp blocks"), ({"speed": 20}, "speed"),
     ({"LDSM": True}, "LDSM (ldmatrix) serves float16"), ({"LDSM": 1}, "true or false"),
-    ({"ASYNC": 3}, "ASYNC (a cp.async pipeline")])
+    ({"ASYNC": 5}, "ASYNC (a cp.async pipeline")])
 def test_engine_row_constraints(change, why):
     row = dict(next(r for r in ENGINES if r["MMA"] == "tf32"), **change)
     row = {k: v for k, v in row.items() if v is not None}
@@ -80,22 +80,28 @@ def test_ldmatrix_rows_fit_and_take_their_local_memory():
 @pytest.mark.parametrize("stages,ok", [(2, True), (3, True), (4, True), (1, False),
                                        (5, False), (True, False), (2.0, False)])
 def test_cp_async_rows_take_a_buffer_per_stage(stages, ok):
-    """ASYNC rows (cp.async into a pipeline of 2 to 4 tiles) are LDSM rows with a local
-    buffer per stage; the tuner searches those that fit, the table has none."""
-    row = dict(LDSM, ASYNC=stages)
-    probs = tuning.gemm_problems(row, H100, 2)
-    assert (probs == []) == ok, probs
-    assert any("serves LDSM rows" in p
+    """ASYNC rows (cp.async into a pipeline of 2 to 4 tiles) are float16 LDSM rows or
+    TF32 rows with a local buffer per stage (TF32 tiles as LDSM keeps halves: rows of
+    k padded by 8 floats or rows of m (n) holding k padded by 4, the larger counted);
+    the tuner searches those that fit, the table has none."""
+    tf32 = ENGINES[2]
+    k, m, n = tf32["KWG"], tf32["MWG"], tf32["NWG"]
+    for row, size, per_stage in (
+            (LDSM, 2, plans.local_bytes(LDSM, 2) // 2),
+            (tf32, 4, 4 * (max(k * (m + 8), m * (k + 4)) + max(k * (n + 8), n * (k + 4))))):
+        probs = tuning.gemm_problems(dict(row, ASYNC=stages), H100, size)
+        assert (probs == []) == ok, probs
+        if ok:
+            assert plans.local_bytes(dict(row, ASYNC=stages), size) == stages * per_stage
+    assert any("float16 rows with LDSM" in p
                for p in tuning.gemm_problems(dict(ENGINES[5], ASYNC=3), H100, 2))
-    if ok:
-        assert plans.local_bytes(row, 2) == stages * plans.local_bytes(LDSM, 2) // 2
     from clnn import tuner
-    for quick, counts in ((True, {3}), (False, {2, 3, 4})):
-        found = [r for r in tuner.engine_candidates(H100, "f16", quick) if "ASYNC" in r]
-        assert {r["ASYNC"] for r in found} == counts
-        assert all(r["LDSM"] and plans.local_bytes(r, 2) <= H100.local_mem_size
-                   for r in found)
-    assert not any("ASYNC" in r for r in tuner.engine_candidates(H100, "tf32", False))
+    for kind, size in SIZE.items():
+        for quick, counts in ((True, {3}), (False, {2, 3, 4})):
+            found = [r for r in tuner.engine_candidates(H100, kind, quick) if "ASYNC" in r]
+            assert {r["ASYNC"] for r in found} == counts
+            assert all(bool(r.get("LDSM")) == (kind == "f16") and
+                       plans.local_bytes(r, size) <= H100.local_mem_size for r in found)
     assert not any("ASYNC" in r for r in ENGINES)
     plain = {"variant": "local", "MWG": 64, "NWG": 64, "KWG": 16, "MDIMC": 8, "NDIMC": 8}
     for extra in ({"LDSM": True}, {"ASYNC": 3}):
@@ -197,6 +203,7 @@ def test_a_ten_column_product_keeps_a_tile_that_fits(precision):
 # the same filled by cp.async (ASYNC)
 LDSM = dict(ENGINES[5], LDSM=True)
 ASYNC = dict(LDSM, ASYNC=3)
+ASYNC_TF32 = dict(ENGINES[2], ASYNC=3)
 
 
 def engine_variants(emulate=False):
@@ -207,14 +214,17 @@ def engine_variants(emulate=False):
              ("none", False, True, 1, False), ("none", True, False, 2, False),
              ("fwd", False, False, 1, False), ("dgrad", False, False, 1, True),
              ("wgrad", False, False, 1, True))
-    # cp.async rows: copies of 16, 8 and 4 bytes, and the LDSM row's register loads
-    # where an operand allows no copy (vec 1, a convolution's gathered operand)
-    copies = (("none", False, False, 8, False), ("none", True, True, 8, True),
-              ("none", False, True, 4, False), ("none", True, False, 2, False),
-              ("none", False, False, 1, False), ("dgrad", False, False, 1, True))
-    for i, row in enumerate(ENGINES + [LDSM, ASYNC]):
+    # cp.async rows: copies of 16, 8 and 4 bytes, and their row's register loads where
+    # an operand allows no copy (halves one at a time, a convolution's gathered operand)
+    copies = {"f16": (("none", False, False, 8, False), ("none", True, True, 8, True),
+                      ("none", False, True, 4, False), ("none", True, False, 2, False),
+                      ("none", False, False, 1, False), ("dgrad", False, False, 1, True)),
+              "tf32": (("none", False, False, 4, False), ("none", True, True, 4, True),
+                       ("none", False, True, 2, False), ("none", True, False, 1, False),
+                       ("fwd", False, False, 1, False), ("wgrad", False, False, 1, True))}
+    for i, row in enumerate(ENGINES + [LDSM, ASYNC, ASYNC_TF32]):
         row = dict(row, EMULATE=True) if emulate else row
-        mine = copies if "ASYNC" in row else cases
+        mine = copies[row["MMA"]] if "ASYNC" in row else cases
         runs = [("float32", mine)] if row["MMA"] == "tf32" else \
             [("float16", mine), ("bfloat16", mine[1:2] + mine[5:6])]
         for dtype, conv, ta, tb, vec, partial in ((d,) + c for d, cs in runs for c in cs):
@@ -242,8 +252,9 @@ def test_engine_kernels_compile_for_nvptx(params):
     assert f"row.col.f32{operands}f32" in source
     tiles = dict(params["tuning"])
     assert ("ldmatrix.sync.aligned" in source) == ("LDSM" in tiles)
+    item = 4 if params["dtype"] == "float32" else 2
     assert ("cp.async.wait_group" in source) == \
-        ("ASYNC" in tiles and params["conv"] == "none" and params["vec"] >= 2)
+        ("ASYNC" in tiles and params["conv"] == "none" and params["vec"] * item >= 4)
     cmd = [CLANG, "-x", "cl", "-fsyntax-only", "-target", "nvptx64-nvidia-cuda",
            "-cl-std=CL1.2", "-cl-no-stdinc", "-Xclang", "-finclude-default-header",
            "-Xclang", "-cl-ext=-cl_khr_fp64,-cl_khr_fp16", "-Wall", "-Werror", "-"]

@@ -553,14 +553,23 @@ ${rb.epilogue(DM, DN, VW, "c", "m0 + {i} < M", "(m0 + {i}) * ldc + {n}", "m0 + {
         RSB = KWG + 8 if b_kfast else NWG + 8
         SZA = MWG * RSA if a_kfast else KWG * RSA
         SZB = NWG * RSB if b_kfast else KWG * RSB
-    # ASYNC (LDSM rows): a pipeline of ASYNC tiles in local memory, filled by cp.async
-    # (PTX: global to local without registers, 4, 8 or 16 bytes a copy, the bytes past
-    # the source size zero-filled) ASYNC - 1 tiles ahead of the one multiplied. Plain
-    # matrix operands with vector loads only (vec >= 2: a copy is at least 4 bytes);
-    # a convolution's gathered operands and unaligned ones keep the two register-staged
-    # buffers of the LDSM rows
-    STAGES = t.get("ASYNC", 0) if LDSM and conv == "none" and vec >= 2 else 0
+    # ASYNC (LDSM and TF32 rows): a pipeline of ASYNC tiles in local memory, filled by
+    # cp.async (PTX: global to local without registers, 4, 8 or 16 bytes a copy, the
+    # bytes past the source size zero-filled) ASYNC - 1 tiles ahead of the one
+    # multiplied. Plain matrix operands only, as vectors of at least 4 bytes (halves in
+    # pairs or more); a convolution's gathered operands and halves one at a time keep
+    # the two register-staged buffers of their row. TF32 tiles then lie as the LDSM
+    # rows' do, rows of k or rows of m (n) holding k, padded by 8 and 4 floats (a
+    # fragment load's 32 lanes in 32 banks), and are rounded to TF32 as fragments load
+    ITEM = 2 if MMA == "f16" else 4         # bytes per element of the tiles
+    STAGES = t.get("ASYNC", 0) if (LDSM or MMA == "tf32") and conv == "none" and \
+        vec * ITEM >= 4 else 0
     NBUF = STAGES or 2                       # tiles of each operand in local memory
+    if STAGES and MMA == "tf32":
+        RSA = KWG + 4 if a_kfast else MWG + 8
+        RSB = KWG + 4 if b_kfast else NWG + 8
+        SZA = MWG * RSA if a_kfast else KWG * RSA
+        SZB = NWG * RSB if b_kfast else KWG * RSB
     LVA = max(VWM, 1 if a_kfast else GVA)   # widest vector access to a_lm
     LVB = max(VWN, 1 if b_kfast else GVB)
     # (tiles that MDIMC * VWM or NDIMC * VWN do not divide stop at the #error below)
@@ -596,8 +605,8 @@ ${rb.epilogue(DM, DN, VW, "c", "m0 + {i} < M", "(m0 + {i}) * ldc + {n}", "m0 + {
                              "the work-group size")
     g = dict(NT=NT, KWG=KWG, MWG=MWG, NWG=NWG, GVA=GVA, GVB=GVB, LA=LA, LB=LB, TA=TA, TB=TB,
              a_tab=a_tab, b_tab=b_tab, a_kfast=a_kfast, b_kfast=b_kfast, DC=DC, comp=comp,
-             loadv=loadv, vt=vt, MMA=MMA, STAGES=STAGES)
-    if LDSM:
+             loadv=loadv, vt=vt, MMA=MMA, STAGES=STAGES, ITEM=ITEM)
+    if LDSM or STAGES:
         g.update(RSA=RSA, RSB=RSB, SZA=SZA, SZB=SZB)
 %>
 <%include file="_epilogue.cl" args="act=act, bias=bias, width=VWN if VWN > 1 and vec_c and not c_map else 0, aligned=True"/>
@@ -639,7 +648,8 @@ ${rb.epilogue(DM, DN, VW, "c", "m0 + {i} < M", "(m0 + {i}) * ldc + {n}", "m0 + {
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
 %     endif
 // float32 to TF32, rounding to nearest (ties away, as cvt.rna.tf32.f32); done once per
-// element as the tiles go to local memory. NaN stays NaN.
+// element as the tiles go to local memory (on ASYNC rows, whose copies bypass the
+// registers, as fragments load). NaN stays NaN.
 inline float clnn_tf32(const float x)
 {
     const uint u = as_uint(x);
@@ -700,45 +710,45 @@ inline uint4 clnn_ldsm_emulated(__local uint *warp_exchange, const int lane, con
 #define CLNN_LDSM(r, base, idx) CLNN_LDSM_EMU(r, base, idx, 0)
 #define CLNN_LDSM_T(r, base, idx) CLNN_LDSM_EMU(r, base, idx, 1)
 %       endif
-%       if STAGES:
+%     endif
+%   endif
+%   if STAGES:
 // cp.async (ASYNC rows): each work-item copies its vectors of the next tiles from
 // global to local memory without passing them through registers; CLNN_CP_ASYNC<bytes>
-// (dst, src, valid) copies the first `valid` halves of the vector at src and zeroes
+// (dst, src, valid) copies the first `valid` bytes of the vector at src and zeroes
 // the rest. A work-item's copies form a group at each commit; wait_group n waits until
 // at most its n newest groups are still in flight; then a barrier makes every
 // work-item's copies visible to the group.
-%         if not EMULATE:
+%     if not EMULATE:
 // (.cg, through L2 only, takes 16-byte copies; .ca the others)
 #define CLNN_CP_ASYNC_ASM(op, dst, src, valid) \
     __asm__ __volatile__(op " %2;" \
-                 :: "r"((uint)(size_t)(dst)), "l"((ulong)(size_t)(src)), "r"(2 * (valid)) \
+                 :: "r"((uint)(size_t)(dst)), "l"((ulong)(size_t)(src)), "r"(valid) \
                  : "memory")
 #define CLNN_CP_ASYNC16(dst, src, valid) CLNN_CP_ASYNC_ASM("cp.async.cg.shared.global [%0], [%1], 16,", dst, src, valid)
 #define CLNN_CP_ASYNC8(dst, src, valid) CLNN_CP_ASYNC_ASM("cp.async.ca.shared.global [%0], [%1], 8,", dst, src, valid)
 #define CLNN_CP_ASYNC4(dst, src, valid) CLNN_CP_ASYNC_ASM("cp.async.ca.shared.global [%0], [%1], 4,", dst, src, valid)
 #define CLNN_CP_COMMIT() __asm__ __volatile__("cp.async.commit_group;" ::: "memory")
 #define CLNN_CP_WAIT(n) __asm__ __volatile__("cp.async.wait_group " #n ";" ::: "memory")
-%         else:
+%     else:
 // emulated: a work-item queues its copies (cpq_*, a ring of ${STAGES} groups' worth) and
 // makes them at the wait that lets them land, not before: a tile read before its wait
 // and barrier reads stale data, and the tests see it
 #define CLNN_CPQ ${STAGES * (LA + LB)}
 #define CLNN_CP_QUEUE(n, dst, src, valid) { \
     const int q_ = cpq_tail++ % CLNN_CPQ; \
-    cpq_dst[q_] = (__local ushort *)(dst); cpq_src[q_] = (__global const ushort *)(src); \
+    cpq_dst[q_] = (__local uchar *)(dst); cpq_src[q_] = (__global const uchar *)(src); \
     cpq_len[q_] = (n); cpq_valid[q_] = (valid); cpq_group[q_] = cpq_groups; }
-#define CLNN_CP_ASYNC16(dst, src, valid) CLNN_CP_QUEUE(8, dst, src, valid)
-#define CLNN_CP_ASYNC8(dst, src, valid) CLNN_CP_QUEUE(4, dst, src, valid)
-#define CLNN_CP_ASYNC4(dst, src, valid) CLNN_CP_QUEUE(2, dst, src, valid)
+#define CLNN_CP_ASYNC16(dst, src, valid) CLNN_CP_QUEUE(16, dst, src, valid)
+#define CLNN_CP_ASYNC8(dst, src, valid) CLNN_CP_QUEUE(8, dst, src, valid)
+#define CLNN_CP_ASYNC4(dst, src, valid) CLNN_CP_QUEUE(4, dst, src, valid)
 #define CLNN_CP_COMMIT() (++cpq_groups)
 #define CLNN_CP_WAIT(n) \
     for (; cpq_head < cpq_tail && cpq_group[cpq_head % CLNN_CPQ] < cpq_groups - (n); ++cpq_head) { \
         const int q_ = cpq_head % CLNN_CPQ; \
         for (int e_ = 0; e_ < cpq_len[q_]; ++e_) \
-            cpq_dst[q_][e_] = e_ < cpq_valid[q_] ? cpq_src[q_][e_] : (ushort)0; \
+            cpq_dst[q_][e_] = e_ < cpq_valid[q_] ? cpq_src[q_][e_] : (uchar)0; \
     }
-%         endif
-%       endif
 %     endif
 %   endif
 %   if EMULATE:
@@ -991,11 +1001,13 @@ ${matrix_load(f"rb{l}", GVB, "b", "k", "n", "ldb", "kend", "N", guarded, g)}
 <%def name="copy_async(buf, guarded, g, X)">
 <%
     # one operand's next tile (X = "A" or "B") by cp.async, into local memory laid out
-    # as store_ldsm lays it out: GV halves a copy, zero-filled past the matrix's edge
-    # (rows from rlim, columns from clim: the slice's K end included)
-    KWG, GV = g["KWG"], g["GV" + X]
+    # as store_ldsm lays it out: GV elements (halves, or floats for TF32) a copy,
+    # zero-filled past the matrix's edge (rows from rlim, columns from clim: the
+    # slice's K end included)
+    KWG, GV, ITEM = g["KWG"], g["GV" + X], g["ITEM"]
     kfast = g["a_kfast" if X == "A" else "b_kfast"]
-    ptr, ld, lm = ("a", "lda", "a_lmh") if X == "A" else ("b", "ldb", "b_lmh")
+    lt, h = ("ushort", "h") if ITEM == 2 else ("float", "f")
+    ptr, ld, lm = ("a", "lda", f"a_lm{h}") if X == "A" else ("b", "ldb", f"b_lm{h}")
     m0, lim = ("m0", "M") if X == "A" else ("n0", "N")
     RS, SZ = g["RS" + X], g["SZ" + X]
     WX = g["MWG"] if X == "A" else g["NWG"]
@@ -1006,12 +1018,12 @@ ${matrix_load(f"rb{l}", GVB, "b", "k", "n", "ldb", "kend", "N", guarded, g)}
 %>
 <%call expr="slots(g, X)" args="l">\
                 const int r = ${row}, c = ${col};
-                __local ushort *dst = ${lm} + ${buf} * ${SZ} + idx / ${per} * ${RS} + idx % ${per} * ${GV};
+                __local ${lt} *dst = ${lm} + ${buf} * ${SZ} + idx / ${per} * ${RS} + idx % ${per} * ${GV};
 %   if guarded:
                 const int valid = r < ${rlim} ? clamp(${clim} - c, 0, ${GV}) : 0;
-                CLNN_CP_ASYNC${2 * GV}(dst, ${ptr} + (valid ? r * ${ld} + c : 0), valid);
+                CLNN_CP_ASYNC${ITEM * GV}(dst, ${ptr} + (valid ? r * ${ld} + c : 0), ${ITEM} * valid);
 %   else:
-                CLNN_CP_ASYNC${2 * GV}(dst, ${ptr} + r * ${ld} + c, ${GV});
+                CLNN_CP_ASYNC${ITEM * GV}(dst, ${ptr} + r * ${ld} + c, ${ITEM * GV});
 %   endif
 </%call>\
 </%def>
@@ -1085,6 +1097,12 @@ void clnn_gemm_tiled(const int M, const int N, const int K, const int splits,
     __local uint4 b_lmq[${NBUF * SZB // 8}];
     __local ushort *a_lmh = (__local ushort *)a_lmq;
     __local ushort *b_lmh = (__local ushort *)b_lmq;
+% elif STAGES:
+    // ${NBUF} buffers of each tile, as floats (16-byte aligned for 16-byte copies)
+    __local float4 a_lmq[${NBUF * SZA // 4}];
+    __local float4 b_lmq[${NBUF * SZB // 4}];
+    __local float *a_lmf = (__local float *)a_lmq;
+    __local float *b_lmf = (__local float *)b_lmq;
 % elif MMA == "f16":
     // two buffers of KWG / 2 rows of words, each two halves: (k, k + 1) of one row of op(A)
     __local uint a_lmw[${KWG * LDA}];
@@ -1139,8 +1157,8 @@ void clnn_gemm_tiled(const int M, const int N, const int K, const int splits,
 % endfor
 % endif
 % if STAGES and EMULATE:
-    __local ushort *cpq_dst[CLNN_CPQ];
-    __global const ushort *cpq_src[CLNN_CPQ];
+    __local uchar *cpq_dst[CLNN_CPQ];
+    __global const uchar *cpq_src[CLNN_CPQ];
     int cpq_len[CLNN_CPQ], cpq_valid[CLNN_CPQ], cpq_group[CLNN_CPQ];
     int cpq_head = 0, cpq_tail = 0, cpq_groups = 0;
 % endif
@@ -1222,6 +1240,10 @@ ${load_a(True, g)}
 %   elif MMA == "f16":
         __local const uint *a_w = a_lmw + buf * ${KWG // 2} * CLNN_LDA + wm0 + grp;
         __local const uint *b_w = b_lmw + buf * ${KWG // 2} * CLNN_LDB + wn0 + grp;
+%   elif STAGES:
+        // TF32 tiles as the copies left them: rows of k, or rows of m (n) holding k
+        __local const float *a_s = a_lmf + buf * ${SZA} + ${f"(wm0 + grp) * {RSA} + t4" if a_kfast else f"t4 * {RSA} + wm0 + grp"};
+        __local const float *b_s = b_lmf + buf * ${SZB} + ${f"(wn0 + grp) * {RSB} + t4" if b_kfast else f"t4 * {RSB} + wn0 + grp"};
 %   else:
         __local const acc_t *a_s = a_lm + buf * KWG * CLNN_LDA + wm0 + grp;
         __local const acc_t *b_s = b_lm + buf * KWG * CLNN_LDB + wn0 + grp;
@@ -1230,7 +1252,22 @@ ${load_a(True, g)}
 #pragma unroll
 %   endif
         for (int kk = 0; kk < KWG; kk += ${KI}) {
-%   if MMA == "tf32":
+%   if MMA == "tf32" and STAGES:
+<%
+    # A(g + 8 (r % 2) + 16 i, t4 + 4 (r / 2)) and B(t4 + 4 r, g + 8 j) from either layout
+    def at(i, r):
+        m, k = 16 * i + 8 * (r % 2), 4 * (r // 2)
+        return f"{m * RSA} + kk + {k}" if a_kfast else f"(kk + {k}) * {RSA} + {m}"
+    def bt(j, r):
+        return f"{8 * j * RSB} + kk + {4 * r}" if b_kfast else f"(kk + {4 * r}) * {RSB} + {8 * j}"
+%>
+%     for i in range(MT):
+            const uint ${", ".join(f"a{i}_{r} = as_uint(clnn_tf32(a_s[{at(i, r)}]))" for r in range(4))};
+%     endfor
+%     for j in range(NTL):
+            const uint ${", ".join(f"b{j}_{r} = as_uint(clnn_tf32(b_s[{bt(j, r)}]))" for r in range(2))};
+%     endfor
+%   elif MMA == "tf32":
 %     for i in range(MT):
             const uint ${", ".join(f"a{i}_{r} = as_uint(a_s[(kk + t4 + {4 * (r // 2)}) * CLNN_LDA + {16 * i + 8 * (r % 2)}])" for r in range(4))};
 %     endfor

@@ -262,17 +262,19 @@ def test_ldmatrix_rows(dev):
     check_conv(dev, "f16", row, (2, 3, 9, 11, 17, 3, 2, 1))
 
 
-def async_row(dev, stages):
-    """An LDSM row whose tiles arrive by cp.async, ``stages`` of them in local memory
-    (ASYNC): not in the table (not yet timed on a GPU; the tuner searches such rows).
-    Emulated, each work-item makes its copies only at the wait that lets them land,
-    so a tile read too early reads the one before it."""
-    return dict(ldsm_row(dev), ASYNC=stages)
+def async_row(dev, kind, stages):
+    """A row whose tiles arrive by cp.async, ``stages`` of them in local memory (ASYNC):
+    the smallest TF32 row, or the float16 row with ldmatrix. Not in the table (not yet
+    timed on a GPU; the tuner searches such rows). Emulated, each work-item makes its
+    copies only at the wait that lets them land, so a tile read too early reads the one
+    before it."""
+    base = ldsm_row(dev) if kind == "f16" else engine_rows(dev, kind, every=False)[-1]
+    return dict(base, ASYNC=stages)
 
 
 def vector_widths(row, run):
     """The vector widths (``vec``) of the tiled GEMM kernels ``run`` builds under
-    ``row``'s override: which of them copy by cp.async (vec >= 2)."""
+    ``row``'s override: which of them copy by cp.async (at least 4 bytes a copy)."""
     seen = []
     real = programs.get_kernel
 
@@ -285,24 +287,26 @@ def vector_widths(row, run):
     return seen
 
 
-@pytest.mark.parametrize("stages", [2, 3])
-def test_cp_async_rows(dev, stages):
+@pytest.mark.parametrize("kind,stages", [("f16", 2), ("f16", 3), ("tf32", 2), ("tf32", 3)])
+def test_cp_async_rows(dev, kind, stages):
     """Copies of 16, 8 and 4 bytes (operands whose offsets and rows allow vectors of 8,
-    4 and 2 halves, the last vector of a row part outside the matrix: zero-filled), the
-    four transposes, tile edges and split-K; an operand too unaligned for a copy of 4
-    bytes falls back to the LDSM row's loads through registers (two stages: one of
-    each copy size)."""
-    row = async_row(dev, stages)
-    cases = [(37, 45, 75, ta, tb, 8) for ta in (False, True) for tb in (False, True)]
-    cases += [(67, 61, 130, False, False, 4), (33, 17, 301, True, False, 2)]
+    4 and 2 halves, or 4, 2 and 1 floats, the last vector of a row part outside the
+    matrix: zero-filled), the four transposes, tile edges and split-K (two stages: one
+    of each copy size); float16 too unaligned for a copy of 4 bytes falls back to the
+    LDSM row's loads through registers."""
+    row = async_row(dev, kind, stages)
+    widths = (8, 4, 2) if kind == "f16" else (4, 2, 1)
+    cases = [(37, 45, 75, ta, tb, widths[0]) for ta in (False, True) for tb in (False, True)]
+    cases += [(67, 61, 130, False, False, widths[1]), (33, 17, 301, True, False, widths[2])]
     if stages == 2:
         cases = cases[:1] + cases[-2:]
-    for i, (M, N, K, ta, tb, align) in enumerate(cases):
-        split = dict(row, KSPLIT=3) if align == 2 else row
+    for i, (M, N, K, ta, tb, vec) in enumerate(cases):
+        split = dict(row, KSPLIT=3) if i == len(cases) - 1 else row
         assert vector_widths(split, lambda: check(
-            dev, "f16", split, M, N, K, ta, tb, alpha=1.0 if ta else -0.5,
+            dev, kind, split, M, N, K, ta, tb, alpha=1.0 if ta else -0.5,
             beta=0.5 if tb else 0.0, bias=ta, act="relu" if i % 2 else None,
-            align=align)) == [align]
-    assert vector_widths(row, lambda: check(dev, "f16", row, 20, 9, 33, False, False,
-                                            alpha=1.0, beta=0.0, bias=False,
-                                            act=None)) == [1]
+            align=vec if vec > 1 else 0)) == [vec]
+    if kind == "f16":
+        assert vector_widths(row, lambda: check(dev, kind, row, 20, 9, 33, False, False,
+                                                alpha=1.0, beta=0.0, bias=False,
+                                                act=None)) == [1]
