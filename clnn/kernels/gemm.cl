@@ -1245,34 +1245,32 @@ ${load_a(True, g)}
         __local const float *a_s = a_lmf + buf * ${SZA} + ${f"(wm0 + grp) * {RSA} + t4" if a_kfast else f"t4 * {RSA} + wm0 + grp"};
         __local const float *b_s = b_lmf + buf * ${SZB} + ${f"(wn0 + grp) * {RSB} + t4" if b_kfast else f"t4 * {RSB} + wn0 + grp"};
 %   else:
-        __local const acc_t *a_s = a_lm + buf * KWG * CLNN_LDA + wm0 + grp;
-        __local const acc_t *b_s = b_lm + buf * KWG * CLNN_LDB + wn0 + grp;
+        __local const acc_t *a_s = a_lm + (buf * KWG + t4) * CLNN_LDA + wm0 + grp;
+        __local const acc_t *b_s = b_lm + (buf * KWG + t4) * CLNN_LDB + wn0 + grp;
 %   endif
 %   if not EMULATE:
 #pragma unroll
 %   endif
         for (int kk = 0; kk < KWG; kk += ${KI}) {
-%   if MMA == "tf32" and STAGES:
+%   if MMA == "tf32":
 <%
-    # A(g + 8 (r % 2) + 16 i, t4 + 4 (r / 2)) and B(t4 + 4 r, g + 8 j) from either layout
+    # A(g + 8 (r % 2) + 16 i, t4 + 4 (r / 2)) and B(t4 + 4 r, g + 8 j) (a_s and b_s add
+    # the lane's g and t4) from rows of k or, on ASYNC rows, rows of m (n) holding k;
+    # an ASYNC row rounds them to TF32 here (no register saw its copies)
+    RA, RB = (RSA, RSB) if STAGES else ("CLNN_LDA", "CLNN_LDB")
+    tf = "clnn_tf32" if STAGES else ""
     def at(i, r):
         m, k = 16 * i + 8 * (r % 2), 4 * (r // 2)
-        return f"{m * RSA} + kk + {k}" if a_kfast else f"(kk + {k}) * {RSA} + {m}"
+        return f"{m} * {RA} + kk + {k}" if STAGES and a_kfast else f"(kk + {k}) * {RA} + {m}"
     def bt(j, r):
-        return f"{8 * j * RSB} + kk + {4 * r}" if b_kfast else f"(kk + {4 * r}) * {RSB} + {8 * j}"
+        n, k = 8 * j, 4 * r
+        return f"{n} * {RB} + kk + {k}" if STAGES and b_kfast else f"(kk + {k}) * {RB} + {n}"
 %>
 %     for i in range(MT):
-            const uint ${", ".join(f"a{i}_{r} = as_uint(clnn_tf32(a_s[{at(i, r)}]))" for r in range(4))};
+            const uint ${", ".join(f"a{i}_{r} = as_uint({tf}(a_s[{at(i, r)}]))" for r in range(4))};
 %     endfor
 %     for j in range(NTL):
-            const uint ${", ".join(f"b{j}_{r} = as_uint(clnn_tf32(b_s[{bt(j, r)}]))" for r in range(2))};
-%     endfor
-%   elif MMA == "tf32":
-%     for i in range(MT):
-            const uint ${", ".join(f"a{i}_{r} = as_uint(a_s[(kk + t4 + {4 * (r // 2)}) * CLNN_LDA + {16 * i + 8 * (r % 2)}])" for r in range(4))};
-%     endfor
-%     for j in range(NTL):
-            const uint ${", ".join(f"b{j}_{r} = as_uint(b_s[(kk + t4 + {4 * r}) * CLNN_LDB + {8 * j}])" for r in range(2))};
+            const uint ${", ".join(f"b{j}_{r} = as_uint({tf}(b_s[{bt(j, r)}]))" for r in range(2))};
 %     endfor
 %   elif LDSM:
             uint ${", ".join(f"a{i}_{r}" for i in range(MT) for r in range(4))};
