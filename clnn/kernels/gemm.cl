@@ -11,14 +11,16 @@
 ##   conv             "none" (plain GEMM) or the implicit-GEMM loaders of a convolution:
 ##                    "fwd", "dgrad" (data gradient), "wgrad" (weight gradient)
 ##   vec              ("local") width of the vector loads and stores of plain matrix
-##                    operands: 1, 2 or 4 (the routine checks their alignment)
+##                    operands: 1, 2 or 4, or 8 halves for a cp.async row's copies
+##                    (the routine checks their alignment)
 ##   partial          ("local") write the raw sums of one K slice to a workspace, for
 ##                    clnn_gemm_splitk to add up in a fixed order (split-K)
 ##   tuning           the tile parameters below, as a dict (see clnn/tuning.py); a
 ##                    "local" row with "MMA" ("tf32", or "f16" for 16-bit storage:
 ##                    float16 and bfloat16) multiplies its tiles on NVIDIA's matrix
 ##                    engines (mma.sync, inline PTX), a warp per WM x WN block: chosen
-##                    only for NVIDIA compute capability 8.0 and up
+##                    only for NVIDIA compute capability 8.0 and up; "LDSM" (ldmatrix)
+##                    and "ASYNC" (cp.async tile pipelines) are its variants
 ## Kernels: "reg": clnn_pack_a, clnn_pack_b, clnn_gemm_packed, clnn_gemv,
 ##          clnn_gemm_direct, clnn_gemm_splitk (conv "none": 16-bit K slices' epilogue);
 ##          "local": clnn_gemm_tiled, clnn_gemm_splitk.
