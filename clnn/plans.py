@@ -61,18 +61,20 @@ def local_bytes(p, itemsize=4):
     # tile of A, 2 per tile of B) through local memory
     extra = 4 * (4 * p["WM"] // 16 + 2 * p["WN"] // 8) * threads(p) \
         if p.get("EMULATE") else 0
+    # a cp.async row's stages (a malformed count, which tuning refuses, counts as none)
+    stages = p.get("ASYNC") if isinstance(p.get("ASYNC"), int) else 0
     if p.get("MMA") == "f16" and p.get("LDSM"):
         # plain halves, rows padded by 8 halves: rows of k, or rows of m (n) holding k,
         # whichever way the operand is stored (the larger of the two here); a buffer
         # per stage of a cp.async pipeline (ASYNC), else two
         k = p["KWG"]
-        return p.get("ASYNC", 2) * 2 * \
+        return (stages or 2) * 2 * \
             sum(max(k * (w + 8), w * (k + 8)) for w in (p["MWG"], p["NWG"])) + extra
-    if p.get("MMA") == "tf32" and p.get("ASYNC"):
+    if p.get("MMA") == "tf32" and stages:
         # a float buffer per stage, rows of k padded by 8 floats or rows of m (n)
         # holding k padded by 4, as the copies run along the operand (the larger)
         k = p["KWG"]
-        return p["ASYNC"] * 4 * \
+        return stages * 4 * \
             sum(max(k * (w + 8), w * (k + 4)) for w in (p["MWG"], p["NWG"])) + extra
     if p.get("MMA") == "f16":        # halves, rows of words padded by 8 words
         return 2 * p["KWG"] * (p["MWG"] + p["NWG"] + 16) * 2 + extra

@@ -78,7 +78,8 @@ def test_ldmatrix_rows_fit_and_take_their_local_memory():
 
 
 @pytest.mark.parametrize("stages,ok", [(2, True), (3, True), (4, True), (1, False),
-                                       (5, False), (True, False), (2.0, False)])
+                                       (5, False), (True, False), (2.0, False),
+                                       ("3", False)])
 def test_cp_async_rows_take_a_buffer_per_stage(stages, ok):
     """ASYNC rows (cp.async into a pipeline of 2 to 4 tiles) are float16 LDSM rows or
     TF32 rows with a local buffer per stage (TF32 tiles as LDSM keeps halves: rows of

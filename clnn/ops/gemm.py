@@ -290,10 +290,10 @@ def _tiled_launch(dev, dt, rows, M, N, K, nbatch, a, b, c, act, bias_mode, trans
     # copies take up to 16 bytes, 8 halves
     vec_ops = [a.off, a.ld, a.bstride] + ([b.off, b.ld, b.bstride] if conv == "none" else [])
     vwn = p.get("VWN", 1)
+    widest = 8 if p.get("ASYNC") and p.get("LDSM") and conv == "none" else 4
     prm = {"dtype": programs.dtype_name(dt), "variant": "local", "trans_a": trans_a,
            "trans_b": trans_b, "act": act, "bias": bias_mode, "conv": conv,
-           "vec": plans.vector_width(p, vec_ops, 8 if p.get("ASYNC") and p.get("LDSM") and conv == "none" else 4)
-           if conv in ("none", "fwd") else 1,
+           "vec": plans.vector_width(p, vec_ops, widest) if conv in ("none", "fwd") else 1,
            "vec_c": vwn > 1 and conv in ("none", "wgrad") and
            all(x % vwn == 0 for x in (c.off, c.ld, c.bstride)),
            "partial": plan.splits > 1, "tuning": tuning.template_tuning(p, dt)}
