@@ -292,8 +292,8 @@ def test_cp_async_rows(dev, kind, stages):
     """Copies of 16, 8 and 4 bytes (operands whose offsets and rows allow vectors of 8,
     4 and 2 halves, or 4, 2 and 1 floats, the last vector of a row part outside the
     matrix: zero-filled), the four transposes, tile edges and split-K (two stages: one
-    of each copy size); float16 too unaligned for a copy of 4 bytes falls back to the
-    LDSM row's loads through registers."""
+    of each copy size, and convolutions); float16 too unaligned for a copy of 4 bytes
+    falls back to the LDSM row's loads through registers."""
     row = async_row(dev, kind, stages)
     widths = (8, 4, 2) if kind == "f16" else (4, 2, 1)
     cases = [(37, 45, 75, ta, tb, widths[0]) for ta in (False, True) for tb in (False, True)]
@@ -310,3 +310,7 @@ def test_cp_async_rows(dev, kind, stages):
         assert vector_widths(row, lambda: check(dev, kind, row, 20, 9, 33, False, False,
                                                 alpha=1.0, beta=0.0, bias=False,
                                                 act=None)) == [1]
+    if stages == 2:
+        # a layer's convolutions under the row: their gathered operands load through
+        # registers, as the row without ASYNC loads them
+        check_conv(dev, kind, row, (2, 3, 9, 11, 17, 3, 2, 1))
