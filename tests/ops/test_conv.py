@@ -17,6 +17,9 @@ from reference import conv2d_backward_ref, conv2d_general_ref, conv2d_ref, f_ref
 RNG = np.random.default_rng(31)
 conv_module = sys.modules["clnn.ops.conv"]
 GATHER = tuning.CONV_TABLE["type"]["CPU"]
+# the GEMM row of a CPU without one of its own (panels of 6 x 16): tests that count
+# panels force it, whatever row the device they run on has
+CPU_GEMM = tuning.GEMM_TABLE["type"]["CPU"]
 NV = tuning.GEMM_TABLE["vendor"][("nvidia", "GPU")]
 # (kernel to override, parameters, conv.py constants to patch)
 VARIANTS = {
@@ -220,8 +223,10 @@ def test_lines_that_blocks_do_not_divide():
     assert tiles(GATHER, np.float32, 25, 28, k=6)[3]
     # and both layouts give the right sums: a 14-wide layer with 20 filters (panels of
     # 24 columns, blocks of 4 rows), k = 6 * 9 along lines and 54 * 9 row by row
+    # (GATHER's tiles, not those of the device's own row, which may budget other
+    # registers)
     for C, line in ((6, True), (54, False)):
-        with clnn.profile() as prof:
+        with tuning.override("conv", GATHER), clnn.profile() as prof:
             check_conv(2, C, 14, 14, 20, 3, 3, (1, 1), (1, 1))
         forward = next(r for r in prof.records if r.entry == "clnn_conv_gather")
         assert forward.params["line"] == line
@@ -374,7 +379,8 @@ def test_winograd(dtype, shape, m):
     canaries, in every dtype, against the float64 loops within the error bound of what
     Winograd adds up. dy's transform takes the packed GEMM's panels of 6 channels per
     work-item where a CPU vector holds 6 (floats; doubles: a channel per work-item)."""
-    prof = _check_winograd(dtype, shape, m)
+    with tuning.override("gemm", CPU_GEMM):
+        prof = _check_winograd(dtype, shape, m)
     assert {r.params["dyv"] for r in ran(prof, "clnn_wino_dy")} == \
         {1 if dtype == np.float64 else 6}
 
@@ -459,11 +465,11 @@ def test_winograd_narrow_panels(dtype):
     by lane (clnn_wino_input's whole vectors only inside one). And A panels of 8, 5, 3
     and 2 rows: dy's transform takes a panel's channels per work-item (stored in runs of
     8, 4, 2 and 1) where a CPU vector holds them (8 floats, 4 doubles), else one
-    channel."""
-    cpu = tuning.GEMM_TABLE["type"]["CPU"]
+    channel; and the AVX-512 row's 4 x 32 (4 channels in floats and in doubles)."""
     lanes = 8 if dtype == np.float32 else 4
-    for mwi, nwi, vw in ((5, 12, 4), (5, 5, 1), (3, 16, 8), (2, 8, 8), (8, 16, 8)):
-        with tuning.override("gemm", dict(cpu, MWI=mwi, NWI=nwi, VW=vw)):
+    for mwi, nwi, vw in ((5, 12, 4), (5, 5, 1), (3, 16, 8), (2, 8, 8), (8, 16, 8),
+                         (4, 32, 8)):
+        with tuning.override("gemm", dict(CPU_GEMM, MWI=mwi, NWI=nwi, VW=vw)):
             prof = _check_winograd(dtype, (2, 19, 9, 10, 17, 1), 4)
         assert {r.params["dyv"] for r in ran(prof, "clnn_wino_dy")} == \
             {mwi if mwi <= lanes else 1}
