@@ -66,6 +66,9 @@ class DeviceFacts:
     # the global memory cache (CL_DEVICE_GLOBAL_MEM_CACHE_SIZE: a CPU's last-level
     # cache on PoCL), 0 where the driver reports none
     cache_size: int = 0
+    # CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT: floats in the vectors the device's code
+    # computes on (PoCL: 16 where it builds AVX-512 code, 8 for AVX2), 0 where unknown
+    float_lanes: int = 0
 
     @property
     def is_pocl(self):
@@ -99,6 +102,7 @@ class DeviceFacts:
             fp16="cl_khr_fp16" in exts,
             nv_compute_capability=_nv_compute_capability(dev, exts),
             cache_size=int(dev.global_mem_cache_size),
+            float_lanes=int(dev.native_vector_width_float),
         )
 
 

@@ -140,6 +140,14 @@ def vector_width(vw, dtype):
     return max(1, vw // 2) if np.dtype(dtype).itemsize == 8 else vw
 
 
+def helper_width(vw, dtype):
+    """The lanes of the vectors a CPU GEMM tile of ``vw`` acc_t lanes (as
+    vector_width gives them) packs, stores and sums its K slices with, and its direct
+    kernel computes in (gemm.cl's HVW): at most 256 bits, CPU_LANES, whatever the
+    micro-kernel's registers hold."""
+    return min(vw, CPU_LANES["double" if acc_dtype(dtype).itemsize == 8 else "float"])
+
+
 def variant_for(params, dtype):
     """A registered variant's ``params`` as the ops build it in ``dtype`` (what the
     gates render): its tile's VW as vector_width makes it."""

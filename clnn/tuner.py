@@ -61,10 +61,14 @@ def candidates(facts, quick):
     """Parameter sets the constraints allow on this device, fewer with ``quick``."""
     out = []
     if facts.is_cpu:
+        # 256-bit vectors, and 512-bit ones where the device's code has them (their
+        # panels twice as wide: the constraints drop them elsewhere)
         mwis, nwis, wgms = ((4, 6, 8), (16, 32), (16,)) if quick else \
             ((2, 3, 4, 6, 8), (8, 16, 24, 32), (4, 16))
-        for m, n, w in itertools.product(mwis, nwis, wgms):
-            out.append({"variant": "reg", "MWI": m, "NWI": n, "VW": 8, "WGM": w})
+        for vw in (8, 16):
+            for m, n, w in itertools.product(mwis, nwis, wgms):
+                out.append({"variant": "reg", "MWI": m, "NWI": n * vw // 8, "VW": vw,
+                            "WGM": w})
     else:
         # tiles, work-items per tile and vector widths around the shapes that measured
         # well on an H100 (4x4 to 16x4 outputs per work-item)

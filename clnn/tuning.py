@@ -2,9 +2,10 @@
 the override knob.
 
 Tuning data is data: ``GEMM_TABLE`` holds literal parameter sets keyed by exact device
-name, then by (vendor, type), then by type, with a "default" at the end of every
-lookup. Every row is checked against the kernel's constraints (tests/test_tuning.py),
-and before a build the chosen row is checked against the device's real limits.
+name, then by (vendor, type), then by (type, the floats of the device's native
+vectors), then by type, with a "default" at the end of every lookup. Every row is
+checked against the kernel's constraints (tests/test_tuning.py), and before a build
+the chosen row is checked against the device's real limits.
 
 Lookup order: an ``override`` in force, then the user's database written by
 ``clnn tune`` (per device name, driver version, dtype and shape class), then the table.
@@ -30,14 +31,23 @@ from .errors import ArgumentError
 # per work-group along M. Variant "local" (GPU): an MWG x NWG tile per work-group of
 # MDIMC x NDIMC work-items, KWG deep in local memory.
 GEMM_TABLE = {
-    # exact device names (tuned on that device)
-    "device": {
-        # PoCL 3.0 (pip) on the 2-core Zen 4 development machine, which PoCL reports by
-        # this generic name. Measured by /tmp-free sweeps of benchmarks/bench_gemm.py:
-        # 4x32 outputs per work-item (16 float8 accumulators; AVX-512 gives 32 vector
-        # registers) ran 180 GFLOP/s at n=2048 with packing, 6x16 ran 170.
-        "pthread-Intel(R) Xeon(R) Processor": {"variant": "reg", "MWI": 4, "NWI": 32,
-                                               "VW": 8, "WGM": 16, "tuned": True},
+    # exact device names (tuned on that device). Empty: the CPUs measured so far are
+    # served by the "lanes" rows below, which any CPU with the same code gets.
+    "device": {},
+    # CPUs by the floats of their code's vectors (DeviceFacts.float_lanes: PoCL says
+    # 16 where it builds AVX-512 code, 8 for AVX2), first fitting row: 512-bit tiles
+    # (VW 16), 24 of the 32 zmm registers holding accumulators. PoCL 3.0 (pip) on the
+    # 2-core Intel Xeon (AVX-512, "rocketlake" code) that PoCL names "Intel(R)
+    # Xeon(R) Processor", 2026-11-27, /tmp sweeps of the packed GEMM: float32 6x64
+    # 300-335 GFLOP/s at 1024^3, 2048^3 and a dense layer's three products (numpy
+    # 340-355), 8x48 and 4x64 within 5%, the 256-bit 4x32 that served it before 190-205;
+    # doubles take 6x32 (the first row's 6 x 8 double8 accumulators would spill) at
+    # 155-170 (numpy 155-185; 4x32 with double4: 78-84).
+    "lanes": {
+        ("CPU", 16): [
+            {"variant": "reg", "MWI": 6, "NWI": 64, "VW": 16, "WGM": 16, "tuned": True},
+            {"variant": "reg", "MWI": 6, "NWI": 32, "VW": 16, "WGM": 16, "tuned": True},
+        ],
     },
     # (vendor substring, type)
     "vendor": {
@@ -235,8 +245,14 @@ def gemm_problems(p, facts=None, itemsize=4):
             probs.append("VW must be 1, 2, 4, 8 or 16")
         if p["NWI"] % p["VW"]:
             probs.append("NWI must be a multiple of VW")
-        if p["MWI"] * p["NWI"] > 32 * p["VW"]:
+        # (VW counts float32 lanes: the same vectors hold half as many doubles)
+        if p["MWI"] * p["NWI"] > 32 * (max(1, p["VW"] // 2) if itemsize == 8 else p["VW"]):
             probs.append("more than 32 vector accumulators spill registers")
+        if facts is not None and facts.is_cpu and 8 < p["VW"] > facts.float_lanes:
+            # PoCL 3.0 builds AVX2 code for some AVX-512 CPUs (a Zen 4), where 512-bit
+            # vectors in a program changed its ABI and broke later builds (CPU_LANES)
+            probs.append(f"VW={p['VW']} (512-bit vectors) needs a CPU whose code has "
+                         f"them; this one's has {facts.float_lanes} float lanes")
         wg = p["WGM"]
         local_bytes = 0
     else:
@@ -380,7 +396,7 @@ def all_gemm_rows():
     """Every parameter set in GEMM_TABLE (for the clang gate and the table tests)."""
     t = GEMM_TABLE
     entries = (list(t["device"].values()) + list(t["vendor"].values())
-               + list(t["type"].values()) + [t["default"]])
+               + list(t["lanes"].values()) + list(t["type"].values()) + [t["default"]])
     return [row for e in entries for row in (e if isinstance(e, list) else [e])]
 
 
@@ -395,6 +411,8 @@ def _lookup_chain(facts):
     for (v, typ), p in table["vendor"].items():
         if v in vendor and typ == facts.type:
             chain.append(p)
+    if (facts.type, facts.float_lanes) in table["lanes"]:
+        chain.append(table["lanes"][(facts.type, facts.float_lanes)])
     if facts.type in table["type"]:
         chain.append(table["type"][facts.type])
     chain.append(table["default"])

@@ -22,25 +22,39 @@ def test_render_is_complete_and_typed():
 
 
 def test_cpu_code_keeps_to_256_bit_vectors():
-    """No kernel the library builds puts a 512-bit vector (double8, double16, float16)
-    in its code for a CPU: PoCL 3.0 compiles for an AVX-512 Zen 4 as for a Zen 3, a
-    512-bit argument there "changes the ABI", and after such a build the next program
-    with the same kernel names had none (INVALID_KERNEL_NAME: float64 activations,
-    pooling, softmax and BatchNorm failed on those machines). The GEMM and convolution
-    tiles as the ops pass them (programs.variant_for)."""
+    """No kernel the library builds for a CPU with 256-bit code puts a 512-bit vector
+    (double8, double16, float16) in its code: PoCL 3.0 compiles for an AVX-512 Zen 4
+    as for a Zen 3, a 512-bit argument there "changes the ABI", and after such a build
+    the next program with the same kernel names had none (INVALID_KERNEL_NAME: float64
+    activations, pooling, softmax and BatchNorm failed on those machines). The GEMM
+    and convolution tiles as the ops pass them (programs.variant_for). The GEMM's
+    512-bit tiles (VW 16) are refused on such a CPU, and even their kernels keep the
+    wide vectors in the micro-kernel's registers (vec_t): no function takes one."""
     import re
+    from clnn.device import DeviceFacts
+    avx2 = DeviceFacts("p", "cpu", "v", "CPU", "1", "OpenCL 1.2", 2, 4096, (4096,) * 3,
+                       1 << 20, 1 << 30, 1 << 32, True, False, float_lanes=8)
     wide = re.compile(r"\b(double8|double16|float16)\b")   # (int16 kernel arguments: fine)
-    bad = []
+    signature = re.compile(r"\w+\s*\(([^;{}]*)\)\s*\{")   # a function's parameters
+    bad, tiles512 = [], 0
     for stem, (_, make) in sorted(programs.registered().items()):
         for params in make():
+            row = dict(dict(params.get("tuning", ())), variant=params.get("variant"))
             for dtype in ("float32", "float64"):
                 p = programs.variant_for(params, dtype)
                 code = "\n".join(line.split("//")[0]
                                  for line in programs.render(stem, p).splitlines())
+                if row.get("VW", 0) > 8:
+                    tiles512 += 1
+                    assert tuning.gemm_problems(row, avx2), row
+                    code = code.replace(f"typedef {wide.search(code).group(0)} vec_t;", "")
+                    bad += [(stem, p, "vec_t argument") for args in signature.findall(code)
+                            if re.search(r"\bvec_t\b", args)]
                 hit = wide.search(code)
                 if hit:
                     bad.append((stem, p, hit.group(0)))
     assert not bad, bad[:5]
+    assert tiles512        # the table's 512-bit rows were looked at
 
 
 def test_render_error_carries_params_and_traceback():

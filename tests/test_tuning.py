@@ -45,10 +45,17 @@ def test_vendor_rows_fit_their_devices_and_smaller_ones_keep_a_row(key):
     assert any(tuning.gemm_problems(r, small) == [] for r in rows)
 
 
-def test_lookup_order_exact_vendor_type_default():
-    name = next(iter(tuning.GEMM_TABLE["device"]))
-    cpu = facts(name=name, type="CPU", vendor="GenuineIntel")
-    assert tuning.gemm_params(cpu) is tuning.GEMM_TABLE["device"][name]
+def test_lookup_order_exact_vendor_type_default(monkeypatch):
+    named = {"variant": "reg", "MWI": 2, "NWI": 8, "VW": 8, "WGM": 4, "tuned": True}
+    monkeypatch.setitem(tuning.GEMM_TABLE["device"], "Some CPU", named)
+    tuning.table_rows.cache_clear()
+    cpu = facts(name="Some CPU", type="CPU", vendor="GenuineIntel", float_lanes=16)
+    assert tuning.gemm_params(cpu) is named
+    # a CPU the table does not name: by the floats of its vectors, then by type
+    avx512 = tuning.GEMM_TABLE["lanes"][("CPU", 16)]
+    assert tuning.gemm_params(dataclasses.replace(cpu, name="Other CPU")) is avx512[0]
+    assert tuning.gemm_params(dataclasses.replace(cpu, name="Other CPU", float_lanes=8)) \
+        is tuning.GEMM_TABLE["type"]["CPU"]
     nv = VENDOR_FACTS["nvidia"]
     assert tuning.gemm_params(nv) is tuning.GEMM_TABLE["vendor"][("nvidia", "GPU")][0]
     assert list(tuning.gemm_rows(nv)) == tuning.GEMM_TABLE["vendor"][("nvidia", "GPU")]
@@ -58,6 +65,35 @@ def test_lookup_order_exact_vendor_type_default():
     assert tuning.gemm_params(facts()) is tuning.GEMM_TABLE["type"]["GPU"]
     assert tuning.gemm_params(facts(type="CPU")) is tuning.GEMM_TABLE["type"]["CPU"]
     assert tuning.gemm_params(facts(type="ACCELERATOR")) is tuning.GEMM_TABLE["default"]
+
+
+def test_512_bit_tiles_only_where_the_code_has_them():
+    """VW 16 (512-bit vectors) is refused on a CPU whose code has 8 float lanes (PoCL
+    builds AVX2 code for some AVX-512 CPUs, where 512-bit vectors broke later builds),
+    allowed on 16, and on other device types (Oclgrind runs the rows as a GPU);
+    doubles, half as many per vector, take the lanes entry's row whose accumulators
+    fit 32 registers."""
+    row = tuning.GEMM_TABLE["lanes"][("CPU", 16)][0]
+    cpu = facts(type="CPU", max_work_group_size=4096, float_lanes=16)
+    assert tuning.gemm_problems(row, cpu) == []
+    assert any("512-bit" in p for p in tuning.gemm_problems(
+        row, dataclasses.replace(cpu, float_lanes=8)))
+    assert tuning.gemm_problems(row, dataclasses.replace(GPU_MIN, float_lanes=1)) == []
+    f32, f64 = tuning.GEMM_TABLE["lanes"][("CPU", 16)]
+    assert any("accumulators" in p for p in tuning.gemm_problems(f32, cpu, itemsize=8))
+    assert tuning.gemm_rows(cpu, 8) == (f64,)
+    assert tuning.gemm_rows(cpu, 4)[0] is f32 and tuning.gemm_rows(cpu, 2)[0] is f32
+
+
+def test_tuner_tries_512_bit_tiles_where_the_code_has_them():
+    from clnn import tuner
+    cpu = facts(type="CPU", max_work_group_size=4096, float_lanes=16)
+    for quick in (True, False):
+        wide = [p for p in tuner.candidates(cpu, quick) if p["VW"] == 16]
+        assert wide and all(p["NWI"] % 16 == 0 for p in wide)
+        assert {p["NWI"] for p in wide} >= {32, 64}
+        assert not [p for p in tuner.candidates(dataclasses.replace(cpu, float_lanes=8),
+                                                quick) if p["VW"] == 16]
 
 
 def test_rows_that_do_not_fit_fall_through():

@@ -46,14 +46,27 @@ ${pad}}
 ##            unchanged; other arrangements of the same branches, up to twice as long)
 ##   None     every element through clnn_epilogue
 ## m.format(i=i) is the row index the bias of a "row" epilogue reads; acc names the
-## accumulators ({acc}{i}_{v}).
-<%def name="epilogue(MWI, NVW, VW, c, row_ok, idx, m, n0, N, vector, step='1', acc='c', indent=4)">\
+## accumulators ({acc}{i}_{v}). part (VW, or VW / 2 for a 512-bit tile, whose helpers
+## take 256 bits) is the width of clnn_epilogue_v's vectors: a "whole" accumulator wider
+## than that goes out as its halves (.lo, .hi), each whole or element by element.
+<%def name="epilogue(MWI, NVW, VW, c, row_ok, idx, m, n0, N, vector, step='1', acc='c', indent=4, part=None)">\
 <%
     comps = "0123456789abcdef"
     pad = " " * indent
     if vector not in ("all", "whole", None):
         raise ValueError(f"vector={vector!r}")
+    part = part or VW
+    if part != VW and (vector == "all" or VW != 2 * part):
+        raise ValueError(f"a {VW}-lane accumulator goes out in halves, not {part}s")
+    halves = [""] if part == VW else [".lo", ".hi"]
 %>\
+<%def name="element(i, v, j)">\
+<% nj = f"{n0} + {v * VW + j}" %>\
+${pad}    if (${nj} < ${N})
+${pad}        clnn_epilogue(${c}, ${idx.format(i=i, n=nj)}, ${m.format(i=i)}, ${nj},
+${pad}                      ${acc}${i}_${v}${f".s{comps[j]}" if VW > 1 else ""}, alpha, beta,
+${pad}                      act_p, act_q, bias);
+</%def>\
 % for i in range(MWI):
 ${pad}if (${row_ok.format(i=i)}) {
 %   for v in range(NVW):
@@ -65,20 +78,21 @@ ${pad}                        min(${VW}, ${N} - (${n})), ${acc}${i}_${v}, alpha,
 ${pad}                        act_q, bias);
 %     else:
 %       if vector == "whole":
-${pad}    if (${n} + ${VW} <= ${N}) {
-${pad}        clnn_epilogue_v(${c}, ${idx.format(i=i, n=n)}, ${step}, ${m.format(i=i)}, ${n},
-${pad}                        ${VW}, ${acc}${i}_${v}, alpha, beta, act_p, act_q, bias);
+%         for h, half in enumerate(halves):
+<% nh = f"{n0} + {v * VW + h * part}" %>\
+${pad}    if (${nh} + ${part} <= ${N}) {
+${pad}        clnn_epilogue_v(${c}, ${idx.format(i=i, n=nh)}, ${step}, ${m.format(i=i)}, ${nh},
+${pad}                        ${part}, ${acc}${i}_${v}${half}, alpha, beta, act_p, act_q, bias);
 ${pad}    } else {
-%       endif
-%       for j in range(VW):
-<% nj = f"{n0} + {v * VW + j}" %>\
-${pad}    if (${nj} < ${N})
-${pad}        clnn_epilogue(${c}, ${idx.format(i=i, n=nj)}, ${m.format(i=i)}, ${nj},
-${pad}                      ${acc}${i}_${v}${f".s{comps[j]}" if VW > 1 else ""}, alpha, beta,
-${pad}                      act_p, act_q, bias);
-%       endfor
-%       if vector == "whole":
+%           for j in range(h * part, (h + 1) * part):
+${element(i, v, j)}\
+%           endfor
 ${pad}    }
+%         endfor
+%       else:
+%         for j in range(VW):
+${element(i, v, j)}\
+%         endfor
 %       endif
 %     endif
 %   endfor

@@ -29,6 +29,12 @@
 <%
     t = dict(tuning)
     VW = t.get("VW", 1)
+    # 512-bit tiles (VW 16 floats or 8 doubles: the routine takes them only where the
+    # device's code has 512-bit vectors, tuning.gemm_problems) keep them in the
+    # micro-kernel's registers; everything else (packing, the epilogue, the direct
+    # kernel, the K slices' pass) works on vectors of at most 256 bits, HVW lanes,
+    # which every helper serves (an accumulator's epilogue in halves)
+    HVW = min(VW, cpu_lanes)
 %>
 <%namespace name="rb" file="_regblock.cl"/>
 //
@@ -48,6 +54,7 @@
 #define MWI ${t["MWI"]}    // rows of C per work-item (and per A panel)
 #define NWI ${t["NWI"]}    // columns of C per work-item (and per B panel), a multiple of VW
 #define VW ${VW}     // vector width of the B loads and the accumulators
+#define HVW ${HVW}    // vector width of the rest: packing, epilogue, direct kernel (<= 256 bits)
 #if NWI % VW != 0
 #error "NWI must be a multiple of VW"
 #endif
@@ -147,9 +154,10 @@ inline acc_t clnn_unrolled_xt(__global const real_t *x, const int k, const int j
     NVW = t["NWI"] // VW
     rvec = f"{acc}{VW}" if VW > 1 else acc
     comps = "0123456789abcdef"
-    if VW > cpu_lanes:      # VW counts float32 lanes: tuning.template_tuning halves it
-        raise ValueError(f"VW={VW} vectors of {acc} are wider than 256 bits "
+    if VW > 2 * cpu_lanes:  # VW counts float32 lanes: tuning.template_tuning halves it
+        raise ValueError(f"VW={VW} vectors of {acc} are wider than 512 bits "
                          f"(programs.CPU_LANES)")
+    hvec = f"{acc}{HVW}" if HVW > 1 else acc
 %>
 // ---- packing: the CPU variant first copies A and B into panels, like BLIS does.
 // A panel holds MWI rows of op(A) interleaved along k, a B panel NWI columns of op(B),
@@ -203,14 +211,14 @@ __kernel void clnn_pack_b(const int N, const int K, const int Nb, const int k0,
     __global acc_t *dst = b_pk + ((batch * Nb + nb) * K + k) * NWI;
 % if conv == "none":
     if (n_base + (nb + 1) * NWI <= N) {      // a whole panel, as in clnn_pack_a
-%   if not trans_b and VW in (2, 4, 8):
+%   if not trans_b and HVW in (2, 4, 8):
         // rows of B run along n: whole vectors, 16-bit ones converted a vector at a time
         // (float16 through vload_halfN, F16C's conversion on x86: 10-30% faster than the
         // scalar loop below, which the work-group loop vectorises across k; clnn's own
         // conversion of vectors, before, took 3.5x that loop's time)
         __global const real_t *src = b + (k0 + k) * ldb + n_base + nb * NWI;
-%     for v in range(t["NWI"] // VW):
-        *(__global ${rvec} *)(dst + ${v * VW}) = CLNN_LOADV(${VW}, src + ${v * VW});
+%     for v in range(t["NWI"] // HVW):
+        *(__global ${hvec} *)(dst + ${v * HVW}) = CLNN_LOADV(${HVW}, src + ${v * HVW});
 %     endfor
 %   else:
         for (int j = 0; j < NWI; ++j)
@@ -288,14 +296,15 @@ __kernel void clnn_pack_b(const int N, const int K, const int Nb, const int k0,
 }
 
 typedef ${rvec} vec_t;
+typedef ${hvec} hvec_t;
 <%
     # C's rows are contiguous (plain GEMMs and weight gradients): a work-item stores a
     # whole vector of a row at once where the vector lies inside C
-    vec_store = VW in (2, 4, 8) and conv in ("none", "wgrad")
+    vec_store = HVW in (2, 4, 8) and conv in ("none", "wgrad")
 %>
 // the fused epilogue: clnn_epilogue, and clnn_epilogue_v for runs of VW columns where
 // C's rows are contiguous
-<%include file="_epilogue.cl" args="act=act, bias=bias, width=VW if vec_store else 0, vector_act=True"/>
+<%include file="_epilogue.cl" args="act=act, bias=bias, width=HVW if vec_store else 0, vector_act=True"/>
 
 // Register-blocked micro-kernel for CPUs (_regblock.cl): a work-item's MWI x NWI block
 // of C, from its A panel and its B panel. The work-items of a group (which PoCL runs
@@ -336,7 +345,7 @@ ${rb.multiply(t["MWI"], NVW, VW, "bp + k * NWI", "ap[k * MWI + {i}]")}\
     }
 
     const int m0 = mb * MWI, n0 = n_base + nb * NWI;
-${rb.epilogue(t["MWI"], NVW, VW, "c", "m0 + {i} < M", "CLNN_C_IDX(m0 + {i}, {n})", "m0 + {i}", "n0", "N", "whole" if vec_store else None)}\
+${rb.epilogue(t["MWI"], NVW, VW, "c", "m0 + {i} < M", "CLNN_C_IDX(m0 + {i}, {n})", "m0 + {i}", "n0", "N", "whole" if vec_store else None, part=HVW)}\
 }
 % if conv == "none":
 // y = alpha * op(A) x + beta * y for one vector: one work-item per output row. Row m
@@ -364,17 +373,17 @@ __kernel void clnn_gemv(const int M, const int K, const acc_t alpha, const acc_t
 % if conv == "none" and not trans_a:
 <%
     DM = 2 if trans_b else 4    # rows of C per block (a work-item loops over all of M)
-    DN = 4 if trans_b else 2    # columns of C per work-item (NN: vectors of VW columns)
+    DN = 4 if trans_b else 2    # columns of C per work-item (NN: vectors of HVW columns)
     def vload(ptr, idx):
-        """VW consecutive elements from ``ptr[idx]`` as one vector (element by element
+        """HVW consecutive elements from ``ptr[idx]`` as one vector (element by element
         in the source: PoCL makes vloadN a call; the compiler merges these loads).
         16-bit storage: CLNN_LOADV, whose conversion of a whole vector (F16C's for
-        float16) beats VW scalar ones."""
-        if VW == 1:
+        float16) beats HVW scalar ones."""
+        if HVW == 1:
             return f"CLNN_LOAD({ptr}, {idx})"
-        if storage_only and VW in (2, 4, 8):
-            return f"CLNN_LOADV({VW}, {ptr} + {idx})"
-        return "(vec_t)(" + ", ".join(f"CLNN_LOAD({ptr}, {idx} + {j})" for j in range(VW)) + ")"
+        if storage_only and HVW in (2, 4, 8):
+            return f"CLNN_LOADV({HVW}, {ptr} + {idx})"
+        return "(hvec_t)(" + ", ".join(f"CLNN_LOAD({ptr}, {idx} + {j})" for j in range(HVW)) + ")"
 %>
 // ---- direct (CPUs, op(A) not transposed, few rows of C: a batch of a few examples
 // through a dense layer): op(A) and op(B) are read where they lie, without packing. A
@@ -383,13 +392,13 @@ __kernel void clnn_gemv(const int M, const int K, const acc_t alpha, const acc_t
 // keeps it in cache while it loops over every block of DM rows of C.
 %   if trans_b:
 // C(m, n) = sum_k A(m, k) B(n, k): rows of A and of B (W of a dense layer) run along k,
-// so the sums are VW lanes wide along k (lane j sums k = j mod VW), added up across the
+// so the sums are HVW lanes wide along k (lane j sums k = j mod HVW), added up across the
 // lanes in a fixed order at the end, then the k past the last whole vector.
 %   else:
-// C(m, n .. n + VW) += A(m, k) * B(k, n .. n + VW): rows of B run along n.
+// C(m, n .. n + HVW) += A(m, k) * B(k, n .. n + HVW): rows of B run along n.
 %   endif
-%   if VW > 1:
-#define CLNN_LANES_SUM(v) clnn_lanes_sum${VW}(v)
+%   if HVW > 1:
+#define CLNN_LANES_SUM(v) clnn_lanes_sum${HVW}(v)
 %   else:
 #define CLNN_LANES_SUM(v) (v)
 %   endif
@@ -416,20 +425,20 @@ __kernel void clnn_gemm_direct(const int M, const int N, const int K,
 %     for j in range(DN):
     __global const real_t *b${j} = b + min(n0 + ${j}, N - 1) * ldb;
 %     endfor
-    const int kv = K / VW * VW;
+    const int kv = K / HVW * HVW;
     for (int m0 = 0; m0 < M; m0 += ${DM}) {
 %     for i in range(DM):
         __global const real_t *a${i} = a + min(m0 + ${i}, M - 1) * lda;
 %     endfor
 %     for i in range(DM):
-        vec_t ${", ".join(f"s{i}_{j} = (vec_t)(0)" for j in range(DN))};
+        hvec_t ${", ".join(f"s{i}_{j} = (hvec_t)(0)" for j in range(DN))};
 %     endfor
-        for (int k = 0; k < kv; k += VW) {
+        for (int k = 0; k < kv; k += HVW) {
 %     for i in range(DM):
-            const vec_t x${i} = ${vload(f"a{i}", "k")};
+            const hvec_t x${i} = ${vload(f"a{i}", "k")};
 %     endfor
 %     for j in range(DN):
-            const vec_t w${j} = ${vload(f"b{j}", "k")};
+            const hvec_t w${j} = ${vload(f"b{j}", "k")};
 %       for i in range(DM):
             s${i}_${j} += x${i} * w${j};
 %       endfor
@@ -462,14 +471,14 @@ __kernel void clnn_gemm_direct(const int M, const int N, const int K,
 %     endfor
     }
 %   else:
-    const int n0 = (int)get_global_id(0) * ${DN * VW};
+    const int n0 = (int)get_global_id(0) * ${DN * HVW};
     if (n0 >= N)
         return;
     // columns past N (the last work-item's) load column N - 1 and are not stored
-    const bool whole = n0 + ${DN * VW} <= N;
+    const bool whole = n0 + ${DN * HVW} <= N;
 %     for v in range(DN):
-%       for j in range(VW):
-    const int n${v}_${j} = min(n0 + ${v * VW + j}, N - 1);
+%       for j in range(HVW):
+    const int n${v}_${j} = min(n0 + ${v * HVW + j}, N - 1);
 %       endfor
 %     endfor
     for (int m0 = 0; m0 < M; m0 += ${DM}) {
@@ -477,20 +486,20 @@ __kernel void clnn_gemm_direct(const int M, const int N, const int K,
         __global const real_t *a${i} = a + min(m0 + ${i}, M - 1) * lda;
 %     endfor
 %     for i in range(DM):
-        vec_t ${", ".join(f"s{i}_{v} = (vec_t)(0)" for v in range(DN))};
+        hvec_t ${", ".join(f"s{i}_{v} = (hvec_t)(0)" for v in range(DN))};
 %     endfor
 <%def name="nn_k_loop(whole)">\
             for (int k = 0; k < K; ++k) {
                 __global const real_t *bk = b + k * ldb${" + n0" if whole else ""};
 %     for v in range(DN):
 %       if whole:
-                const vec_t w${v} = ${vload("bk", str(v * VW))};
+                const hvec_t w${v} = ${vload("bk", str(v * HVW))};
 %       else:
-                const vec_t w${v} = ${"(vec_t)(" + ", ".join(f"CLNN_LOAD(bk, n{v}_{j})" for j in range(VW)) + ")" if VW > 1 else f"CLNN_LOAD(bk, n{v}_0)"};
+                const hvec_t w${v} = ${"(hvec_t)(" + ", ".join(f"CLNN_LOAD(bk, n{v}_{j})" for j in range(HVW)) + ")" if HVW > 1 else f"CLNN_LOAD(bk, n{v}_0)"};
 %       endif
 %     endfor
 %     for i in range(DM):
-                const vec_t x${i} = (vec_t)(CLNN_LOAD(a${i}, k));
+                const hvec_t x${i} = (hvec_t)(CLNN_LOAD(a${i}, k));
 %       for v in range(DN):
                 s${i}_${v} += x${i} * w${v};
 %       endfor
@@ -502,7 +511,7 @@ ${nn_k_loop(True)}
         } else {
 ${nn_k_loop(False)}
         }
-${rb.epilogue(DM, DN, VW, "c", "m0 + {i} < M", "(m0 + {i}) * ldc + {n}", "m0 + {i}", "n0", "N", "whole" if vec_store else None, acc="s", indent=8)}\
+${rb.epilogue(DM, DN, HVW, "c", "m0 + {i} < M", "(m0 + {i}) * ldc + {n}", "m0 + {i}", "n0", "N", "whole" if vec_store else None, acc="s", indent=8)}\
     }
 %   endif
 }
@@ -1460,25 +1469,25 @@ __kernel void clnn_gemm_splitk(const int M, const int N, const int splits,
                                __global const real_t *bias, const int bias_off,
                                __global real_t *c, const int4 c_desc${", const int16 cols" if c_map else ""})
 {
-% if variant == "reg" and VW in (2, 4, 8):
-    // CPUs: ${VW} neighbouring columns per work-item, the epilogue on vectors (PoCL calls
+% if variant == "reg" and HVW in (2, 4, 8):
+    // CPUs: ${HVW} neighbouring columns per work-item, the epilogue on vectors (PoCL calls
     // a scalar math built-in once per element: a column at a time, the tutorial's
     // 1000 x 5000 tanh took 76 ms)
-    const int n = (int)get_global_id(0) * ${VW}, m = (int)get_global_id(1);
+    const int n = (int)get_global_id(0) * ${HVW}, m = (int)get_global_id(1);
     const int batch = (int)get_global_id(2);
     if (n >= N || m >= M)
         return;
     ws += batch * splits * M * N + m * N + n;
-    const int nv = min(${VW}, N - n);
-    ${acc}${VW} sum = (${acc}${VW})0;
+    const int nv = min(${HVW}, N - n);
+    ${acc}${HVW} sum = (${acc}${HVW})0;
     for (int s = 0; s < splits; ++s) {
-        if (nv == ${VW}) {
-            sum += vload${VW}(0, ws + s * M * N);
+        if (nv == ${HVW}) {
+            sum += vload${HVW}(0, ws + s * M * N);
         } else {
-            acc_t tail[${VW}] = {0};
+            acc_t tail[${HVW}] = {0};
             for (int j = 0; j < nv; ++j)
                 tail[j] = ws[s * M * N + j];
-            sum += vload${VW}(0, tail);
+            sum += vload${HVW}(0, tail);
         }
     }
     const int ldc = c_desc.s1;

@@ -350,7 +350,7 @@ def _direct(dt, M, N, K, nbatch, trans_b):
 def _gemm_direct(dev, prm, a, b, c, nbatch, common):
     """The CPU variant's direct kernel (gemm.cl, clnn_gemm_direct), one launch."""
     kern = programs.get_kernel(dev, "gemm", "clnn_gemm_direct", prm)
-    vw = dict(prm["tuning"]).get("VW", 1)
+    vw = programs.helper_width(dict(prm["tuning"]).get("VW", 1), prm["dtype"])
     cols = 4 if prm["trans_b"] else 2 * vw          # columns of C per work-item
     wg = min(8, dev.facts.max_work_group_size)
     items = -(-common["N"] // cols)
@@ -495,9 +495,10 @@ def _gemm_packed(dev, dt, prm, params, a, b, c, nbatch, common, geometry):
                                     Nb * nwi * kn if gb > 1 else 0, a_pk, b_pk, n0,
                                     dict(block, **geometry))
         if sums:
-            # a work-item per VW columns where VW is 2, 4 or 8 (the kernel's CPU form),
-            # else per column; work-groups of 8
-            vw = params["VW"] if params["VW"] in (2, 4, 8) else 1
+            # a work-item per HVW columns where that is 2, 4 or 8 (the kernel's CPU
+            # form), else per column; work-groups of 8
+            vw = programs.helper_width(dict(prm["tuning"])["VW"], dt)
+            vw = vw if vw in (2, 4, 8) else 1
             wg_n, nv = min(8, dev.facts.max_work_group_size), -(-N // vw)
             evt = finish((-(-nv // wg_n) * wg_n, M, gn), (wg_n, 1, 1), M=M, N=N, splits=1,
                          alpha=common["alpha"], beta=common["beta"], act_p=common["act_p"],

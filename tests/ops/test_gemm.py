@@ -20,6 +20,10 @@ RNG = np.random.default_rng(2024)
 VARIANTS = {
     "cpu-default": tuning.GEMM_TABLE["type"]["CPU"],
     "cpu-4x32": {"variant": "reg", "MWI": 4, "NWI": 32, "VW": 8, "WGM": 16},
+    # 512-bit tiles (CPUs whose code has them: elsewhere these skip), in registers only:
+    # packing, epilogue (an accumulator's halves) and the direct kernel take 256 bits
+    "cpu-512": tuning.GEMM_TABLE["lanes"][("CPU", 16)][0],
+    "cpu-512-f64": tuning.GEMM_TABLE["lanes"][("CPU", 16)][1],
     "cpu-3x8-vw4": {"variant": "reg", "MWI": 3, "NWI": 8, "VW": 4, "WGM": 5},
     # the packed kernel's groups of row blocks walking the panels first (problems this
     # small otherwise walk the rows first)
@@ -36,6 +40,14 @@ VARIANTS = {
 NVIDIA_BIG = tuning.GEMM_TABLE["vendor"][("nvidia", "GPU")][0]
 # sizes around every tile edge used above
 EDGES = [1, 2, 3, 5, 7, 8, 9, 12, 13, 15, 16, 17, 31, 32, 33, 63, 64, 65]
+
+
+def skip_unless_fits(params, dtype=np.float32):
+    """Skip where this device refuses the row (512-bit tiles on a CPU whose code has
+    256-bit vectors), saying why."""
+    problems = tuning.gemm_problems(params, clnn.device().facts, np.dtype(dtype).itemsize)
+    if problems:
+        pytest.skip(f"{params} does not fit {clnn.device().facts.name}: {problems}")
 
 
 def host_view(shape, dtype, pad_rows=1, pad_cols=3, fill=None):
@@ -108,6 +120,7 @@ def check_gemm(M, N, K, ta, tb, alpha, beta, dtype, batch=None, bias=False, act=
        ta=st.booleans(), tb=st.booleans(),
        alpha=st.sampled_from([0.0, 1.0, -1.5]), beta=st.sampled_from([0.0, 1.0, -1.5]))
 def test_gemm_variants(variant, M, N, K, ta, tb, alpha, beta):
+    skip_unless_fits(VARIANTS[variant])
     with tuning.override("gemm", VARIANTS[variant]):
         check_gemm(M, N, K, ta, tb, alpha, beta, np.float32)
 
@@ -142,14 +155,16 @@ def test_bias_broadcasts_as_addmm(variant):
 
 
 @pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
-@pytest.mark.parametrize("variant", ["cpu-default", "cpu-3x8-vw4",
+@pytest.mark.parametrize("variant", ["cpu-512-f64", "cpu-default", "cpu-3x8-vw4",
                                      {"variant": "reg", "MWI": 2, "NWI": 6, "VW": 2,
-                                      "WGM": 3}], ids=["vw8", "vw4", "vw2"])
+                                      "WGM": 3}], ids=["vw16", "vw8", "vw4", "vw2"])
 def test_vector_epilogue(variant, dtype):
     """The CPU GEMM stores a vector of a row of C at once where it lies inside C (and
     element by element at the right edge): with bias per column, per row or one value,
-    beta, activations, every dtype (float16's vector conversion on CPUs)."""
+    beta, activations, every dtype (float16's vector conversion on CPUs); a 512-bit
+    accumulator as its two halves, each whole or element by element."""
     params = VARIANTS[variant] if isinstance(variant, str) else variant
+    skip_unless_fits(params, dtype)
     with tuning.override("gemm", params):
         for M, N, K in ((33, 19, 45), (16, 64, 7), (5, 41, 3)):
             check_gemm(M, N, K, False, True, 1.0, 0.0, dtype, bias=(1, N), act="tanh")
