@@ -143,6 +143,9 @@ def conv_candidates(facts, quick):
         return []
     out = [{"variant": "gather", "VW": 8, "WG": w, "REGS": r}
            for w in ((4, 16) if quick else (1, 4, 16)) for r in (16, 32)]
+    # and 512-bit vectors where the device's code has them (the constraints drop them
+    # elsewhere)
+    out += [dict(p, VW=16) for p in out if p["REGS"] == 32]
     if not quick:
         # Winograd (conv.WINO_CHANNELS's threshold, measured on one CPU) against never
         # taking it, and F(2x2, 3x3) against F(4x4, 3x3), with the table's other choices

@@ -112,12 +112,17 @@ GEMM_TABLE = {
 # F(m x m, 3x3), m = 2 or 4). Elsewhere a convolution takes the GEMM row of its device (gemm.cl's
 # loaders).
 CONV_TABLE = {
-    "device": {
-        # PoCL 3.0 on the 2-core Zen 4 development machine (benchmarks/bench_conv.py,
-        # forward + both gradients): 3-7x the packed GEMM on LeNet-5's layers at batch
-        # 64, 3x on the 56x56x64 layer; WG 1, 4 and 16 within noise on LeNet's C3.
-        "pthread-Intel(R) Xeon(R) Processor": {"variant": "gather", "VW": 8, "WG": 4,
-                                               "REGS": 32, "tuned": True},
+    # exact device names; then CPUs by the floats of their code's vectors, as in
+    # GEMM_TABLE
+    "device": {},
+    "lanes": {
+        # AVX-512 code (PoCL on the 2-core Intel Xeon "Intel(R) Xeon(R) Processor";
+        # benchmarks/bench_conv.py, forward + both gradients): 3-7x the packed GEMM on
+        # LeNet-5's layers at batch 64, 3x on the 56x56x64 layer; WG 1, 4 and 16 within
+        # noise on LeNet's C3; 32 vector registers for the tiles, and 512-bit vectors
+        # over 128 columns and more (conv.WIDE_COLS: 1.2-1.5x on strided 3x3 and 1x1
+        # layers, 2026-11-27)
+        ("CPU", 16): {"variant": "gather", "VW": 16, "WG": 4, "REGS": 32, "tuned": True},
     },
     # GPU rows of gemm.cl's convolution loaders, for the planner: the same tiles as the
     # GEMM rows with "speed" measured on convolutions (an H100, driver 580.159.04,
@@ -248,11 +253,6 @@ def gemm_problems(p, facts=None, itemsize=4):
         # (VW counts float32 lanes: the same vectors hold half as many doubles)
         if p["MWI"] * p["NWI"] > 32 * (max(1, p["VW"] // 2) if itemsize == 8 else p["VW"]):
             probs.append("more than 32 vector accumulators spill registers")
-        if facts is not None and facts.is_cpu and 8 < p["VW"] > facts.float_lanes:
-            # PoCL 3.0 builds AVX2 code for some AVX-512 CPUs (a Zen 4), where 512-bit
-            # vectors in a program changed its ABI and broke later builds (CPU_LANES)
-            probs.append(f"VW={p['VW']} (512-bit vectors) needs a CPU whose code has "
-                         f"them; this one's has {facts.float_lanes} float lanes")
         wg = p["WGM"]
         local_bytes = 0
     else:
@@ -277,6 +277,11 @@ def gemm_problems(p, facts=None, itemsize=4):
             probs.append("LDSM and ASYNC serve matrix-engine rows (MMA)")
         local_bytes = plans.local_bytes(p, itemsize)
     if facts is not None:
+        if variant != "local" and facts.is_cpu and 8 < p["VW"] > facts.float_lanes:
+            # PoCL 3.0 builds AVX2 code for some AVX-512 CPUs (a Zen 4), where 512-bit
+            # vectors in a program changed its ABI and broke later builds (CPU_LANES)
+            probs.append(f"VW={p['VW']} (512-bit vectors) needs a CPU whose code has "
+                         f"them; this one's has {facts.float_lanes} float lanes")
         if wg > facts.max_work_group_size:
             probs.append(f"work-group of {wg} exceeds the device's {facts.max_work_group_size}")
         if variant == "local" and wg > facts.max_work_item_sizes[0]:
@@ -666,7 +671,9 @@ def conv_rows(facts, itemsize=4, dtype="float32", klass=None):
         params = _from_db(facts, itemsize, dtype, klass)
         if params is not None:
             return [params]
-    for row in (CONV_TABLE["device"].get(facts.name), CONV_TABLE["type"].get(facts.type)):
+    for row in (CONV_TABLE["device"].get(facts.name),
+                CONV_TABLE["lanes"].get((facts.type, facts.float_lanes)),
+                CONV_TABLE["type"].get(facts.type)):
         if row is not None and not gemm_problems(row, facts, itemsize):
             return [row]
     return conv_vendor_rows(facts, itemsize) or gemm_rows(facts, itemsize, dtype)

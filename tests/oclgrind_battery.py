@@ -296,13 +296,17 @@ def conv():
                        "PANELS_FIRST": False},
                   {"MWI": 2, "NWI": 16, "LINE": False, "DGRAD": "col2im"},
                   {"MWI": 4, "VW": 4, "NWI": 4, "DGRAD": "flip"},
+                  # 512-bit tiles on every width of columns (WIDE_COLS 0 below): halves
+                  # stored whole, lane by lane, and as dcol
+                  {"VW": 16, "REGS": 32, "DGRAD": "col2im"},
                   # convpx.cl's pixel rows (forward passes; rows of 9 in blocks of 4)
                   {"PIXELS": True, "QV": 1, "VW": 4, "MB": 3, "DGRAD": "flip"},
                   # winograd.cl (the 3x3 layer's forward pass and data gradient)
                   {"WINO": True, "DGRAD": "flip"}):
         for pad_bytes in (conv_module.PAD_BYTES, 0):
             with tuning.override("conv", dict(base, **extra)), \
-                    mock.patch.object(conv_module, "PAD_BYTES", pad_bytes):
+                    mock.patch.object(conv_module, "PAD_BYTES", pad_bytes), \
+                    mock.patch.object(conv_module, "WIDE_COLS", 0):
                 for (xx, ww, bb, dyy, st, refs) in (
                         (X, Wd, B, DY, (2, 1), (ref, dx_ref, dw_ref)),
                         (X1, W1, B1, DY1, (1, 1), (y1, dx1, dw1))):

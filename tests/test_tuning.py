@@ -345,11 +345,18 @@ def test_tuner_searches_convolutions(db, monkeypatch):
         assert tried == [] and full == []
 
 
-def test_conv_rows_fit_and_say_whether_tuned():
-    rows = list(tuning.CONV_TABLE["device"].items()) + list(tuning.CONV_TABLE["type"].items())
+def test_conv_rows_fit_and_say_whether_tuned(monkeypatch):
+    rows = [kv for level in ("device", "lanes", "type")
+            for kv in tuning.CONV_TABLE[level].items()]
     for key, row in rows:
         assert tuning.gemm_problems(row) == [], key
         assert isinstance(row.get("tuned"), bool), key
-    name = next(iter(tuning.CONV_TABLE["device"]))
-    assert tuning.conv_params(facts(name=name, type="CPU")) is \
-        tuning.CONV_TABLE["device"][name]
+    # the exact device, then the floats of its code's vectors, then its type
+    named = {"variant": "gather", "VW": 4, "WG": 2, "tuned": True}
+    monkeypatch.setitem(tuning.CONV_TABLE["device"], "Some CPU", named)
+    cpu = facts(name="Some CPU", type="CPU", max_work_group_size=4096, float_lanes=16)
+    assert tuning.conv_params(cpu) is named
+    other = dataclasses.replace(cpu, name="Other CPU")
+    assert tuning.conv_params(other) is tuning.CONV_TABLE["lanes"][("CPU", 16)]
+    assert tuning.conv_params(dataclasses.replace(other, float_lanes=8)) is \
+        tuning.CONV_TABLE["type"]["CPU"]

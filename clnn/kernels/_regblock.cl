@@ -47,8 +47,8 @@ ${pad}}
 ##   None     every element through clnn_epilogue
 ## m.format(i=i) is the row index the bias of a "row" epilogue reads; acc names the
 ## accumulators ({acc}{i}_{v}). part (VW, or VW / 2 for a 512-bit tile, whose helpers
-## take 256 bits) is the width of clnn_epilogue_v's vectors: a "whole" accumulator wider
-## than that goes out as its halves (.lo, .hi), each whole or element by element.
+## take 256 bits) is the width of clnn_epilogue_v's vectors: an accumulator wider than
+## that goes out as its halves (.lo, .hi), each as "all" or "whole" says.
 <%def name="epilogue(MWI, NVW, VW, c, row_ok, idx, m, n0, N, vector, step='1', acc='c', indent=4, part=None)">\
 <%
     comps = "0123456789abcdef"
@@ -56,7 +56,7 @@ ${pad}}
     if vector not in ("all", "whole", None):
         raise ValueError(f"vector={vector!r}")
     part = part or VW
-    if part != VW and (vector == "all" or VW != 2 * part):
+    if part != VW and VW != 2 * part:
         raise ValueError(f"a {VW}-lane accumulator goes out in halves, not {part}s")
     halves = [""] if part == VW else [".lo", ".hi"]
 %>\
@@ -72,10 +72,13 @@ ${pad}if (${row_ok.format(i=i)}) {
 %   for v in range(NVW):
 <% n = f"{n0} + {v * VW}" %>\
 %     if vector == "all":
-${pad}    if (${n} < ${N})
-${pad}        clnn_epilogue_v(${c}, ${idx.format(i=i, n=n)}, ${step}, ${m.format(i=i)}, ${n},
-${pad}                        min(${VW}, ${N} - (${n})), ${acc}${i}_${v}, alpha, beta, act_p,
+%       for h, half in enumerate(halves):
+<% nh = f"{n0} + {v * VW + h * part}" %>\
+${pad}    if (${nh} < ${N})
+${pad}        clnn_epilogue_v(${c}, ${idx.format(i=i, n=nh)}, ${step}, ${m.format(i=i)}, ${nh},
+${pad}                        min(${part}, ${N} - (${nh})), ${acc}${i}_${v}${half}, alpha, beta, act_p,
 ${pad}                        act_q, bias);
+%       endfor
 %     else:
 %       if vector == "whole":
 %         for h, half in enumerate(halves):

@@ -27,13 +27,18 @@
     vec = f"{acc}{VW}" if VW > 1 else acc
     if bias not in ("none", "col"):
         raise ValueError(f"the gathered convolution adds a bias per column, not {bias!r}")
-    if VW > cpu_lanes:      # VW counts float32 lanes: conv.py halves it for float64
-        raise ValueError(f"VW={VW} vectors of {acc} are wider than 256 bits "
+    if VW > 2 * cpu_lanes:  # VW counts float32 lanes: conv.py halves it for float64
+        raise ValueError(f"VW={VW} vectors of {acc} are wider than 512 bits "
                          f"(programs.CPU_LANES)")
+    # 512-bit tiles (where the device's code has them: tuning.gemm_problems) keep them
+    # in the micro-kernel's registers and store them as halves of 256 bits, HVW lanes
+    # (as gemm.cl's packed kernel does)
+    HVW = min(VW, cpu_lanes)
+    hvec = f"{acc}{HVW}" if HVW > 1 else acc
 %>
 <%namespace name="rb" file="_regblock.cl"/>
-## the fused epilogue (clnn_epilogue, and clnn_epilogue_v on a vector of VW columns)
-<%include file="_epilogue.cl" args="act=act, bias=bias, width=VW if VW > 1 and not vstore else 0, vector_act=True"/>
+## the fused epilogue (clnn_epilogue, and clnn_epilogue_v on a vector of HVW columns)
+<%include file="_epilogue.cl" args="act=act, bias=bias, width=HVW if HVW > 1 and not vstore else 0, vector_act=True"/>
 //
 // ---- tuning parameters
 #define MWI ${MWI}    // rows of C per work-item, each gathered from the input
@@ -66,6 +71,7 @@
 <%include file="_convpack.cl"/>
 
 typedef ${vec} vec_t;
+typedef ${hvec} hvec_t;
 % if x_acc:
 typedef acc_t x_t;
 #define CLNN_XLOAD(p, i) ((p)[i])
@@ -227,19 +233,25 @@ ${step(12)}\
 %>\
 % if vstore:
     // C is a scratch matrix whose rows are whole panels (OC and OA multiples of
-    // NWI, OM == 1, no epilogue): every accumulator goes out as one aligned vector.
+    // NWI, OM == 1, no epilogue): every accumulator goes out as one aligned vector
+    // (a 512-bit one as its halves).
 %   for i in range(MWI):
     if (${row_ok.format(i=i)}) {
-        __global vec_t *o = (__global vec_t *)(out + ${row_out.format(i=i)} + nb * NWI);
+        __global hvec_t *o = (__global hvec_t *)(out + ${row_out.format(i=i)} + nb * NWI);
 %     for v in range(NVW):
+%       if HVW == VW:
         o[${v}] = c${i}_${v};
+%       else:
+        o[${2 * v}] = c${i}_${v}.lo;
+        o[${2 * v + 1}] = c${i}_${v}.hi;
+%       endif
 %     endfor
     }
 %   endfor
 % else:
     // C(row, col) is out[a * OA + b * OB + c * OC + col * OM]
     const int col0 = nb * NWI;
-${rb.epilogue(MWI, NVW, VW, "out", row_ok, row_out + " + ({n}) * OM", "0", "col0", "cols", "all" if VW > 1 else None, step="OM")}\
+${rb.epilogue(MWI, NVW, VW, "out", row_ok, row_out + " + ({n}) * OM", "0", "col0", "cols", "all" if VW > 1 else None, step="OM", part=HVW)}\
 % endif
 }
 

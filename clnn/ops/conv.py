@@ -53,6 +53,8 @@ programs.register("convd", {"act": "none", "wg": 64},
 
 _TILES = ((("MWI", 10), ("NWI", 16), ("VW", 8)), (("MWI", 5), ("NWI", 8), ("VW", 8)),
           (("MWI", 4), ("NWI", 24), ("VW", 8)))
+# and a 512-bit one (CPUs whose code has them), for the gates
+_WIDE_TILE = (("MWI", 6), ("NWI", 64), ("VW", 16))
 
 
 programs.register("winograd", {"m": 4, "act": "none", "bias": "none", "dyv": 1,
@@ -80,7 +82,8 @@ def _helper(dt, **params):
 programs.register(
     "conv", {"padded": False, "line": False, "vstore": False, "act": "none", "bias": "none",
              "x_acc": False, "tuning": _TILES[0]},
-    lambda: [dict(e, padded=p, line=ln, tuning=t) for t in _TILES for p in (False, True)
+    lambda: [dict(e, padded=p, line=ln, tuning=t) for t in _TILES + (_WIDE_TILE,)
+             for p in (False, True)
              for ln in (False, True)
              for e in ({"act": "none", "bias": "none", "vstore": False},
                        {"act": "relu", "bias": "col", "vstore": False},
@@ -127,6 +130,17 @@ def _load_cost(nvw, mwi):
     return 1.0 / nvw + 1.0 / mwi
 
 
+# A row's 512-bit vectors (VW 16: CPUs whose code has them) serve products of at least
+# this many columns; narrower ones take 256-bit vectors. Forward + both gradients,
+# batch 8-64, Xeon with AVX-512 code, ms, 256-bit -> 512-bit tiles: 3x3 stride 2, 128
+# filters, 22.7/36.4/27.3 -> 15.2/25.4/25.4; 1x1 stride 2, 512 filters, 53.8/52.4/77.8 ->
+# 47.4/42.0/61.1; the 7x7 stem's data gradient (147 columns) 20 -> 17.7; but over 64
+# filters or fewer the stem's forward pass 11.3 -> 12.3-12.8 and CIFAR's and LeNet C1's
+# weight gradients (32 and 6 columns) 8.7 -> 9.2-10.0 and 0.78 -> 1.05 (their panels are
+# one or two vectors of 16, and the flat rows' block stays 8 rows).
+WIDE_COLS = 128
+
+
 def _tiles(p, dt, cols, line_len, k=0, vectors=4):
     """(MWI, NWI, VW, line) of the gathered kernel for ``cols`` columns of C.
 
@@ -145,9 +159,13 @@ def _tiles(p, dt, cols, line_len, k=0, vectors=4):
     ``k`` >= FLAT_MIN_K terms. Shorter lines (a 3x3 weight gradient's rows are lines
     of 3 taps) leave too few rows per work-item: there each row keeps its own offset
     (1.6x faster on the 56x56x64 layer's weight gradient).
+    A row's 512-bit vectors serve WIDE_COLS columns and more (VW then is the vector
+    width, in acc_t lanes, the kernel is built with).
     A parameter set may fix MWI, NWI and LINE instead (the tuner, tests).
     """
     vw = programs.vector_width(p["VW"], dt)
+    if cols < WIDE_COLS and not p.get("NWI"):
+        vw = programs.helper_width(vw, dt)
     regs = p.get("REGS", DEFAULT_REGS)
     if p.get("NWI"):
         nwi = p["NWI"]
@@ -249,7 +267,9 @@ def _pixel_tile(p, dt, cols, rows3, row_steps, out_steps, K, *, padded, vstore):
     if vstore or padded or row_steps[2] != 1 or out_steps[2] != 1 or \
             p.get("PIXELS") is False:
         return None
-    vw = programs.vector_width(p["VW"], dt)
+    # (pixel rows' vectors run along output positions, 256 bits at most: a row's 512-bit
+    # tile serves the gathered kernel)
+    vw = programs.helper_width(programs.vector_width(p["VW"], dt), dt)
     qv = p.get("QV", 2)
     Q = rows3[2]
     if Q < qv * vw or vw not in (2, 4, 8):

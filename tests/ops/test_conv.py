@@ -38,6 +38,12 @@ VARIANTS = {
     "gather-nvw3": ("conv", dict(GATHER, MWI=4, NWI=24, DGRAD="col2im"), {}),
     "gather-rows-first": ("conv", dict(GATHER, MWI=3, NWI=8, LINE=False, DGRAD="col2im",
                                        PANELS_FIRST=False), {}),
+    # 512-bit tiles (CPUs whose code has them; elsewhere these skip), on every width
+    # of columns (WIDE_COLS 0): accumulators stored as halves, whole or lane by lane,
+    # and as the data gradient's dcol vectors
+    "gather-512": ("conv", dict(GATHER, VW=16, REGS=32, DGRAD="col2im"), {"WIDE_COLS": 0}),
+    "gather-512-line": ("conv", dict(GATHER, VW=16, REGS=32, LINE=True, DGRAD="flip",
+                                     PANELS_FIRST=False), {"WIDE_COLS": 0}),
     # convpx.cl's pixel rows wherever a forward pass (the flipped data gradient
     # included) can take them: blocks of 4 positions by 3 channels, and of 2 x 4
     # positions by 6 channels (rows of 4 to 12 positions: overlapping last blocks)
@@ -60,6 +66,9 @@ VARIANTS = {
 @contextlib.contextmanager
 def variant_in_force(name):
     kernel, params, patches = VARIANTS[name]
+    problems = tuning.gemm_problems(params, clnn.device().facts) if params else []
+    if problems:
+        pytest.skip(f"{name} does not fit {clnn.device().facts.name}: {problems}")
     with contextlib.ExitStack() as stack:
         if kernel:
             stack.enter_context(tuning.override(kernel, params))
@@ -705,6 +714,19 @@ def test_fused_activations(act, dtype):
 @pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
 def test_dtypes(dtype):
     check_conv(2, 3, 9, 8, 4, 3, 3, (2, 1), (1, 1), dtype=dtype)
+
+
+@pytest.mark.parametrize("variant", ["gather-512", "gather-512-line"])
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+def test_512_bit_tiles(variant, dtype):
+    """The gathered kernel's 512-bit tiles in every dtype (8 doubles), their halves
+    stored whole or lane by lane (6 and 13 filters: a partial first half, a whole one
+    and a partial second), with bias and relu; the data gradient through dcol (stride
+    2) and flipped (stride 1); 20 filters over two panels."""
+    with variant_in_force(variant):
+        for M in (6, 13, 20):
+            for stride in ((2, 1), (1, 1)):
+                check_conv(2, 3, 9, 8, M, 3, 3, stride, (1, 1), dtype=dtype, act="relu")
 
 
 def test_deterministic():
