@@ -35,17 +35,20 @@ GEMM_TABLE = {
     # served by the "lanes" rows below, which any CPU with the same code gets.
     "device": {},
     # CPUs by the floats of their code's vectors (DeviceFacts.float_lanes: PoCL says
-    # 16 where it builds AVX-512 code, 8 for AVX2), first fitting row: 512-bit tiles
-    # (VW 16), 24 of the 32 zmm registers holding accumulators. PoCL 3.0 (pip) on the
-    # 2-core Intel Xeon (AVX-512, "rocketlake" code) that PoCL names "Intel(R)
-    # Xeon(R) Processor", 2026-11-27, /tmp sweeps of the packed GEMM: float32 6x64
-    # 300-335 GFLOP/s at 1024^3, 2048^3 and a dense layer's three products (numpy
-    # 340-355), 8x48 and 4x64 within 5%, the 256-bit 4x32 that served it before 190-205;
-    # doubles take 6x32 (the first row's 6 x 8 double8 accumulators would spill) at
+    # 16 where it builds AVX-512 code, 8 for AVX2), the first row whose registers fit
+    # the dtype (tuning.spills): 512-bit tiles (VW 16). PoCL 3.0 (pip) on the 2-core Intel Xeon
+    # (AVX-512, "rocketlake" code) that PoCL names "Intel(R) Xeon(R) Processor",
+    # 2026-11-27, /tmp sweeps of the packed GEMM: float32 8x32 (16 zmm accumulators)
+    # 300-330 GFLOP/s at 1024^3, 2048^3 and a dense layer's three products (numpy
+    # 340-385), 6x64 and 8x48 within 3% of it, the 256-bit 4x32 that served this CPU
+    # before 190-205. 8x32 also suits Winograd's transforms, which write its panels:
+    # 32 channels divide the layers' 32 to 512, and dy's runs of 8 channels are one
+    # vector (6 x 64: dy's transform 2-3x slower, 32- and 64-channel layers' passes
+    # 10-30% slower). Doubles take 6x32 (8 x 4 double8 accumulators would spill):
     # 155-170 (numpy 155-185; 4x32 with double4: 78-84).
     "lanes": {
         ("CPU", 16): [
-            {"variant": "reg", "MWI": 6, "NWI": 64, "VW": 16, "WGM": 16, "tuned": True},
+            {"variant": "reg", "MWI": 8, "NWI": 32, "VW": 16, "WGM": 16, "tuned": True},
             {"variant": "reg", "MWI": 6, "NWI": 32, "VW": 16, "WGM": 16, "tuned": True},
         ],
     },
@@ -250,8 +253,7 @@ def gemm_problems(p, facts=None, itemsize=4):
             probs.append("VW must be 1, 2, 4, 8 or 16")
         if p["NWI"] % p["VW"]:
             probs.append("NWI must be a multiple of VW")
-        # (VW counts float32 lanes: the same vectors hold half as many doubles)
-        if p["MWI"] * p["NWI"] > 32 * (max(1, p["VW"] // 2) if itemsize == 8 else p["VW"]):
+        if p["MWI"] * _b_vectors(p, itemsize) > 32:
             probs.append("more than 32 vector accumulators spill registers")
         wg = p["WGM"]
         local_bytes = 0
@@ -290,6 +292,21 @@ def gemm_problems(p, facts=None, itemsize=4):
             probs.append(f"{local_bytes} bytes of local memory exceed the device's "
                          f"{facts.local_mem_size}")
     return probs
+
+
+def _b_vectors(p, itemsize):
+    """The vectors of B a "reg" row's work-item loads per k (NVW) in elements of
+    ``itemsize`` bytes: VW counts float32 lanes, so the same vectors hold half as many
+    doubles."""
+    return -(-p["NWI"] // (max(1, p["VW"] // 2) if itemsize == 8 else p["VW"]))
+
+
+def spills(p, itemsize=4):
+    """Whether a "reg" row's work-item needs more than a CPU's 32 vector registers in
+    this dtype: MWI x NVW accumulators, one k's NVW B vectors and the broadcast A
+    value. Such a row is valid, and slow (a table entry's rows that fit come first)."""
+    nvw = _b_vectors(p, itemsize)
+    return p["MWI"] * nvw + nvw + 1 > 32
 
 
 def _mma_problems(p, facts, itemsize):
@@ -636,10 +653,13 @@ def table_rows(facts, itemsize=4):
     as a tuple (asked for on every launch: checking each row takes 5 us). Emptied by
     clnn.clear_caches(), e.g. after a change to GEMM_TABLE."""
     for entry in _lookup_chain(facts):
-        rows = tuple(r for r in (entry if isinstance(entry, list) else [entry])
-                     if not gemm_problems(r, facts, itemsize))
+        rows = [r for r in (entry if isinstance(entry, list) else [entry])
+                if not gemm_problems(r, facts, itemsize)]
         if rows:
-            return rows
+            # CPU rows whose tile fits the registers in this dtype first (doubles take
+            # twice the vectors: GEMM_TABLE["lanes"])
+            return tuple(sorted(rows, key=lambda r: r["variant"] == "reg" and
+                                spills(r, itemsize)))
     # The OpenCL 1.2 minimum device (work-group 1) still takes this.
     return ({"variant": "reg", "MWI": 1, "NWI": 1, "VW": 1, "WGM": 1},)
 

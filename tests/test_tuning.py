@@ -80,9 +80,13 @@ def test_512_bit_tiles_only_where_the_code_has_them():
         row, dataclasses.replace(cpu, float_lanes=8)))
     assert tuning.gemm_problems(row, dataclasses.replace(GPU_MIN, float_lanes=1)) == []
     f32, f64 = tuning.GEMM_TABLE["lanes"][("CPU", 16)]
-    assert any("accumulators" in p for p in tuning.gemm_problems(f32, cpu, itemsize=8))
-    assert tuning.gemm_rows(cpu, 8) == (f64,)
+    assert tuning.spills(f32, itemsize=8) and not tuning.spills(f64, itemsize=8)
+    assert not tuning.spills(f32, itemsize=4) and not tuning.spills(f32, itemsize=2)
+    assert tuning.gemm_rows(cpu, 8)[0] is f64
     assert tuning.gemm_rows(cpu, 4)[0] is f32 and tuning.gemm_rows(cpu, 2)[0] is f32
+    # (more than 32 accumulators in the dtype is no valid row at all)
+    assert any("accumulators" in p for p in tuning.gemm_problems(
+        dict(f32, MWI=9), cpu, itemsize=8))
 
 
 def test_tuner_tries_512_bit_tiles_where_the_code_has_them():
