@@ -5,6 +5,13 @@
 # results/gpu-<date>), and goes on past a failing step so that one error costs one
 # table, not the session.
 #
+#   bash benchmarks/gpu_session.sh quick    # what is still unknown, in one command of
+#                                           # under 9 minutes (a session lent 15 minutes
+#                                           # of device time, start-up included, gets
+#                                           # one): the GPU-specific tests (the engine
+#                                           # rows, ldmatrix and cp.async never ran on
+#                                           # hardware), every engine row timed against
+#                                           # cuBLAS, then peers.py
 #   bash benchmarks/gpu_session.sh tests    # the suite on the GPU (about 3 minutes)
 #   bash benchmarks/gpu_session.sh gemm     # GEMMs with cuBLAS/CLBlast, engines per row,
 #                                           # 16-bit against float32, peers.py
@@ -22,12 +29,17 @@ OUT=${OUT:-results/gpu-$(date +%Y%m%d)}
 mkdir -p "$OUT"
 failed=0
 
-step() {       # step NAME COMMAND...: run it, its output to OUT/NAME.log, timed
+step() {       # step NAME COMMAND...: run it, its output to OUT/NAME.log, timed (at most
+               # LIMIT seconds where LIMIT is set: rc 124 then)
   local name=$1
   shift
   local t0=$SECONDS
   echo "== $name: $*"
-  "$@" >"$OUT/$name.log" 2>&1
+  if [ -n "${LIMIT:-}" ]; then
+    timeout "$LIMIT" "$@" >"$OUT/$name.log" 2>&1
+  else
+    "$@" >"$OUT/$name.log" 2>&1
+  fi
   local rc=$?
   echo "   rc=$rc, $((SECONDS - t0)) s, log $OUT/$name.log"
   tail -n 25 "$OUT/$name.log"
@@ -49,6 +61,19 @@ run_tests() {
     -p no:cacheprovider tests
 }
 
+run_quick() {
+  step devices "$PY" -m clnn devices
+  local workers=()
+  "$PY" -c "import xdist" 2>/dev/null && workers=(-n 8)
+  LIMIT=210 step tests-gpu env CLNN_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q -x \
+    "${workers[@]}" -p no:cacheprovider tests/ops/test_gemm_mma.py tests/test_engines.py \
+    tests/ops/test_gemm.py tests/ops/test_conv.py
+  LIMIT=150 bench bench_engines --each-row --sizes 4096,8192
+  if [ -e .gpu/peers.py ]; then
+    LIMIT=150 step peers "$PY" .gpu/peers.py --json "$OUT/peers.json"
+  fi
+}
+
 run_gemm() {
   bench bench_gemm --sizes 1024,2048,4096,8192
   bench bench_engines --each-row
@@ -68,11 +93,12 @@ run_steps() {
 }
 
 case $part in
+  quick) run_quick ;;
   tests) run_tests ;;
   gemm) run_gemm ;;
   steps) run_steps ;;
   all) run_tests; run_gemm; run_steps ;;
-  *) echo "usage: $0 tests|gemm|steps|all" >&2; exit 2 ;;
+  *) echo "usage: $0 quick|tests|gemm|steps|all" >&2; exit 2 ;;
 esac
 echo "$failed step(s) failed; logs and JSON in $OUT"
 [ $failed -eq 0 ]

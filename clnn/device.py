@@ -66,8 +66,8 @@ class DeviceFacts:
     # the global memory cache (CL_DEVICE_GLOBAL_MEM_CACHE_SIZE: a CPU's last-level
     # cache on PoCL), 0 where the driver reports none
     cache_size: int = 0
-    # CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT: floats in the vectors the device's code
-    # computes on (PoCL: 16 where it builds AVX-512 code, 8 for AVX2), 0 where unknown
+    # floats in the vectors the device's code computes on (code_float_lanes: PoCL's
+    # 16 where it builds AVX-512 code, 8 for AVX2), 0 where unknown
     float_lanes: int = 0
 
     @property
@@ -102,8 +102,31 @@ class DeviceFacts:
             fp16="cl_khr_fp16" in exts,
             nv_compute_capability=_nv_compute_capability(dev, exts),
             cache_size=int(dev.global_mem_cache_size),
-            float_lanes=int(dev.native_vector_width_float),
+            float_lanes=code_float_lanes(dev.platform.name, dev.version,
+                                         int(dev.native_vector_width_float)),
         )
+
+
+# LLVM's x86 CPU names whose code has AVX-512 (-target-cpu): PoCL names the one it
+# compiles for at the end of its device version ("HSTR: pthread-x86_64-unknown-linux-
+# gnu-rocketlake")
+_AVX512_CPUS = ("knl", "knm", "skylake-avx512", "skx", "cascadelake", "cooperlake",
+                "cannonlake", "icelake-client", "icelake-server", "tigerlake", "rocketlake",
+                "sapphirerapids", "emeraldrapids", "graniterapids", "graniterapids-d",
+                "diamondrapids", "znver4", "znver5", "x86-64-v4")
+
+
+def code_float_lanes(platform, version, native):
+    """The floats in the vectors a device's compiled kernels compute on: its
+    CL_DEVICE_NATIVE_VECTOR_WIDTH_FLOAT (``native``), except that PoCL reports the
+    hardware's width (its CPU features) while its compiler may target a CPU with
+    narrower vectors: PoCL 3.0's LLVM 14 builds AVX2 code for an AVX-512 Zen 4 (it
+    takes it for a Zen 3) and still reports 16. There, more than 8 only where the CPU
+    PoCL compiles for, named in ``version``, has AVX-512."""
+    if _POCL_PLATFORM not in platform.lower() or native <= 8:
+        return native
+    target = version.split("HSTR:")[-1].strip() if "HSTR:" in version else ""
+    return native if any(target.endswith("-" + cpu) for cpu in _AVX512_CPUS) else 8
 
 
 # cl_nv_device_attribute_query: CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV / _MINOR_NV

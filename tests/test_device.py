@@ -40,6 +40,28 @@ def test_facts(dev):
     assert set(f.as_dict()) >= {"name", "vendor", "type", "driver_version", "fp64", "fp16"}
 
 
+@pytest.mark.parametrize("platform,version,native,lanes", [
+    # PoCL compiling AVX-512 code, and AVX2 code on an AVX-512 CPU (PoCL 3.0 on a Zen
+    # 4: it reports the hardware's 16 lanes)
+    ("Portable Computing Language",
+     "OpenCL 3.0 PoCL HSTR: pthread-x86_64-unknown-linux-gnu-rocketlake", 16, 16),
+    ("Portable Computing Language",
+     "OpenCL 3.0 PoCL HSTR: pthread-x86_64-unknown-linux-gnu-skylake-avx512", 16, 16),
+    ("Portable Computing Language",
+     "OpenCL 3.0 PoCL HSTR: pthread-x86_64-unknown-linux-gnu-znver3", 16, 8),
+    ("Portable Computing Language", "OpenCL 3.0 PoCL", 16, 8),
+    ("Portable Computing Language",
+     "OpenCL 3.0 PoCL HSTR: pthread-x86_64-unknown-linux-gnu-haswell", 8, 8),
+    # other drivers say what their code has
+    ("Intel(R) OpenCL", "OpenCL 3.0 LINUX", 16, 16),
+    ("NVIDIA CUDA", "OpenCL 3.0 CUDA 12.8.97", 1, 1)])
+def test_float_lanes_are_the_codes_not_the_hardwares(platform, version, native, lanes):
+    """512-bit tiles are taken where the device's compiled code has 512-bit vectors,
+    which for PoCL is the CPU its compiler targets, not the CPU's features."""
+    from clnn.device import code_float_lanes
+    assert code_float_lanes(platform, version, native) == lanes
+
+
 def test_array_constructors(dev):
     x = clnn.asarray([[1, 2], [3, 4]], dtype=np.float32)
     assert x.shape == (2, 2) and x.allocator is dev.pool

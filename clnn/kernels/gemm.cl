@@ -302,7 +302,7 @@ typedef ${hvec} hvec_t;
     # whole vector of a row at once where the vector lies inside C
     vec_store = HVW in (2, 4, 8) and conv in ("none", "wgrad")
 %>
-// the fused epilogue: clnn_epilogue, and clnn_epilogue_v for runs of VW columns where
+// the fused epilogue: clnn_epilogue, and clnn_epilogue_v for runs of HVW columns where
 // C's rows are contiguous
 <%include file="_epilogue.cl" args="act=act, bias=bias, width=HVW if vec_store else 0, vector_act=True"/>
 
