@@ -434,6 +434,9 @@ def print_devices():
             engines = "TF32 and float16 matrix engines (mma.sync)" if cc >= 80 else \
                 "no matrix engines clnn uses (mma.sync needs 8.0)"
             print(f"      compute capability {cc // 10}.{cc % 10}: {engines}")
+        if f.is_cpu and f.float_lanes:
+            print(f"      {f.float_lanes * 32}-bit vectors in its compiled code"
+                  + (" (512-bit GEMM and convolution tiles)" if f.float_lanes >= 16 else ""))
     print("(* = the default device; choose another with CLNN_DEVICE=gpu|cpu|pocl|NAME|P:D)")
     _driver_notes(found)
     return True

@@ -12,6 +12,9 @@ def test_devices_lists_facts():
     assert r.returncode == 0
     assert "Portable Computing Language" in r.stdout and "local memory" in r.stdout
     assert sum(line.startswith("* ") for line in r.stdout.splitlines()) == 1
+    # the vectors of a CPU's code, which decide its GEMM and convolution tiles
+    cpus = r.stdout.count("type CPU")
+    assert cpus and r.stdout.count("-bit vectors in its compiled code") == cpus
 
 
 def test_render_prints_the_source():
