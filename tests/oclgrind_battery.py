@@ -320,6 +320,22 @@ def conv():
                     close(clnn.conv2d_backward_weight(dyy, xx, ww.shape, stride=st,
                                                       padding=1).get(), refs[2], 1e-4)
             checked += 1
+    # convpx.cl's pixel rows of 512-bit vectors (rows of 40: two vectors, the last
+    # block overlapping), the forward pass and the flipped data gradient
+    x2 = rng.standard_normal((2, 3, 4, 40)).astype(np.float32)
+    w2 = rng.standard_normal((5, 3, 3, 3)).astype(np.float32)
+    y2 = conv2d_ref(x2, w2, b, (1, 1), (1, 1))
+    dy2 = rng.standard_normal(y2.shape).astype(np.float32)
+    dx2, _ = conv2d_backward_ref(dy2, x2, w2, (1, 1), (1, 1))
+    with tuning.override("conv", dict(base, VW=16, REGS=32, PIXELS=True, DGRAD="flip")), \
+            clnn.profile() as prof:
+        close(clnn.conv2d(clnn.asarray(x2), clnn.asarray(w2), clnn.asarray(b),
+                          padding=1).get(), y2, 1e-4)
+        close(clnn.conv2d_backward_data(clnn.asarray(dy2), clnn.asarray(w2), x2.shape,
+                                        padding=1).get(), dx2, 1e-4)
+    assert {dict(r.params["tuning"])["VW"] for r in prof.records
+            if r.entry == "clnn_conv_pixels"} == {16}
+    checked += 1
     # winograd.cl with the CPU GEMM's packed panels (the transforms write them, and dy's
     # transform takes an A panel of channels per work-item), its rows forced here
     with tuning.override("gemm", tuning.GEMM_TABLE["type"]["CPU"]), \

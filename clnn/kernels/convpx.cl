@@ -19,12 +19,22 @@
     if bias not in ("none", "row"):
         raise ValueError(f"the pixel-row convolution adds a bias per output channel (row), "
                          f"not {bias!r}")
-    if VW not in (2, 4, 8) or VW > cpu_lanes:
-        raise ValueError(f"VW={VW}: 2, 4 or 8 {acc} lanes, at most 256 bits "
+    if VW not in (2, 4, 8, 16) or VW > 2 * cpu_lanes:
+        raise ValueError(f"VW={VW}: 2, 4, 8 or 16 {acc} lanes, at most 512 bits "
                          f"(programs.CPU_LANES)")
+    # 512-bit vectors (where the device's code has them: the routine checks) stay in
+    # registers: they load and store as two halves of 256 bits, HVW lanes
+    HVW = min(VW, cpu_lanes)
+    halves = [(0, "")] if HVW == VW else [(0, ".lo"), (HVW, ".hi")]
+    def xload(ptr):
+        one = (lambda q: f"CLNN_ELEMS_LOAD{HVW}({acc}, ({q}))") if x_acc else \
+            (lambda q: f"CLNN_LOADV({HVW}, {q})")
+        if HVW == VW:
+            return one(ptr)
+        return f"(({acc}{VW})({one(ptr)}, {one(ptr + f' + {HVW}')}))"
 %>
-## the fused epilogue on vectors of VW output positions of one channel
-<%include file="_epilogue.cl" args="act=act, bias=bias, width=VW, vector_act=True"/>
+## the fused epilogue on vectors of HVW output positions of one channel
+<%include file="_epilogue.cl" args="act=act, bias=bias, width=HVW, vector_act=True"/>
 //
 // ---- tuning parameters
 #define QV ${QV}    // vectors of output positions per work-item
@@ -88,11 +98,7 @@ __kernel void clnn_conv_pixels(const int4 row_split, const int4 row_steps,
         for (int k = (k1 * K2 + k2lo) * K3; k < kend; ++k) {
             __global const ${'acc_t' if x_acc else 'real_t'} *xk = xrow + koff[k];
 % for v in range(QV):
-%   if x_acc:
-            const ${acc}${VW} x${v} = CLNN_ELEMS_LOAD${VW}(${acc}, (xk + ${v * VW}));
-%   else:
-            const ${acc}${VW} x${v} = CLNN_LOADV(${VW}, xk + ${v * VW});
-%   endif
+            const ${acc}${VW} x${v} = ${xload(f"xk + {v * VW}")};
 % endfor
             __global const acc_t *wk = bp + k * NWI;
 % for j in range(MB):
@@ -112,17 +118,19 @@ __kernel void clnn_conv_pixels(const int4 row_split, const int4 row_steps,
     if (nb * NWI + ${j} < cols) {
         const int m = nb * NWI + ${j};
 %   for v in range(QV):
-        if (first <= ${v * VW}) {
-            clnn_epilogue_v(out, orow + m * OM + ${v * VW}, 1, m, 0, VW, c${j}_${v}, alpha,
-                            beta, act_p, act_q, bias);
+%     for h, half in halves:
+        if (first <= ${v * VW + h}) {
+            clnn_epilogue_v(out, orow + m * OM + ${v * VW + h}, 1, m, 0, ${HVW},
+                            c${j}_${v}${half}, alpha, beta, act_p, act_q, bias);
         } else {
-%     for l in range(VW):
+%       for l in range(h, h + HVW):
             if (first <= ${v * VW + l})
                 clnn_epilogue(out, orow + m * OM + ${v * VW + l}, m, 0,
                               c${j}_${v}.s${"0123456789abcdef"[l]}, alpha, beta, act_p,
                               act_q, bias);
-%     endfor
+%       endfor
         }
+%     endfor
 %   endfor
     }
 % endfor

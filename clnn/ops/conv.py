@@ -94,7 +94,7 @@ programs.register(
 # (MB, QV, VW) of convpx.cl's pixel rows: MB output channels by QV vectors of VW
 # positions per work-item. The gate renders these; _pixel_tile picks MB.
 _PX_TILES = ((("MB", 6), ("QV", 2), ("VW", 8)), (("MB", 4), ("QV", 2), ("VW", 8)),
-             (("MB", 3), ("QV", 1), ("VW", 4)))
+             (("MB", 3), ("QV", 1), ("VW", 4)), (("MB", 6), ("QV", 2), ("VW", 16)))
 programs.register(
     "convpx", {"act": "none", "bias": "none", "x_acc": False, "tuning": _PX_TILES[0]},
     lambda: [dict(e, tuning=t) for t in _PX_TILES
@@ -267,12 +267,15 @@ def _pixel_tile(p, dt, cols, rows3, row_steps, out_steps, K, *, padded, vstore):
     if vstore or padded or row_steps[2] != 1 or out_steps[2] != 1 or \
             p.get("PIXELS") is False:
         return None
-    # (pixel rows' vectors run along output positions, 256 bits at most: a row's 512-bit
-    # tile serves the gathered kernel)
-    vw = programs.helper_width(programs.vector_width(p["VW"], dt), dt)
+    vw = programs.vector_width(p["VW"], dt)
     qv = p.get("QV", 2)
     Q = rows3[2]
-    if Q < qv * vw or vw not in (2, 4, 8):
+    if Q < qv * vw and "QV" not in p:
+        # a row's 512-bit vectors serve rows of two of them or more (32x32 planes:
+        # CIFAR's 3- and 32-channel forward passes 1.5x and 1.35x); shorter rows take
+        # 256-bit ones (LeNet C1's rows of 28 in one 512-bit vector: 0.17 -> 0.22 ms)
+        vw = programs.helper_width(vw, dt)
+    if Q < qv * vw or vw not in (2, 4, 8, 16):
         return None
     regs = p.get("REGS", DEFAULT_REGS)
     mb = p.get("MB") or min((b for b in _PX_PANELS if b * qv + qv + 1 <= regs),

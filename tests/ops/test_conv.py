@@ -263,6 +263,31 @@ def test_pixel_rows(dtype):
             assert ran(prof, "clnn_conv_pixels")[0].params["bias"] == "row"
 
 
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+def test_512_bit_pixel_rows(dtype):
+    """Pixel rows of 512-bit vectors (a CPU whose code has them; elsewhere this skips)
+    where an output row holds two of them, as the lanes row picks them: 34- and
+    40-wide rows (a last block overlapping the one before, stored as halves whole
+    and lane by lane), the forward pass and the flipped data gradient; rows of 28 take
+    256-bit vectors of floats (two 512-bit ones would be 32 wide), and 512-bit ones of
+    doubles (8 doubles: two are 16 wide)."""
+    p = dict(GATHER, VW=16, REGS=32, DGRAD="flip")
+    problems = tuning.gemm_problems(p, clnn.device().facts)
+    if problems:
+        pytest.skip(f"512-bit tiles do not fit {clnn.device().facts.name}: {problems}")
+    wide = 16 if dtype != np.float64 else 8          # (8 doubles)
+    with tuning.override("conv", p):
+        for W, pad in ((34, 1), (40, 0)):
+            with clnn.profile() as prof:
+                check_conv(2, 3, 5, W, 6, 3, 3, (1, 1), (pad, pad), dtype=dtype, act="relu")
+            px = ran(prof, "clnn_conv_pixels")
+            assert len(px) == 2 and {dict(r.params["tuning"])["VW"] for r in px} == {wide}
+        with clnn.profile() as prof:
+            check_conv(2, 1, 32, 32, 6, 5, 5, (1, 1), (0, 0), dtype=dtype)
+        forward = ran(prof, "clnn_conv_pixels")[0]      # (rows of 28)
+        assert dict(forward.params["tuning"])["VW"] == 8
+
+
 def test_pixel_rows_where_they_pay():
     """_pixel_tile: pixel rows for small sums (input layers) and for output planes 4
     KiB apart (32x32 float32: the gathered kernel's stores of a work-item then share
