@@ -26,6 +26,7 @@ from mako import exceptions as mako_exceptions
 from mako.lookup import TemplateLookup
 
 from .cache import CACHE_SIZE, KernelCache  # noqa: F401 - used by tests as programs.*
+from . import memory
 from .device import BFLOAT16
 from .errors import KernelBuildError, TemplateError
 
@@ -326,8 +327,11 @@ def copy_buffer(device, dst, src, nbytes, src_offset=0, dst_offset=0):
 def enqueue(kern, global_size, local_size, values):
     """Launch ``kern`` (a Kernel, or a buffer copy) with argument values as it takes
     them, recorded in the captures around it: what every launch ends in."""
-    for launches in getattr(_recording, "captures", ()):     # captured()
+    captures = getattr(_recording, "captures", ())
+    for launches in captures:     # captured()
         launches.append((kern, global_size, local_size, values))
+    if captures:
+        memory.count_references(values)
     return kern.launch(global_size, local_size, values)
 
 
@@ -351,12 +355,21 @@ def recording(kind, items=None):
         setattr(_recording, kind, outer)
 
 
-def captured():
+@contextlib.contextmanager
+def captured(reuse=False):
     """Every launch this thread makes inside the block, as (kernel, global size, local
     size, argument values) in a list: ``replay`` enqueues them again exactly (the same
     buffers, offsets and scalars), without the Python that chose them. The list holds
-    the buffers, so the pool keeps them (temporaries too) for as long as it lives."""
-    return recording("captures")
+    the buffers, so the pool keeps them (temporaries too) for as long as it lives.
+    With ``reuse``, a temporary the captured code lets go of is the pool's again for
+    the captured code's later requests (memory.capture_references): the replay then
+    uses as few blocks as an uncaptured run would, and for nobody else's."""
+    with recording("captures") as launches:
+        if not reuse:
+            yield launches
+            return
+        with memory.capture_references():
+            yield launches
 
 
 def replay(launches):

@@ -52,6 +52,36 @@ def test_freed_blocks_are_reused(pool):
     assert pool.allocations == 2 and b is not c
 
 
+def test_a_capture_reuses_its_own_temporaries_only(dev):
+    """Inside programs.captured(reuse=True), a block only the capture's launch records
+    refer to is free again for the captured code's next request (its launches replay
+    in the same order); a plain capture keeps it; and once the capture is over the
+    block is the capture's: active, neither reused nor released."""
+    from clnn import programs
+    from clnn.ops._args import dev_scratch
+    pool, n = dev.pool, 12345                 # (a size no other test asks for)
+
+    def temporary():
+        buf = dev_scratch(dev, n, np.float32)
+        programs.copy_buffer(dev, buf, buf, 4, dst_offset=4)   # a launch that uses it
+        return buf
+    for reuse in (True, False):
+        with programs.captured(reuse=reuse) as launches:
+            first = temporary()
+            del first                           # only the record refers to it now
+            second = temporary()
+        assert (launches[0][3][1] is second) == reuse
+        del second
+        active = pool.active_bytes
+        pool.free_held()                        # the capture's blocks stay
+        assert pool.active_bytes == active and launches[0][3][1] in \
+            pool._bins[bin_size(4 * n)]
+        third = dev_scratch(dev, n, np.float32)
+        assert all(third is not v for _, _, _, values in launches for v in values)
+        del third, launches
+        gc.collect()
+
+
 def test_views_keep_a_block_active(dev, pool):
     import pyopencl.array as cla
     x = cla.empty(dev.queue, (1000,), np.float32, allocator=pool)

@@ -370,7 +370,7 @@ class Sequential:
             try:
                 rep.x = clnn.copy(x)                                      # fixed input
                 rep.out = clnn.empty((batch,) + self.out_shape, dtype, self.device)
-                with programs.captured() as launches:
+                with programs.captured(reuse=True) as launches:
                     self._forward_eval(rep.x, bufs, logits, rep.out)
             except clnn.OutOfDeviceMemory:
                 # (captures hold their temporaries): this key runs in full from now
@@ -634,7 +634,7 @@ class Sequential:
         try:
             if rep is None or rep.disabled:
                 return self._passes(*args)
-            with programs.captured() as launches:
+            with programs.captured(reuse=True) as launches:
                 value, grad_scale = self._passes(*args)
         except clnn.OutOfDeviceMemory:
             # captured steps hold their temporaries (and capturing, all of one step's

@@ -79,6 +79,25 @@ def test_replayed_steps_are_bitwise_the_steps(dev, make, in_shape, classes, loss
     assert calls == [prof.records[-1].entry] and prof.launches == len(rep.launches) + 1
 
 
+def test_a_captured_step_reuses_its_temporaries(dev, monkeypatch):
+    """A step's temporaries (padded copies, packed panels, workspaces) go back to the
+    pool inside the capture as in a plain step, so the replayed launches use fewer
+    blocks than a capture that kept each one (whose kernels, on a CIFAR CNN, ran 20-40%
+    slower, their temporaries no longer in the cache), with bitwise the same steps."""
+    x, y = data(dev, 6, (2, 13, 13), 7)
+    blocks, losses = [], []
+    for reuse in (True, False):
+        if not reuse:       # the capture counts no references: nothing is reused
+            monkeypatch.setattr(clnn.memory, "count_references", lambda values: None)
+        net = lenet(dev)
+        losses.append([net.train_step(x, y, replay=True).get() for _ in range(4)])
+        (rep,) = net._replays.values()
+        blocks.append(len({id(v) for _, _, _, values in rep.launches for v in values
+                           if isinstance(v, clnn.memory.cl.MemoryObjectHolder)}))
+    assert blocks[0] < blocks[1]
+    assert [v.tobytes() for v in losses[0]] == [v.tobytes() for v in losses[1]]
+
+
 def test_fit_replays_and_gives_the_same_history(dev):
     """fit (replay on by default) against fit with it off: shuffled batches with a
     partial last one, three epochs, momentum: the same history and weights."""
