@@ -30,9 +30,11 @@ import pyopencl as cl
 from .errors import ArgumentError, OutOfDeviceMemory
 
 _MIN_BLOCK = 256          # bytes; also keeps sub-256-byte requests in one bin
+_BIN_BITS = 4             # size bins keep 4 leading bits: under 1/8 of a block wasted
+
 
 # References to pool blocks held by the launch records of sequences this thread is
-# capturing for replay (programs.captured(reuse=True)), one Counter of id(block) ->
+# capturing for replay (programs.captured(reuse=True)), a dict of id(block) ->
 # references per capture: a block that only those records refer to is free again for
 # the capture's own later requests (see Pool._free_blocks).
 _captures = threading.local()
@@ -57,7 +59,6 @@ def count_references(values):
         for v in values:
             if isinstance(v, cl.MemoryObjectHolder):
                 counts[id(v)] = counts.get(id(v), 0) + 1
-_BIN_BITS = 4             # size bins keep 4 leading bits: under 1/8 of a block wasted
 
 
 def bin_size(nbytes):

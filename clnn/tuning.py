@@ -36,9 +36,9 @@ GEMM_TABLE = {
     "device": {},
     # CPUs by the floats of their code's vectors (DeviceFacts.float_lanes: PoCL says
     # 16 where it builds AVX-512 code, 8 for AVX2), the first row whose registers fit
-    # the dtype (tuning.spills): 512-bit tiles (VW 16). PoCL 3.0 (pip) on the 2-core Intel Xeon
-    # (AVX-512, "rocketlake" code) that PoCL names "Intel(R) Xeon(R) Processor",
-    # 2026-11-27, /tmp sweeps of the packed GEMM: float32 8x32 (16 zmm accumulators)
+    # the dtype (tuning.spills): 512-bit tiles (VW 16). PoCL 3.0 (pip) on the 2-core
+    # Intel Xeon (AVX-512, "rocketlake" code) that PoCL names "Intel(R) Xeon(R)
+    # Processor", 2026-11-27, /tmp sweeps of the packed GEMM: float32 8x32 (16 zmm accumulators)
     # 300-330 GFLOP/s at 1024^3, 2048^3 and a dense layer's three products (numpy
     # 340-385), 6x64 and 8x48 within 3% of it, the 256-bit 4x32 that served this CPU
     # before 190-205. 8x32 also suits Winograd's transforms, which write its panels:
