@@ -637,9 +637,10 @@ class Sequential:
             with programs.captured(reuse=True) as launches:
                 value, grad_scale = self._passes(*args)
         except clnn.OutOfDeviceMemory:
-            # captured steps hold their temporaries (and capturing, all of one step's
-            # at once): give them back and run the passes again, uncaptured (they
-            # change no weight: running them twice is safe); this key runs so from now
+            # captured steps hold their temporaries (as few as a plain step's: a
+            # capture reuses its own): give them back and run the passes again,
+            # uncaptured (they change no weight: running them twice is safe); this key
+            # runs so from now
             if not self._replays or (rep is not None and rep.disabled):
                 raise
             self._replays.clear()
