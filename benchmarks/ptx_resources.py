@@ -2,6 +2,11 @@
 ptxas, without a GPU.
 
     python benchmarks/ptx_resources.py [--arch sm_90] [--json FILE]
+    python benchmarks/ptx_resources.py --device gpu     # NVIDIA's own OpenCL compiler
+
+With --device naming an NVIDIA GPU, each row is built instead by the driver's OpenCL
+compiler with -cl-nv-verbose (cl_nv_compiler_options), whose ptxas report gives the
+registers and spills the kernels really run with.
 
 Each row of GEMM_TABLE's and CONV_TABLE's NVIDIA entries (float32, as a GEMM X·Wᵀ and
 as a forward convolution) and of MMA_TABLE (TF32, float16; the float16 rows also with
@@ -57,24 +62,45 @@ def rows():
                            params(cp, dtype, vec=16 // size))
 
 
+def driver_resources(dev, source):
+    """{entry: Resources} from the NVIDIA OpenCL compiler's -cl-nv-verbose build log."""
+    import warnings
+
+    import pyopencl as cl
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prg = cl.Program(dev.context, source).build(
+            options=list(programs.BUILD_OPTIONS) + ["-cl-nv-verbose"])
+    return ptx.parse(prg.get_build_info(dev.context.devices[0], cl.program_build_info.LOG))
+
+
 def main():
     ap = _common.arg_parser(__doc__)
     ap.add_argument("--arch", default=ptx.ARCH, help="ptxas -arch (default sm_90)")
     args = ap.parse_args()
-    if None in ptx.tools():
+    dev = None
+    if args.device:
+        dev = _common.devices(args.device)[0]
+        if "cl_nv_compiler_options" not in dev.context.devices[0].extensions:
+            sys.exit(f"{dev.name} has no cl_nv_compiler_options (-cl-nv-verbose)")
+        print(f"# {dev.name}, driver {dev.facts.driver_version}: its own compiler")
+    elif None in ptx.tools():
         sys.exit("missing " + ptx.missing())
-    print(f"# clang {ptx.tools()[0]}, libclc {ptx.tools()[1]}, ptxas {ptx.tools()[2]}, "
-          f"-arch={args.arch}")
+    else:
+        print(f"# clang {ptx.tools()[0]}, libclc {ptx.tools()[1]}, ptxas {ptx.tools()[2]}, "
+              f"-arch={args.arch}")
     print(f"{'table':24} {'row':36} {'regs':>5} {'spill B':>8} {'local B':>8} "
           f"{'planned':>8}")
     out = []
     for table, label, row, prm in rows():
         size = 2 if prm["dtype"] == "float16" else 4
         try:
-            res = ptx.assemble(programs.render("gemm", prm), arch=args.arch)["clnn_gemm_tiled"]
-        except ptx.PTXError as e:
-            print(f"{table:24} {label:36} {e.stage} failed")
-            out.append({"table": table, "row": row, "error": e.log})
+            source = programs.render("gemm", prm)
+            res = (driver_resources(dev, source) if dev else
+                   ptx.assemble(source, arch=args.arch))["clnn_gemm_tiled"]
+        except (ptx.PTXError, RuntimeError, KeyError) as e:
+            print(f"{table:24} {label:36} {getattr(e, 'stage', 'build')} failed")
+            out.append({"table": table, "row": row, "error": str(getattr(e, 'log', e))})
             continue
         planned = plans.local_bytes(row, size)
         print(f"{table:24} {label:36} {res.registers:5d} {res.spill_bytes:8d} "
@@ -82,8 +108,9 @@ def main():
         out.append({"table": table, "row": row, "registers": res.registers,
                     "spill_bytes": res.spill_bytes, "local_bytes": res.local_bytes,
                     "planned_local_bytes": planned})
-    print("results:", _common.write_json("ptx_resources", {"arch": args.arch, "rows": out},
-                                         args.json))
+    where = {"driver": dev.facts.driver_version, "device": dev.name} if dev else \
+        {"arch": args.arch}
+    print("results:", _common.write_json("ptx_resources", dict(where, rows=out), args.json))
 
 
 if __name__ == "__main__":
