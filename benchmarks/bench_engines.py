@@ -51,6 +51,32 @@ def check(name, got, a, b, ta, tb, fmt):
                          f"(max error/bound {np.max(err / (bound + 1e-30)):.3g})")
 
 
+# more cp.async rows the tuner searches, timed at the largest size only (--each-row):
+# more warps per tile, deeper pipelines where 48 KiB allow (not in the table)
+EXTRA = {"f16": [dict(MWG=128, NWG=128, KWG=32, WM=64, WN=32, ASYNC=2),
+                 dict(MWG=64, NWG=128, KWG=32, WM=32, WN=64, ASYNC=3),
+                 dict(MWG=128, NWG=64, KWG=32, WM=64, WN=32, ASYNC=3),
+                 dict(MWG=64, NWG=128, KWG=32, WM=32, WN=32, ASYNC=3),
+                 dict(MWG=128, NWG=128, KWG=16, WM=64, WN=32, ASYNC=3),
+                 dict(MWG=128, NWG=128, KWG=16, WM=64, WN=64, ASYNC=3)],
+         "tf32": [dict(MWG=128, NWG=128, KWG=16, WM=64, WN=32, ASYNC=2),
+                  dict(MWG=128, NWG=128, KWG=16, WM=32, WN=64, ASYNC=2),
+                  dict(MWG=128, NWG=64, KWG=16, WM=64, WN=32, ASYNC=3),
+                  dict(MWG=64, NWG=128, KWG=16, WM=32, WN=32, ASYNC=3),
+                  dict(MWG=128, NWG=128, KWG=8, WM=64, WN=64, ASYNC=3),
+                  dict(MWG=128, NWG=128, KWG=8, WM=64, WN=64, ASYNC=4)]}
+
+
+def extra_rows(facts, kind):
+    size = tuning.MMA_KINDS[kind][1]
+    for e in EXTRA[kind]:
+        warps = (e["MWG"] // e["WM"]) * (e["NWG"] // e["WN"])
+        row = dict({"variant": "local", "MMA": kind, "MDIMC": 2 * warps, "NDIMC": 16},
+                   **e, **({"LDSM": True} if kind == "f16" else {}))
+        if not tuning.gemm_problems(row, facts, size):
+            yield row
+
+
 def each_row(dev, sizes, repeats, rng):
     out = []
     print("# each engine row forced (kernel time), TFLOP/s")
@@ -72,6 +98,8 @@ def each_row(dev, sizes, repeats, rng):
                         if not tuning.gemm_problems(dict(r, ASYNC=n), dev.facts, size)]
                 more += fits[:1]
             rows += [r for r in more if not tuning.gemm_problems(r, dev.facts, size)]
+            if n == max(sizes):
+                rows += [r for r in extra_rows(dev.facts, kind) if r not in rows]
             for r in rows:
                 def run(r=r):
                     with tuning.override("gemm", dict(r, KSPLIT=1)):

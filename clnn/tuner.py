@@ -108,10 +108,11 @@ def engine_candidates(facts, kind, quick):
                "MDIMC": threads // 16, "NDIMC": 16, "WM": wm, "WN": wn}
         # float16 also with ldmatrix and tiles of plain halves (LDSM); those, and the
         # TF32 rows, also with tiles filled by cp.async, a pipeline of 2 to 4 (ASYNC;
-        # 3 in a quick search): not yet timed on a GPU, so only a search picks them
+        # in a quick search the longest of 3 and 2 that fits, as the table's rows have)
         base = [row, dict(row, LDSM=True)] if kind == "f16" else [row]
-        stages = (3,) if quick else (2, 3, 4)
-        for r in base + [dict(base[-1], ASYNC=n) for n in stages]:
+        piped = [dict(base[-1], ASYNC=n) for n in ((3, 2) if quick else (2, 3, 4))]
+        piped = [r for r in piped if not tuning.gemm_problems(r, facts, itemsize)]
+        for r in base + (piped[:1] if quick else piped):
             if not tuning.gemm_problems(r, facts, itemsize):
                 out.append(r)
     return out
