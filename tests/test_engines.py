@@ -74,10 +74,7 @@ def test_ldmatrix_rows_fit_and_take_their_local_memory():
     ldsm = [r for r in tuner.engine_candidates(H100, "f16", False) if r.get("LDSM")]
     assert ldsm and all(plans.local_bytes(r, 2) <= H100.local_mem_size for r in ldsm)
     assert not any(r.get("LDSM") for r in tuner.engine_candidates(H100, "tf32", False))
-    # the table's LDSM rows are timed ones (tuning.py says where), each with its
-    # cp.async pipeline, and they fit an H100
-    assert all(r.get("ASYNC") and r.get("tuned") and not tuning.gemm_problems(r, H100, 2)
-               for r in ENGINES if r.get("LDSM"))
+    assert not any(r.get("LDSM") for r in ENGINES)     # untimed: the table has none
 
 
 @pytest.mark.parametrize("stages,ok", [(2, True), (3, True), (4, True), (1, False),
@@ -87,7 +84,7 @@ def test_cp_async_rows_take_a_buffer_per_stage(stages, ok):
     """ASYNC rows (cp.async into a pipeline of 2 to 4 tiles) are float16 LDSM rows or
     TF32 rows with a local buffer per stage (TF32 tiles as LDSM keeps halves: rows of
     k padded by 8 floats or rows of m (n) holding k padded by 4, the larger counted);
-    the tuner searches those that fit; the table has float16 ones, measured."""
+    the tuner searches those that fit, the table has none."""
     tf32 = ENGINES[2]
     k, m, n = tf32["KWG"], tf32["MWG"], tf32["NWG"]
     for row, size, per_stage in (
@@ -101,12 +98,12 @@ def test_cp_async_rows_take_a_buffer_per_stage(stages, ok):
                for p in tuning.gemm_problems(dict(ENGINES[5], ASYNC=3), H100, 2))
     from clnn import tuner
     for kind, size in SIZE.items():
-        for quick, counts in ((True, {2, 3}), (False, {2, 3, 4})):
+        for quick, counts in ((True, {3}), (False, {2, 3, 4})):
             found = [r for r in tuner.engine_candidates(H100, kind, quick) if "ASYNC" in r]
             assert {r["ASYNC"] for r in found} == counts
             assert all(bool(r.get("LDSM")) == (kind == "f16") and
                        plans.local_bytes(r, size) <= H100.local_mem_size for r in found)
-    assert [r["MMA"] for r in ENGINES if "ASYNC" in r] == ["f16"] * 3
+    assert not any("ASYNC" in r for r in ENGINES)
     plain = {"variant": "local", "MWG": 64, "NWG": 64, "KWG": 16, "MDIMC": 8, "NDIMC": 8}
     for extra in ({"LDSM": True}, {"ASYNC": 3}):
         assert any("serve matrix-engine rows" in p
@@ -255,13 +252,10 @@ def test_engine_kernels_compile_for_nvptx(params):
                 "bfloat16": ".bf16.bf16."}[params["dtype"]]
     assert f"row.col.f32{operands}f32" in source
     tiles = dict(params["tuning"])
+    assert ("ldmatrix.sync.aligned" in source) == ("LDSM" in tiles)
     item = 4 if params["dtype"] == "float32" else 2
-    copies = "ASYNC" in tiles and params["conv"] == "none" and params["vec"] * item >= 4
-    assert ("cp.async.wait_group" in source) == copies
-    # ldmatrix: the float16 LDSM rows; the TF32 rows whose copies keep an operand in
-    # rows of m (n) holding k (A not transposed, B transposed)
-    tf32_rows = copies and item == 4 and (not params["trans_a"] or params["trans_b"])
-    assert ("ldmatrix.sync.aligned" in source) == ("LDSM" in tiles or tf32_rows)
+    assert ("cp.async.wait_group" in source) == \
+        ("ASYNC" in tiles and params["conv"] == "none" and params["vec"] * item >= 4)
     cmd = [CLANG, "-x", "cl", "-fsyntax-only", "-target", "nvptx64-nvidia-cuda",
            "-cl-std=CL1.2", "-cl-no-stdinc", "-Xclang", "-finclude-default-header",
            "-Xclang", "-cl-ext=-cl_khr_fp64,-cl_khr_fp16", "-Wall", "-Werror", "-"]

@@ -571,8 +571,7 @@ ${rb.epilogue(DM, DN, HVW, "c", "m0 + {i} < M", "(m0 + {i}) * ldc + {n}", "m0 + 
     # pairs or more); a convolution's gathered operands and halves one at a time keep
     # the two register-staged buffers of their row. TF32 tiles then lie as the LDSM
     # rows' do, rows of k or rows of m (n) holding k, padded by 8 and 4 floats (a
-    # fragment load's 32 lanes in 32 banks), and are rounded to TF32 in place by the
-    # work-item that copied them (below)
+    # fragment load's 32 lanes in 32 banks), and are rounded to TF32 as fragments load
     ITEM = 2 if MMA == "f16" else 4         # bytes per element of the tiles
     STAGES = t.get("ASYNC", 0) if (LDSM or MMA == "tf32") and conv == "none" and \
         vec * ITEM >= 4 else 0
@@ -582,14 +581,6 @@ ${rb.epilogue(DM, DN, HVW, "c", "m0 + {i} < M", "(m0 + {i}) * ldc + {n}", "m0 + 
         RSB = KWG + 4 if b_kfast else NWG + 8
         SZA = MWG * RSA if a_kfast else KWG * RSA
         SZB = NWG * RSB if b_kfast else KWG * RSB
-    # TF32 ASYNC rows: each work-item rounds the copies it made once they land (before
-    # the barrier that shows them to the group), and an operand kept in rows of m (n)
-    # holding k loads its fragments by ldmatrix, the floats as pairs of halves: an
-    # 8 x 8 matrix of halves is 8 rows of 4 floats, and lane l receives float
-    # (l / 4, l % 4) of it, which is where a TF32 fragment wants A(g, t4) (B(t4, g)).
-    # Rows of k would need a transposed 32-bit load, which ldmatrix has not.
-    TF32_LDSM_A = bool(STAGES) and MMA == "tf32" and a_kfast
-    TF32_LDSM_B = bool(STAGES) and MMA == "tf32" and b_kfast and (WN // 8) % 2 == 0
     LVA = max(VWM, 1 if a_kfast else GVA)   # widest vector access to a_lm
     LVB = max(VWN, 1 if b_kfast else GVB)
     # (tiles that MDIMC * VWM or NDIMC * VWN do not divide stop at the #error below)
@@ -669,8 +660,7 @@ ${rb.epilogue(DM, DN, HVW, "c", "m0 + {i} < M", "(m0 + {i}) * ldc + {n}", "m0 + 
 %     endif
 // float32 to TF32, rounding to nearest (ties away, as cvt.rna.tf32.f32); done once per
 // element as the tiles go to local memory (on ASYNC rows, whose copies bypass the
-// registers, in local memory by the work-item that copied it, once it has landed).
-// NaN stays NaN.
+// registers, as fragments load). NaN stays NaN.
 inline float clnn_tf32(const float x)
 {
     const uint u = as_uint(x);
@@ -690,8 +680,7 @@ inline float clnn_tf32(const float x)
                  : "+f"(d##_0), "+f"(d##_1), "+f"(d##_2), "+f"(d##_3) \
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
 %     endif
-%   endif
-%   if LDSM or TF32_LDSM_A or TF32_LDSM_B:
+%     if LDSM:
 // ldmatrix (LDSM rows): the warp loads four 8 x 8 matrices of halves from local memory,
 // lane l giving the address of row l % 8 of matrix l / 8 (16 contiguous bytes); lane l
 // receives in register j the halves (l / 4, 2 (l % 4) + {0, 1}) of matrix j, or with
@@ -732,6 +721,7 @@ inline uint4 clnn_ldsm_emulated(__local uint *warp_exchange, const int lane, con
 #define CLNN_LDSM(r, base, idx) CLNN_LDSM_EMU(r, base, idx, 0)
 #define CLNN_LDSM_T(r, base, idx) CLNN_LDSM_EMU(r, base, idx, 1)
 %       endif
+%     endif
 %   endif
 %   if STAGES:
 // cp.async (ASYNC rows): each work-item copies its vectors of the next tiles from
@@ -1049,31 +1039,6 @@ ${matrix_load(f"rb{l}", GVB, "b", "k", "n", "ldb", "kend", "N", guarded, g)}
 </%call>\
 </%def>
 
-<%def name="round_async(buf, g, X)">
-<%
-    # TF32 ASYNC rows: round the floats of this work-item's copies of one operand's tile
-    # (X = "A" or "B") in buffer buf to TF32 in place, once they have landed: the
-    # copies went from global to local memory through no register
-    KWG, GV = g["KWG"], g["GV" + X]
-    kfast = g["a_kfast" if X == "A" else "b_kfast"]
-    lm = "a_lmf" if X == "A" else "b_lmf"
-    RS, SZ = g["RS" + X], g["SZ" + X]
-    WX = g["MWG"] if X == "A" else g["NWG"]
-    per = (KWG if kfast else WX) // GV
-    vt = f"float{GV}" if GV > 1 else "float"
-%>
-<%call expr="slots(g, X)" args="l">                __local ${vt} *own = (__local ${vt} *)(${lm} + ${buf} * ${SZ} + idx / ${per} * ${RS} + idx % ${per} * ${GV});
-%   if GV == 1:
-                *own = clnn_tf32(*own);
-%   else:
-                ${vt} v = *own;
-%     for c in range(GV):
-                v.s${c} = clnn_tf32(v.s${c});
-%     endfor
-                *own = v;
-%   endif
-</%call></%def>
-
 <%def name="issue_async(buf, g)">
 ## the copies of both tiles at k0 into buffer buf (the caller commits them as a group)
         if (inside && k0 + KWG <= kend) {
@@ -1245,9 +1210,6 @@ ${store_ldsm(0, g, "A") + store_ldsm(0, g, "B") if LDSM else store_half_pairs(0,
 % if STAGES:
         const int buf = step % ${STAGES};
         CLNN_CP_WAIT(${STAGES - 2});    // this work-item's copies of tile `step` are in
-%   if MMA == "tf32":
-${round_async("buf", g, "A")}${round_async("buf", g, "B")}
-%   endif
         barrier(CLK_LOCAL_MEM_FENCE);  // everyone's are, and no one still reads step - 1's
         {                              // buffer, which tile step + ${STAGES - 1} now fills
             const int ahead = step + ${STAGES - 1}, k0 = kbeg + ahead * KWG;
@@ -1290,26 +1252,9 @@ ${load_a(True, g)}
         __local const uint *a_w = a_lmw + buf * ${KWG // 2} * CLNN_LDA + wm0 + grp;
         __local const uint *b_w = b_lmw + buf * ${KWG // 2} * CLNN_LDB + wn0 + grp;
 %   elif STAGES:
-        // TF32 tiles as the copies left them (rounded): rows of k, or rows of m (n)
-        // holding k, which ldmatrix reads as rows of halves (a_h, b_h; each lane's row
-        // address as for the float16 rows, in halves: matrices (m 0-7, k 0-3),
-        // (m 8-15, k 0-3), (m 0-7, k 4-7), (m 8-15, k 4-7) of A, (n 0-7, k 0-3),
-        // (n 0-7, k 4-7), (n 8-15, k 0-3), (n 8-15, k 4-7) of B)
-%     if TF32_LDSM_A or TF32_LDSM_B:
-        const int q8 = lane % 8, qa = lane / 8 % 2, qb = lane / 16;
-%     endif
-%     if TF32_LDSM_A:
-        __local const ushort *a_h = (__local const ushort *)(a_lmf + buf * ${SZA});
-        const int a_row = (wm0 + q8 + 8 * qa) * ${2 * RSA} + 8 * qb;
-%     else:
+        // TF32 tiles as the copies left them: rows of k, or rows of m (n) holding k
         __local const float *a_s = a_lmf + buf * ${SZA} + ${f"(wm0 + grp) * {RSA} + t4" if a_kfast else f"t4 * {RSA} + wm0 + grp"};
-%     endif
-%     if TF32_LDSM_B:
-        __local const ushort *b_h = (__local const ushort *)(b_lmf + buf * ${SZB});
-        const int b_row = (wn0 + q8 + 8 * qb) * ${2 * RSB} + 8 * qa;
-%     else:
         __local const float *b_s = b_lmf + buf * ${SZB} + ${f"(wn0 + grp) * {RSB} + t4" if b_kfast else f"t4 * {RSB} + wn0 + grp"};
-%     endif
 %   else:
         __local const acc_t *a_s = a_lm + (buf * KWG + t4) * CLNN_LDA + wm0 + grp;
         __local const acc_t *b_s = b_lm + (buf * KWG + t4) * CLNN_LDB + wn0 + grp;
@@ -1321,9 +1266,10 @@ ${load_a(True, g)}
 %   if MMA == "tf32":
 <%
     # A(g + 8 (r % 2) + 16 i, t4 + 4 (r / 2)) and B(t4 + 4 r, g + 8 j) (a_s and b_s add
-    # the lane's g and t4) from rows of k or, on ASYNC rows, rows of m (n) holding k
-    # (there by ldmatrix where the layout allows)
+    # the lane's g and t4) from rows of k or, on ASYNC rows, rows of m (n) holding k;
+    # an ASYNC row rounds them to TF32 here (no register saw its copies)
     RA, RB = (RSA, RSB) if STAGES else ("CLNN_LDA", "CLNN_LDB")
+    tf = "clnn_tf32" if STAGES else ""
     def at(i, r):
         m, k = 16 * i + 8 * (r % 2), 4 * (r // 2)
         return f"{m} * {RA} + kk + {k}" if STAGES and a_kfast else f"(kk + {k}) * {RA} + {m}"
@@ -1331,30 +1277,12 @@ ${load_a(True, g)}
         n, k = 8 * j, 4 * r
         return f"{n} * {RB} + kk + {k}" if STAGES and b_kfast else f"(kk + {k}) * {RB} + {n}"
 %>
-%     if TF32_LDSM_A:
-            uint ${", ".join(f"a{i}_{r}" for i in range(MT) for r in range(4))};
-%       for i in range(MT):
-            CLNN_LDSM(a${i}, a_h, a_row + ${16 * i * 2 * RSA} + 2 * kk);
-%       endfor
-%     else:
-%       for i in range(MT):
-            const uint ${", ".join(f"a{i}_{r} = as_uint(a_s[{at(i, r)}])" for r in range(4))};
-%       endfor
-%     endif
-%     if TF32_LDSM_B:
-            uint ${", ".join(f"b{j}_{r}" for j in range(NTL) for r in range(2))};
-%       for j in range(0, NTL, 2):
-            {
-                uint bq_0, bq_1, bq_2, bq_3;
-                CLNN_LDSM(bq, b_h, b_row + ${8 * j * 2 * RSB} + 2 * kk);
-                b${j}_0 = bq_0; b${j}_1 = bq_1; b${j + 1}_0 = bq_2; b${j + 1}_1 = bq_3;
-            }
-%       endfor
-%     else:
-%       for j in range(NTL):
-            const uint ${", ".join(f"b{j}_{r} = as_uint(b_s[{bt(j, r)}])" for r in range(2))};
-%       endfor
-%     endif
+%     for i in range(MT):
+            const uint ${", ".join(f"a{i}_{r} = as_uint({tf}(a_s[{at(i, r)}]))" for r in range(4))};
+%     endfor
+%     for j in range(NTL):
+            const uint ${", ".join(f"b{j}_{r} = as_uint({tf}(b_s[{bt(j, r)}]))" for r in range(2))};
+%     endfor
 %   elif LDSM:
             uint ${", ".join(f"a{i}_{r}" for i in range(MT) for r in range(4))};
             uint ${", ".join(f"b{j}_{r}" for j in range(NTL) for r in range(2))};
