@@ -16,6 +16,7 @@ from reference import conv2d_backward_ref, conv2d_general_ref, conv2d_ref, f_ref
 
 RNG = np.random.default_rng(31)
 conv_module = sys.modules["clnn.ops.conv"]
+gemm_module = sys.modules["clnn.ops.gemm"]
 GATHER = tuning.CONV_TABLE["type"]["CPU"]
 # the GEMM row of a CPU without one of its own (panels of 6 x 16): tests that count
 # panels force it, whatever row the device they run on has
@@ -568,7 +569,9 @@ def _check_winograd(dtype, shape, m, packed=True, dilation=(1, 1)):
     if not packed:                  # (dy's transform: a channel per work-item)
         assert {r.params["dyv"] for r in ran(prof, "clnn_wino_dy")} == {1}
     assert not ran(prof, "clnn_conv_gather") and not ran(prof, "clnn_conv_pixels")
-    # packed: the transforms wrote the panels, nothing packed them again
+    # packed: the transforms wrote the panels, nothing packed them again (where the
+    # device's GEMMs are the packed CPU variant: a GPU's tiled GEMM takes plain matrices)
+    packed = packed and bool(gemm_module.panel_widths(tuning.gemm_rows(dev.facts, 4)))
     assert bool(ran(prof, "clnn_gemm_packed")) == packed
     assert not ran(prof, "clnn_pack_a") and not ran(prof, "clnn_pack_b")
     w64 = w.astype(f)

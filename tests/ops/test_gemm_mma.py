@@ -172,6 +172,12 @@ def test_the_precision_switch_chooses_tf32(dev, precision):
     real_engines(dev, "tf32")
     a = RNG.standard_normal((300, 512)).astype(np.float32)
     b = RNG.standard_normal((512, 200)).astype(np.float32)
+    # random data alone may not: TF32's rounding errors add up like a random walk, to
+    # about float32's bound at K = 512 (this test failed so on an H200 before it ran
+    # anything). Row 0 of A is 1 + 2^-12 (TF32: 1) and column 0 of B ones, so C(0, 0)
+    # differs by 512 * 2^-12 = 1/8, four times float32's bound there
+    a[0] = 1 + 2.0 ** -12
+    b[:, 0] = 1
     exact = a.astype(np.float64) @ b
     tf32 = as_engine_sees("tf32", a).astype(np.float64) @ as_engine_sees("tf32", b)
     scale = np.abs(a.astype(np.float64)) @ np.abs(b)
