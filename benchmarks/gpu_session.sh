@@ -8,11 +8,13 @@
 #   bash benchmarks/gpu_session.sh quick    # what is still unknown, in one command of
 #                                           # under 9 minutes (a session lent 15 minutes
 #                                           # of device time, start-up included, gets
-#                                           # one): the driver's registers per row, every
-#                                           # engine row timed against cuBLAS (ldmatrix
-#                                           # and cp.async rows included), the GEMM,
-#                                           # engine and convolution tests on the GPU,
-#                                           # 16-bit steps, then peers.py
+#                                           # one): the driver's registers per row, the
+#                                           # GEMM, engine, convolution, cast and
+#                                           # loss-scale tests on the GPU, every engine
+#                                           # row timed against cuBLAS (ldmatrix and
+#                                           # cp.async rows, more tilings at 8192^3),
+#                                           # 16-bit steps, then peers.py (NO_PEERS=1
+#                                           # leaves it out)
 #   bash benchmarks/gpu_session.sh tests    # the suite on the GPU (about 3 minutes)
 #   bash benchmarks/gpu_session.sh gemm     # GEMMs with cuBLAS/CLBlast, engines per row,
 #                                           # 16-bit against float32, peers.py
@@ -67,20 +69,20 @@ run_quick() {
   command -v nvidia-smi >/dev/null && step smi nvidia-smi \
     --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
   # registers and spills from the driver's own compiler (-cl-nv-verbose), every row
-  LIMIT=45 step nv-registers "$PY" benchmarks/ptx_resources.py --device "$DEVICE" \
+  LIMIT=30 step nv-registers "$PY" benchmarks/ptx_resources.py --device "$DEVICE" \
     --json "$OUT/nv_registers.json"
-  # the engine rows first: a row that never ran on hardware may break the context, and
-  # the table's rows are timed before the untried ones
-  LIMIT=170 bench bench_engines --each-row --sizes 4096,8192
   local workers=()
   "$PY" -c "import xdist" 2>/dev/null && workers=(-n 12)
-  # no -x: every failure is worth knowing when the machine is gone after this command
-  LIMIT=150 step tests-gpu env CLNN_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q \
-    "${workers[@]}" -p no:cacheprovider tests/ops/test_gemm_mma.py tests/test_engines.py \
-    tests/ops/test_gemm.py tests/ops/test_conv.py tests/ops/test_cast.py \
-    tests/ops/test_loss_scale.py
+  # no -x: every failure is worth knowing when the machine is gone after this command;
+  # -v names each test as it ends (a run cut off by LIMIT still says which failed),
+  # -rfE --tb=short gives the failures' reasons
+  LIMIT=200 step tests-gpu env CLNN_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q -v -rfE \
+    --tb=short "${workers[@]}" -p no:cacheprovider -W ignore::RuntimeWarning \
+    tests/ops/test_gemm_mma.py tests/test_engines.py tests/ops/test_gemm.py \
+    tests/ops/test_conv.py tests/ops/test_cast.py tests/ops/test_loss_scale.py
+  LIMIT=150 bench bench_engines --each-row --sizes 4096,8192
   LIMIT=60 bench bench_half
-  if [ -e .gpu/peers.py ]; then
+  if [ -e .gpu/peers.py ] && [ -z "${NO_PEERS:-}" ]; then
     LIMIT=100 step peers "$PY" .gpu/peers.py --json "$OUT/peers.json"
   fi
 }
