@@ -111,10 +111,9 @@ def engine_candidates(facts, kind, quick):
         # in a quick search the longest of 3 and 2 that fits, as the table's rows have)
         base = [row, dict(row, LDSM=True)] if kind == "f16" else [row]
         piped = [dict(base[-1], ASYNC=n) for n in ((3, 2) if quick else (2, 3, 4))]
-        piped = [r for r in piped if not tuning.gemm_problems(r, facts, itemsize)]
-        for r in base + (piped[:1] if quick else piped):
-            if not tuning.gemm_problems(r, facts, itemsize):
-                out.append(r)
+        fits = [r for r in base + piped if not tuning.gemm_problems(r, facts, itemsize)]
+        piped = [r for r in fits if "ASYNC" in r]
+        out += [r for r in fits if "ASYNC" not in r] + (piped[:1] if quick else piped)
     return out
 
 
