@@ -3,6 +3,7 @@ reductions, bias gradients and softmax, clnn beside numpy and PyTorch (CPU, and 
 where a GPU is there) in the same run, on every device.
 
     python benchmarks/bench_ops.py [--device SPEC] [--repeats 5] [--scale 1.0]
+                                   [--ops relu,tanh] [--unroll 1,4]
 
 The shapes are the GPU issue's (64M floats, a 4096 x 4096 softmax, 16384 x 1024 for
 the sums along rows and columns), and 2x2 max pooling of 2048 planes of 56 x 56 (a
@@ -10,13 +11,20 @@ ResNet stage's 32 x 64); ``--scale`` multiplies the element counts. Each clnn
 result is checked first against numpy in float64 (sums to a bound that grows with
 their length, the rest to a few float32 units); then every library is timed with a
 warm-up and the median of repeats, wall-clock with its queue finished after each call
-(what a user waits for), and clnn also in kernel time (profiling events). The ratio
-columns are clnn's GB/s over each reference's: above 1 is faster.
+(what a user waits for), and clnn also in kernel time (profiling events) and in host
+time (calls made back to back without waiting, the queue finished after). The ratio
+columns are clnn's GB/s over each reference's: above 1 is faster. ``--ops`` keeps the
+ops whose names start with one of its words; ``--unroll`` times the element-wise ops
+(relu, tanh) once per value of their kernels' GPU loop unrolling (1: one load at a time
+per work-item; ops/elementwise.py's GPU_UNROLL is the default on GPUs), forced on any
+device.
 Writes benchmarks/results/bench_ops.json.
 """
 
+import contextlib
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -24,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
 import clnn  # noqa: E402
+from clnn import tuning  # noqa: E402
 from clnn.tuner import median_kernel_time  # noqa: E402
 
 
@@ -79,6 +88,20 @@ def _check(name, got, ref, x, sums):
         raise SystemExit(f"clnn {name} differs from numpy")
 
 
+def _enqueue_time(dev, fn, calls=50):
+    """Seconds per call of ``calls`` calls made back to back without waiting: the host's
+    time per call (Python and the driver's enqueue) where the device keeps up; set
+    beside the wall-clock and kernel times, what of a call is host and what device."""
+    fn()
+    dev.finish()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    t = (time.perf_counter() - t0) / calls
+    dev.finish()
+    return t
+
+
 def run_case(dev, torch, cuda, name, shape, op, ref_op, t_op, nbytes, sums, repeats):
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape, dtype=np.float32)
@@ -89,6 +112,8 @@ def run_case(dev, torch, cuda, name, shape, op, ref_op, t_op, nbytes, sums, repe
     row = {"op": name, "shape": list(shape), "bytes": nbytes,
            "clnn_GBps": nbytes / wall / 1e9,
            "clnn_kernel_GBps": nbytes / kernel / 1e9,
+           "clnn_wall_us": 1e6 * wall, "clnn_kernel_us": 1e6 * kernel,
+           "clnn_enqueue_us": 1e6 * _enqueue_time(dev, lambda: op(xd)),
            "numpy_GBps": nbytes / _common.median_time(lambda: ref_op(x), repeats,
                                                        warmup=1) / 1e9}
     if torch is not None:
@@ -107,7 +132,13 @@ def main(argv=None):
     ap = _common.arg_parser(__doc__)
     ap.add_argument("--scale", type=float, default=1.0,
                     help="multiply the element counts (0.25 for a quick run)")
+    ap.add_argument("--ops", default="",
+                    help="comma-separated op names (prefixes) to run; default all")
+    ap.add_argument("--unroll", default="",
+                    help="comma-separated unrollings to force on the element-wise ops")
     args = ap.parse_args(argv)
+    wanted = [w.strip() for w in args.ops.split(",") if w.strip()]
+    unrolls = [int(u) for u in args.unroll.split(",") if u.strip()] or [None]
     torch = _common.torch_or_none()
     cuda = _common.torch_cuda()
     rows = []
@@ -116,18 +147,39 @@ def main(argv=None):
         refs = ["numpy_GBps"] + (["torch_cpu_GBps"] if torch else []) + \
             (["torch_cuda_GBps"] if cuda and not dev.facts.is_cpu else [])
         print(f"{'op':30s} {'clnn':>8s} {'kernel':>8s} "
-              + " ".join(f"{r[:-5]:>15s}" for r in refs) + "   clnn / each (GB/s)")
+              + " ".join(f"{r[:-5]:>15s}" for r in refs) + "   clnn / each (GB/s)"
+              "   clnn's call / kernel / enqueue (us)")
         for name, shape, op, ref_op, t_op, nbytes, sums in cases(args.scale):
-            row = run_case(dev, torch, cuda if not dev.facts.is_cpu else None, name,
-                           shape, op, ref_op, t_op, nbytes, sums, args.repeats)
-            row["device"] = dev.name
-            for r in refs:
-                row[f"clnn_over_{r[:-5]}"] = row["clnn_GBps"] / row[r]
-            rows.append(row)
-            print(f"{name:30s} {row['clnn_GBps']:8.1f} {row['clnn_kernel_GBps']:8.1f} "
-                  + " ".join(f"{row[r]:15.1f}" for r in refs) + "   "
-                  + " ".join(f"{row['clnn_over_' + r[:-5]]:.2f}x" for r in refs))
+            if wanted and not any(name.startswith(w) for w in wanted):
+                continue
+            for u in unrolls if name in ELEMENTWISE else [None]:
+                rows.append(_row(dev, torch, cuda, refs, args.repeats, u, name, shape, op,
+                                 ref_op, t_op, nbytes, sums))
     print(f"results: {_common.write_json('bench_ops', {'rows': rows}, args.json)}")
+
+
+ELEMENTWISE = ("relu", "tanh")
+
+
+def _row(dev, torch, cuda, refs, repeats, unroll, name, shape, op, ref_op, t_op, nbytes,
+         sums):
+    force = contextlib.nullcontext() if unroll is None else \
+        tuning.override("elementwise", {"unroll": unroll})
+    with force:
+        row = run_case(dev, torch, cuda if not dev.facts.is_cpu else None, name,
+                       shape, op, ref_op, t_op, nbytes, sums, repeats)
+    if unroll is not None:
+        name = f"{name} (unroll {unroll})"
+        row["op"], row["unroll"] = name, unroll
+    row["device"] = dev.name
+    for r in refs:
+        row[f"clnn_over_{r[:-5]}"] = row["clnn_GBps"] / row[r]
+    print(f"{name:30s} {row['clnn_GBps']:8.1f} {row['clnn_kernel_GBps']:8.1f} "
+          + " ".join(f"{row[r]:15.1f}" for r in refs) + "   "
+          + " ".join(f"{row['clnn_over_' + r[:-5]]:.2f}x" for r in refs)
+          + f"   {row['clnn_wall_us']:.0f} / {row['clnn_kernel_us']:.0f} / "
+          f"{row['clnn_enqueue_us']:.0f}", flush=True)
+    return row
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@
 #                                           # loss-scale tests on the GPU, every engine
 #                                           # row timed against cuBLAS (ldmatrix and
 #                                           # cp.async rows, more tilings at 8192^3),
-#                                           # 16-bit steps, then peers.py (NO_PEERS=1
+#                                           # 16-bit steps, relu and tanh with their
+#                                           # loop unrolled and not, then peers.py (NO_PEERS=1
 #                                           # leaves it out)
 #   bash benchmarks/gpu_session.sh tests    # the suite on the GPU (about 3 minutes)
 #   bash benchmarks/gpu_session.sh gemm     # GEMMs with cuBLAS/CLBlast, engines per row,
@@ -82,6 +83,8 @@ run_quick() {
     tests/ops/test_conv.py tests/ops/test_cast.py tests/ops/test_loss_scale.py
   LIMIT=150 bench bench_engines --each-row --sizes 4096,8192
   LIMIT=60 bench bench_half
+  # the element-wise GPU loop: one load at a time per work-item against four
+  LIMIT=60 bench bench_ops --ops relu,tanh,sum --unroll 1,4 --repeats 9
   if [ -e .gpu/peers.py ] && [ -z "${NO_PEERS:-}" ]; then
     LIMIT=100 step peers "$PY" .gpu/peers.py --json "$OUT/peers.json"
   fi

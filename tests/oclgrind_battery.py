@@ -21,11 +21,13 @@ def close(got, ref, tol=1e-5):
 
 def ops():
     """Element-wise, reductions, softmax and losses; then again with the GPUs'
-    work-group kernels (reductions, rows, gemv) forced; a few in bfloat16 both ways."""
+    kernels (reductions, rows, gemv as work-groups; element-wise loops unrolled) forced;
+    a few in bfloat16 both ways."""
     from clnn import tuning
     _ops()
     _bf16_ops()
-    with tuning.override("reduce", {"wg": True}), tuning.override("rows", {"wg": True}):
+    with tuning.override("reduce", {"wg": True}), tuning.override("rows", {"wg": True}), \
+            tuning.override("elementwise", {"unroll": 4}):
         _ops()
         _bf16_ops()
         rng = np.random.default_rng(3)

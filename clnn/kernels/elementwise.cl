@@ -6,6 +6,8 @@
 ##              src    (op "act") "z": derivatives from the pre-activation z,
 ##                                "a": from the output a = f(z) (cheaper for most)
 ##              inplace  "" or the input argument that out is (same buffer, offset)
+##              unroll   1, or the elements each work-item loads at once in the GPU loop
+##                       (each() below; ops/elementwise.py picks it)
 ## Used by clnn/ops/elementwise.py and clnn/ops/bias.py.
 <%include file="_common.cl"/>
 ## dst(inputs...): the output pointer: out, or the input that out is. Stored through
@@ -39,10 +41,34 @@
     vector_f = act in math_acts or half
     vector_df = half or (act in math_acts and (src == "z" or act == "softplus"))
 %>
-## each(vector, scalar, on): the statements for element i (scalar) over every i; on
-## CPUs, where on, first for the `cpu_lanes` (8; 4 doubles) elements from i (vector) over
-## the whole vectors, then the last n % cpu_lanes
-<%def name="each(vector, scalar, on)">
+## each(vector, ins, f, on): out[i] = f(loads) for every i, where f maps the names of
+## the values of inputs ``ins`` (pointers, each with its *_off) at element i to an
+## expression. With ``unroll`` > 1 (GPUs), the grid-stride loop below only; else on CPUs,
+## where on, first for the `cpu_lanes` (8; 4 doubles) elements from i (vector) over the
+## whole vectors, then the last n % cpu_lanes, and elsewhere the plain grid-stride loop.
+<%def name="each(vector, ins, f, on)">
+<% scalar = "CLNN_STORE(%s, o, i);" % f(["CLNN_LOAD(%s, %s_off + i)" % (x, x) for x in ins]) %>\
+% if unroll > 1:
+    // GPUs: ${unroll} elements per work-item and pass, a grid apart (each load is
+    // coalesced across a warp), all loaded before the first is used, so ${unroll} loads
+    // are in flight per work-item. A plain grid-stride loop keeps one: the compiler may
+    // not move a load above a store that could alias it. m: the elements left from i;
+    // the k-th is there when k * g < m (no index past n is formed, so none overflows).
+    const int g = (int)get_global_size(0);
+    for (int i = (int)get_global_id(0); i < n; i += min(${unroll} * g, n - i)) {
+        const int m = n - i;
+% for x in ins:
+        const acc_t ${x}_v0 = CLNN_LOAD(${x}, ${x}_off + i);
+% for k in range(1, unroll):
+        const acc_t ${x}_v${k} = ${k} * g < m ? CLNN_LOAD(${x}, ${x}_off + i + ${k} * g) : (acc_t)0;
+% endfor
+% endfor
+        CLNN_STORE(${f(["%s_v0" % x for x in ins])}, o, i);
+% for k in range(1, unroll):
+        if (${k} * g < m) CLNN_STORE(${f(["%s_v%d" % (x, k) for x in ins])}, o, i + ${k} * g);
+% endfor
+    }
+% else:
 % if on:
 #ifdef CLNN_CPU
     // CPUs: ${cpu_lanes} elements at a time, so the math built-ins (and float16's
@@ -63,6 +89,7 @@
 % if on:
 #endif
 % endif
+% endif
 </%def>
 
 __kernel void clnn_act_forward(const int n, const acc_t p, const acc_t q,
@@ -71,7 +98,7 @@ __kernel void clnn_act_forward(const int n, const acc_t p, const acc_t q,
 {
     __global real_t *o = ${dst("z")};
 ${each(f"CLNN_STOREV({cpu_lanes}, clnn_f{cpu_lanes}(CLNN_LOADV({cpu_lanes}, z + z_off + i), p, q), o + i);",
-       "CLNN_STORE(clnn_f(CLNN_LOAD(z, z_off + i), p, q), o, i);", vector_f)}
+       ["z"], lambda v: f"clnn_f({v[0]}, p, q)", vector_f)}
 }
 
 __kernel void clnn_act_derivative(const int n, const acc_t p, const acc_t q,
@@ -80,7 +107,7 @@ __kernel void clnn_act_derivative(const int n, const acc_t p, const acc_t q,
 {
     __global real_t *o = ${dst("src")};
 ${each(f"CLNN_STOREV({cpu_lanes}, clnn_df{cpu_lanes}(CLNN_LOADV({cpu_lanes}, src + src_off + i), p, q), o + i);",
-       "CLNN_STORE(clnn_df(CLNN_LOAD(src, src_off + i), p, q), o, i);", vector_df)}
+       ["src"], lambda v: f"clnn_df({v[0]}, p, q)", vector_df)}
 }
 
 __kernel void clnn_act_backward(const int n, const acc_t p, const acc_t q,
@@ -91,8 +118,7 @@ __kernel void clnn_act_backward(const int n, const acc_t p, const acc_t q,
     __global real_t *o = ${dst("dy", "src")};
 ${each(f"CLNN_STOREV({cpu_lanes}, CLNN_LOADV({cpu_lanes}, dy + dy_off + i) * "
        f"clnn_df{cpu_lanes}(CLNN_LOADV({cpu_lanes}, src + src_off + i), p, q), o + i);",
-       "CLNN_STORE(CLNN_LOAD(dy, dy_off + i) * clnn_df(CLNN_LOAD(src, src_off + i), p, q), o, i);",
-       vector_df)}
+       ["dy", "src"], lambda v: f"{v[0]} * clnn_df({v[1]}, p, q)", vector_df)}
 }
 % elif op == "linalg":
 
@@ -104,7 +130,7 @@ __kernel void clnn_hadamard(const int n,
 {
     __global real_t *o = ${dst("x", "y")};
 ${each(f"CLNN_STOREV({cpu_lanes}, CLNN_LOADV({cpu_lanes}, x + x_off + i) * CLNN_LOADV({cpu_lanes}, y + y_off + i), o + i);",
-       "CLNN_STORE(CLNN_LOAD(x, x_off + i) * CLNN_LOAD(y, y_off + i), o, i);", half)}
+       ["x", "y"], lambda v: f"{v[0]} * {v[1]}", half)}
 }
 
 // out = alpha x + y; with out == y this is BLAS axpy.
@@ -115,7 +141,7 @@ __kernel void clnn_axpy(const int n, const acc_t alpha,
 {
     __global real_t *o = ${dst("x", "y")};
 ${each(f"CLNN_STOREV({cpu_lanes}, alpha * CLNN_LOADV({cpu_lanes}, x + x_off + i) + CLNN_LOADV({cpu_lanes}, y + y_off + i), o + i);",
-       "CLNN_STORE(alpha * CLNN_LOAD(x, x_off + i) + CLNN_LOAD(y, y_off + i), o, i);", half)}
+       ["x", "y"], lambda v: f"alpha * {v[0]} + {v[1]}", half)}
 }
 
 // out = alpha x
@@ -125,7 +151,7 @@ __kernel void clnn_scale(const int n, const acc_t alpha,
 {
     __global real_t *o = ${dst("x")};
 ${each(f"CLNN_STOREV({cpu_lanes}, alpha * CLNN_LOADV({cpu_lanes}, x + x_off + i), o + i);",
-       "CLNN_STORE(alpha * CLNN_LOAD(x, x_off + i), o, i);", half)}
+       ["x"], lambda v: f"alpha * {v[0]}", half)}
 }
 
 // out = value

@@ -6,7 +6,7 @@ array computes in place, any other array of the right shape and dtype is overwri
 """
 
 
-from .. import programs
+from .. import programs, tuning
 from ..errors import ArgumentError
 from ._args import check, check_out, common_device, done, finite, launch, offset, real
 
@@ -16,19 +16,36 @@ ACTIVATIONS = ("identity", "sigmoid", "tanh", "relu", "leaky_relu", "elu", "soft
 ACTIVATION_PARAMS = {"leaky_relu": 0.01, "elu": 1.0, "softplus": 1.0}
 SOFTPLUS_THRESHOLD = 20.0
 
+# GPUs: elements each work-item loads before it computes (elementwise.cl's each()). A
+# grid-stride loop of one load at a time reached 0.67x PyTorch CUDA's relu on an H200
+# (2596 against 3863 GB/s; PyTorch's kernels load several elements per thread at once)
+# and 0.88x on an H100 (kernel time): the H200's bandwidth needs more bytes in flight.
+# Not yet timed on a GPU (benchmarks/gpu_session.sh times 1 against 4).
+GPU_UNROLL = 4
+
 programs.register(
-    "elementwise", {"op": "act", "act": "sigmoid", "src": "z", "inplace": ""},
-    lambda: ([{"op": "act", "act": a, "src": s} for a in ACTIVATIONS for s in ("z", "a")]
+    "elementwise", {"op": "act", "act": "sigmoid", "src": "z", "inplace": "", "unroll": 1},
+    lambda: [dict(v, unroll=u) for u in (1, GPU_UNROLL) for v in
+             [{"op": "act", "act": a, "src": s} for a in ACTIVATIONS for s in ("z", "a")]
              + [{"op": "act", "act": "relu", "src": "a", "inplace": "dy"},
                 {"op": "act", "act": "tanh", "src": "z", "inplace": "src"},
                 {"op": "act", "act": "elu", "src": "z", "inplace": "z"},
                 {"op": "linalg"}, {"op": "linalg", "inplace": "x"},
-                {"op": "linalg", "inplace": "y"}]))
+                {"op": "linalg", "inplace": "y"}]])
+
+
+def unroll(dev):
+    """The kernels' ``unroll``: GPU_UNROLL on GPUs, 1 (the CPU loops) on CPUs; a test or
+    benchmark forces either with tuning.override("elementwise", {"unroll": u})."""
+    forced = tuning.forced("elementwise")
+    if forced and "unroll" in forced:
+        return int(forced["unroll"])
+    return 1 if dev.facts.is_cpu else GPU_UNROLL
 
 
 def elementwise_kernel(dev, dtype, entry, **params):
     return programs.get_kernel(dev, "elementwise", entry,
-                               dict(params, dtype=programs.dtype_name(dtype)))
+                               dict(params, dtype=programs.dtype_name(dtype), unroll=unroll(dev)))
 
 
 def inplace(out, **inputs):

@@ -285,3 +285,43 @@ class TestBadInput:
         foreign = cla.zeros(cl.CommandQueue(ctx), 4, np.float32)
         with pytest.raises(clnn.DeviceError):
             clnn.relu(foreign)
+
+
+@pytest.mark.parametrize("dtype,unroll", [(t, 4) for t in (np.float32, np.float64, np.float16,
+                                                            clnn.bfloat16)] + [(np.float32, 3)],
+                         ids=lambda v: v if isinstance(v, int) else np.dtype(v).name)
+def test_gpu_loop_every_kernel(dev, dtype, unroll):
+    """The GPUs' loop (elementwise.cl's each() with ``unroll`` > 1: several elements per
+    work-item loaded before any is stored), forced on the test device: every
+    activation's three kernels, the linear-algebra kernels and each in-place form, at
+    sizes below, at and past one pass of the grid, with canaries, against float64."""
+    from clnn import tuning
+    if not dev.supports(dtype):
+        pytest.skip(f"{np.dtype(dtype).name} is not supported on {dev.name}")
+    with tuning.override("elementwise", {"unroll": unroll}):
+        for n in (1, 5, 7 * 1429):
+            dy = RNG.standard_normal(n).astype(dtype)
+            for name in clnn.ACTIVATIONS:
+                p = PARAM.get(name)
+                z = inputs(n, dtype)
+                out = Guarded(dev, (n,), dtype)
+                clnn.activation(name, guarded_input(dev, z), out=out.view, param=p)
+                assert_close(out.check(), f_ref(name, z, p or 0), dtype)
+                a = f_ref(name, z, p or 0).astype(dtype)
+                for src, x in (("z", z), ("a", a)):
+                    if name == "softplus" and src == "a":
+                        continue
+                    k = 4 if src == "a" else 1
+                    out = Guarded(dev, (n,), dtype)
+                    clnn.activation_derivative(name, **{src: guarded_input(dev, x)},
+                                               out=out.view, param=p)
+                    assert_close(out.check(), df_ref(name, z, p or 0), dtype, k=k)
+                    out = Guarded(dev, (n,), dtype)
+                    clnn.activation_backward(name, guarded_input(dev, dy),
+                                             **{src: guarded_input(dev, x)}, out=out.view,
+                                             param=p)
+                    assert_close(out.check(), dy * df_ref(name, z, p or 0), dtype, k=k,
+                                 scale=np.maximum(np.abs(dy), 1))
+        test_every_element_wise_kernel_in_place_on_each_input(dev, dtype)
+        test_linalg_ops(dev, 97, dtype)
+        test_linalg_ops(dev, 1000003, dtype)
