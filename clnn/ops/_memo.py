@@ -6,9 +6,12 @@ them.
 A convolution's Python (checks, geometry, the tuning table, tiles, its launches' 30-odd
 arguments) took about 200 us a call where its kernels take 20-50 us on a GPU (LeNet's
 layers on an H100): most of the call. Wrapped: convolutions, gemm, pooling,
-batch_norm and its backward pass, bias_grad (ops of several launches or many checks;
-a single element-wise launch gains too little over the key's own cost). How it works,
-for an op wrapped with ``@memoized``:
+batch_norm and its backward pass, bias_add and bias_grad, the reductions (sum, mean,
+max, dot, nrm2), softmax and log_softmax, and the element-wise ops but fill and copy.
+Even a single launch gains: its Python (checks, output, kernel choice, arguments) took
+19 us for a sum along rows and 12-13 us for relu, 8 and 9 us planned (Python alone, on
+a 2-core Xeon); on an H200 a sum along rows of 16384 x 1024 spent about 40 us of its
+81 us beside its kernel. How it works, for an op wrapped with ``@memoized``:
 
 - the first call with a key runs as usual; the second runs inside
   ``programs.captured()`` and the pool's ``watching()``, and becomes a plan: each

@@ -21,6 +21,7 @@ def _channels(x, name):
     return x.shape[1], int(math.prod(x.shape[2:]))
 
 
+@memoized
 def bias_add(x, b, out=None):
     """out = x + b with b (C,) broadcast over every axis but axis 1 of x."""
     dev = common_device(x=x, b=b, out=out)

@@ -8,6 +8,7 @@ array computes in place, any other array of the right shape and dtype is overwri
 
 from .. import programs, tuning
 from ..errors import ArgumentError
+from ._memo import memoized
 from ._args import check, check_out, common_device, done, finite, launch, offset, real
 
 ACTIVATIONS = ("identity", "sigmoid", "tanh", "relu", "leaky_relu", "elu", "softplus")
@@ -88,6 +89,7 @@ def activation_parameter(name, param, dt=None):
     return p, q
 
 
+@memoized
 def activation(name, z, out=None, param=None):
     """out = f(z) for activation ``name`` (``param``: leaky_relu slope, elu alpha,
     softplus beta or (beta, threshold))."""
@@ -119,6 +121,7 @@ def _check_source(name, src, q):
                             "produce some of the same outputs")
 
 
+@memoized
 def activation_derivative(name, *, z=None, a=None, out=None, param=None):
     """out = f'(z), from ``z`` or, usually cheaper, from the output ``a = f(z)``."""
     src, x = _source(z, a, name)
@@ -136,6 +139,7 @@ def activation_derivative(name, *, z=None, a=None, out=None, param=None):
     return done(out, evt)
 
 
+@memoized
 def activation_backward(name, dy, *, z=None, a=None, out=None, param=None):
     """out = dy * f'(z): the gradient wrt the pre-activation. Overwrites ``out``."""
     src, x = _source(z, a, name)
@@ -176,6 +180,7 @@ def softplus(z, out=None, beta=1.0, threshold=SOFTPLUS_THRESHOLD):
     return activation("softplus", z, out=out, param=(beta, threshold))
 
 
+@memoized
 def hadamard(x, y, out=None):
     """out = x * y element by element."""
     dev = common_device(x=x, y=y, out=out)
@@ -189,6 +194,7 @@ def hadamard(x, y, out=None):
     return done(out, evt)
 
 
+@memoized
 def axpy(alpha, x, y, out=None):
     """y += alpha * x (BLAS axpy); with ``out`` given, out = alpha * x + y instead."""
     dev = common_device(x=x, y=y, out=out)
@@ -203,6 +209,7 @@ def axpy(alpha, x, y, out=None):
     return done(out, evt)
 
 
+@memoized
 def scale(alpha, x, out=None):
     """out = alpha * x (in place with out=x)."""
     dev = common_device(x=x, out=out)

@@ -15,6 +15,7 @@ from .. import programs, tuning
 from ..errors import ArgumentError, ShapeError
 from ._args import (check, check_out, common_device, dev_empty, dev_scratch, done,
                     normalize_axis, offset)
+from ._memo import memoized
 
 _MIN_CHUNK = 256     # below this, a second launch costs more than it saves
 
@@ -244,24 +245,28 @@ def _reduce_op(x, axis, out, op, final, keepdims=False, scale_by_R=False):
     return out
 
 
+@memoized
 def sum(x, axis=None, out=None, keepdims=False):  # noqa: A001 - mirrors numpy's name
     """Sum of ``x`` over all elements (a 0-d array), along ``axis``, or along a tuple
     of axes; ``keepdims`` keeps them with length 1 (numpy's)."""
     return _reduce_op(x, axis, out, "sum", "none", keepdims)
 
 
+@memoized
 def mean(x, axis=None, out=None, keepdims=False):
     """Mean of ``x`` over all elements or along ``axis`` (an int or a tuple); NaN over
     an empty axis, as numpy and PyTorch."""
     return _reduce_op(x, axis, out, "sum", "scale", keepdims, scale_by_R=True)
 
 
+@memoized
 def max(x, axis=None, out=None, keepdims=False):  # noqa: A001
     """Maximum of ``x`` (NaN propagates, as in numpy), over all elements or along
     ``axis`` (an int or a tuple)."""
     return _reduce_op(x, axis, out, "max", "none", keepdims)
 
 
+@memoized
 def dot(x, y, out=None):
     """sum(x * y) over all elements of two arrays of one shape; a 0-d array."""
     dev = common_device(x=x, y=y, out=out)
@@ -271,6 +276,7 @@ def dot(x, y, out=None):
     return reduce3(dev, dt, x, (1, x.size, 1), out, map="xy", y=y)
 
 
+@memoized
 def nrm2(x, out=None):
     """Euclidean norm sqrt(sum(x**2)) over all elements; a 0-d array.
 

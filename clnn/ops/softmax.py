@@ -8,6 +8,7 @@ import numpy as np
 
 from .. import programs
 from ._args import check, check_out, common_device, done, launch_size, normalize_axis, offset
+from ._memo import memoized
 from .loss import fused_loss, row_groups
 
 programs.register("softmax", {"wg": 0, "dscale": 0},
@@ -16,6 +17,7 @@ programs.register("softmax", {"wg": 0, "dscale": 0},
                            {"wg": 64, "dscale": 1}])
 
 
+@memoized
 def _rowwise(entry, x, axis, out):
     dev = common_device(x=x, out=out)
     dt = check(x, "x", dev)          # any rank; a 0-d array is one row of one
