@@ -60,8 +60,12 @@ def cases(rng):
         ("max_pool2d 2x2", lambda y: clnn.max_pool2d(y, 2), (dy,),
          lambda t, y: t.nn.functional.max_pool2d(y, 2),
          lambda y: clnn.max_pool2d.unplanned(y, 2)),
-        ("relu", clnn.relu, (dy,), lambda t, y: t.relu(y), None),
-        ("softmax 64x10", clnn.softmax, (z,), lambda t, z: t.softmax(z, 1), None),
+        ("relu", clnn.relu, (dy,), lambda t, y: t.relu(y),
+         lambda y: clnn.activation.unplanned("relu", y)),
+        ("softmax 64x10", clnn.softmax, (z,), lambda t, z: t.softmax(z, 1),
+         clnn.softmax.unplanned),
+        ("sum along rows 64x400", lambda a: clnn.sum(a, axis=1), (a,),
+         lambda t, a: a.sum(1), lambda a: clnn.sum.unplanned(a, axis=1)),
     ]
 
 

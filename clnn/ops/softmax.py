@@ -17,7 +17,6 @@ programs.register("softmax", {"wg": 0, "dscale": 0},
                            {"wg": 64, "dscale": 1}])
 
 
-@memoized
 def _rowwise(entry, x, axis, out):
     dev = common_device(x=x, out=out)
     dt = check(x, "x", dev)          # any rank; a 0-d array is one row of one
@@ -52,12 +51,14 @@ def _as(x, dtype):
     return cast(x, dtype)
 
 
+@memoized
 def softmax(x, axis=-1, out=None, dtype=None):
     """Softmax along ``axis`` (the last by default; PyTorch's dim), stable for large
     inputs (in place with out=x); ``dtype``: convert x to it first, as PyTorch's."""
     return _rowwise("clnn_softmax", _as(x, dtype), axis, out)
 
 
+@memoized
 def log_softmax(x, axis=-1, out=None, dtype=None):
     """log(softmax(x)) along ``axis``, computed as x - logsumexp(x); ``dtype`` as in
     softmax."""
