@@ -3,7 +3,7 @@ reductions, bias gradients and softmax, clnn beside numpy and PyTorch (CPU, and 
 where a GPU is there) in the same run, on every device.
 
     python benchmarks/bench_ops.py [--device SPEC] [--repeats 5] [--scale 1.0]
-                                   [--ops relu,tanh] [--unroll 1,4]
+                                   [--ops relu,tanh] [--unroll 1,4] [--row-group 256,64]
 
 The shapes are the GPU issue's (64M floats, a 4096 x 4096 softmax, 16384 x 1024 for
 the sums along rows and columns), and 2x2 max pooling of 2048 planes of 56 x 56 (a
@@ -17,7 +17,9 @@ columns are clnn's GB/s over each reference's: above 1 is faster. ``--ops`` keep
 ops whose names start with one of its words; ``--unroll`` times the element-wise ops
 (relu, tanh) once per value of their kernels' GPU loop unrolling (1: one load at a time
 per work-item; ops/elementwise.py's GPU_UNROLL is the default on GPUs), forced on any
-device.
+device; ``--row-group`` times the sums along rows once per work-group size of the GPUs'
+reduction kernel (256: the default; each a tree of that many partial sums per row),
+that kernel forced on any device.
 Writes benchmarks/results/bench_ops.json.
 """
 
@@ -136,9 +138,14 @@ def main(argv=None):
                     help="comma-separated op names (prefixes) to run; default all")
     ap.add_argument("--unroll", default="",
                     help="comma-separated unrollings to force on the element-wise ops")
+    ap.add_argument("--row-group", default="",
+                    help="comma-separated work-group sizes to force on the sums along rows")
     args = ap.parse_args(argv)
     wanted = [w.strip() for w in args.ops.split(",") if w.strip()]
-    unrolls = [int(u) for u in args.unroll.split(",") if u.strip()] or [None]
+    unrolls = [("elementwise", {"unroll": int(u)}, f"unroll {u}")
+               for u in args.unroll.split(",") if u.strip()] or [None]
+    groups = [("reduce", {"wg": True, "ly": int(g)}, f"work-group {g}")
+              for g in args.row_group.split(",") if g.strip()] or [None]
     torch = _common.torch_or_none()
     cuda = _common.torch_cuda()
     rows = []
@@ -152,25 +159,28 @@ def main(argv=None):
         for name, shape, op, ref_op, t_op, nbytes, sums in cases(args.scale):
             if wanted and not any(name.startswith(w) for w in wanted):
                 continue
-            for u in unrolls if name in ELEMENTWISE else [None]:
-                rows.append(_row(dev, torch, cuda, refs, args.repeats, u, name, shape, op,
+            forced = unrolls if name in ELEMENTWISE else groups if name == ROWS else [None]
+            for f in forced:
+                rows.append(_row(dev, torch, cuda, refs, args.repeats, f, name, shape, op,
                                  ref_op, t_op, nbytes, sums))
     print(f"results: {_common.write_json('bench_ops', {'rows': rows}, args.json)}")
 
 
 ELEMENTWISE = ("relu", "tanh")
+ROWS = "sum along rows"
 
 
-def _row(dev, torch, cuda, refs, repeats, unroll, name, shape, op, ref_op, t_op, nbytes,
+def _row(dev, torch, cuda, refs, repeats, forced, name, shape, op, ref_op, t_op, nbytes,
          sums):
-    force = contextlib.nullcontext() if unroll is None else \
-        tuning.override("elementwise", {"unroll": unroll})
+    """One case's row; ``forced``: None, or (kernel, parameters, label) to force."""
+    force = contextlib.nullcontext() if forced is None else \
+        tuning.override(forced[0], forced[1])
     with force:
         row = run_case(dev, torch, cuda if not dev.facts.is_cpu else None, name,
                        shape, op, ref_op, t_op, nbytes, sums, repeats)
-    if unroll is not None:
-        name = f"{name} (unroll {unroll})"
-        row["op"], row["unroll"] = name, unroll
+    if forced is not None:
+        name = f"{name} ({forced[2]})"
+        row["op"], row["forced"] = name, forced[1]
     row["device"] = dev.name
     for r in refs:
         row[f"clnn_over_{r[:-5]}"] = row["clnn_GBps"] / row[r]

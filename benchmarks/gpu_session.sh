@@ -14,7 +14,8 @@
 #                                           # row timed against cuBLAS (ldmatrix and
 #                                           # cp.async rows, more tilings at 8192^3),
 #                                           # 16-bit steps, relu and tanh with their
-#                                           # loop unrolled and not, then peers.py (NO_PEERS=1
+#                                           # loop unrolled and not, sums along rows with
+#                                           # two work-group sizes, then peers.py (NO_PEERS=1
 #                                           # leaves it out)
 #   bash benchmarks/gpu_session.sh tests    # the suite on the GPU (about 3 minutes)
 #   bash benchmarks/gpu_session.sh gemm     # GEMMs with cuBLAS/CLBlast, engines per row,
@@ -83,8 +84,9 @@ run_quick() {
     tests/ops/test_conv.py tests/ops/test_cast.py tests/ops/test_loss_scale.py
   LIMIT=150 bench bench_engines --each-row --sizes 4096,8192
   LIMIT=60 bench bench_half
-  # the element-wise GPU loop: one load at a time per work-item against four
-  LIMIT=60 bench bench_ops --ops relu,tanh,sum --unroll 1,4 --repeats 9
+  # the element-wise GPU loop: one load at a time per work-item against four; the sums
+  # along rows with trees of 256 and 64 (call, kernel and host time each)
+  LIMIT=60 bench bench_ops --ops relu,tanh,sum --unroll 1,4 --row-group 256,64 --repeats 9
   if [ -e .gpu/peers.py ] && [ -z "${NO_PEERS:-}" ]; then
     LIMIT=100 step peers "$PY" .gpu/peers.py --json "$OUT/peers.json"
   fi

@@ -30,7 +30,8 @@ programs.register(
              for wg, lanes, span, stream in ((0, 1, 1, False), (0, _LANES, 1, False),
                                              (0, _ROW_LANES, 1, False),
                                              (0, 1, _LANES, False), (0, 1, 1, True),
-                                             ((1, 256), 1, 1, False), ((32, 8), 1, 1, False))
+                                             ((1, 256), 1, 1, False), ((32, 8), 1, 1, False),
+                                             ((1, 64), 1, 1, False))
              for m, o, f, i, p in [("x", "sum", "none", "real", "real"),
                                    ("x", "sum", "scale", "real", "real"),
                                    ("x", "max", "none", "real", "real"),
@@ -62,11 +63,15 @@ def _chunks(dev, outputs, R):
     return builtins.max(1, builtins.min(want, R // _MIN_CHUNK))
 
 
-def _wg_shape(dev, inner):
+def _wg_shape(dev, inner, forced=None):
     """(LX, LY) of the GPU kernel: rows (inner == 1) get 256 work-items along R; columns
-    32 neighbouring outputs by 8 along R, so a warp reads 128 contiguous bytes."""
+    32 neighbouring outputs by 8 along R, so a warp reads 128 contiguous bytes.
+    ``forced`` (tuning.forced("reduce")) may give rows another LY ({"ly": 64}): a
+    benchmark's way to try shorter trees on short rows (bench_ops.py --row-group)."""
     lx = 1 if inner == 1 else 32
     ly = 256 // lx
+    if lx == 1 and forced and forced.get("ly"):
+        ly = int(forced["ly"])
     while lx * ly > dev.facts.max_work_group_size and ly > 1:
         ly //= 2
     return lx, ly
@@ -110,7 +115,7 @@ def reduce3(dev, dt, x, shape3, out, *, op="sum", map="x", final="none", post=1.
                       x=src, x_off=offset(src), y=src_y, y_off=offset(src_y), out=dst,
                       out_off=offset(dst))
         if gpu:
-            lx, ly = _wg_shape(dev, inner)
+            lx, ly = _wg_shape(dev, inner, forced)
             kern = programs.get_kernel(dev, "reduce", "clnn_reduce_wg",
                                        dict(params, dtype=programs.dtype_name(dt), wg=(lx, ly)))
             return kern((-(-inner // lx) * lx, outer * n_chunks * ly), (lx, ly), **common)
@@ -141,7 +146,7 @@ def reduce3(dev, dt, x, shape3, out, *, op="sum", map="x", final="none", post=1.
         return kern((-(-total // wg) * wg,), (wg,), **common)
 
     if gpu:
-        lx, ly = _wg_shape(dev, inner)
+        lx, ly = _wg_shape(dev, inner, forced)
         groups = outer * -(-inner // lx)
         # enough work-groups to fill the device, each work-item folding 16 or more
         chunks = builtins.max(1, builtins.min(-(-dev.facts.compute_units * 8 // groups),

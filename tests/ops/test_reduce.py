@@ -71,13 +71,15 @@ def test_axis_reductions(shape, data):
         assert_close(out.check(), ref, np.float32, k=k, scale=np.maximum(scale, 1e-30), ulps=2)
 
 
+@pytest.mark.parametrize("ly", [None, 64], ids=["ly-default", "ly64"])
 @pytest.mark.parametrize("shape", [(3, 5000, 7), (1, 70000, 1), (40, 33, 70), (1, 3, 100)])
-def test_axes_with_work_group_kernels(dev, shape):
-    """The GPU kernels' rows (inner 1) and columns (inner > 1), with chunks."""
+def test_axes_with_work_group_kernels(dev, shape, ly):
+    """The GPU kernels' rows (inner 1: the default tree of 256, and 64 as bench_ops.py
+    --row-group forces it) and columns (inner > 1), with chunks."""
     from clnn import tuning
     x = RNG.standard_normal(shape).astype(np.float32)
     X = clnn.asarray(x)
-    with tuning.override("reduce", {"wg": True}):
+    with tuning.override("reduce", {"wg": True, "ly": ly}):
         for axis in range(3):
             got = clnn.sum(X, axis=axis).get()
             ref = x.astype(np.float64).sum(axis)
