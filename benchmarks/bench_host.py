@@ -1,6 +1,7 @@
 """Host time per op: what one call of a small op costs beside its kernels, on LeNet-5's
 shapes at batch 64 (its first convolution, a dense layer's GEMM, pooling, an
-activation, a softmax), clnn beside PyTorch (CPU, and CUDA where a GPU is there).
+activation, a softmax, a sum along rows), clnn beside PyTorch (CPU, and CUDA where a
+GPU is there).
 
     python benchmarks/bench_host.py [--device SPEC] [--repeats 5] [--calls 200]
 
@@ -8,8 +9,9 @@ For each op, in microseconds per call: ``enqueue``, the mean of ``--calls`` call
 back to back without waiting (the Python and the driver's enqueue; on a CPU device the
 kernels run meanwhile on the same cores); ``call``, the median of calls each waited for
 (what bench_conv.py and a user see); ``kernel``, its kernels' span in profiling events;
-and ``unplanned``, ``enqueue`` again for the ops with launch plans
-(clnn/ops/_memo.py) called past them, which shows what the plans save in the same run.
+``unplanned``, ``enqueue`` again for the ops with launch plans (clnn/ops/_memo.py)
+called past them, which shows what the plans save in the same run; and ``python``,
+``enqueue`` with clnn's launches not enqueued at all: the Python of a call alone.
 Each result is checked against PyTorch (or numpy) first.
 
 Then the same three figures for whole replayed LeNet-5 training steps (batch 64,
@@ -20,6 +22,7 @@ give bitwise the plain steps' losses and weights.
 Writes benchmarks/results/bench_host.json.
 """
 
+import contextlib
 import os
 import statistics
 import sys
@@ -32,6 +35,7 @@ import _common  # noqa: E402
 from bench_lenet import make_net  # noqa: E402  (bench_lenet.py's LeNet-5)
 
 import clnn  # noqa: E402
+from clnn import programs  # noqa: E402
 from clnn.tuner import median_kernel_time  # noqa: E402
 
 
@@ -82,6 +86,19 @@ def _enqueue_us(dev, fn, calls, repeats):
     return statistics.median(times)
 
 
+@contextlib.contextmanager
+def _no_enqueue():
+    """Inside the block clnn's launches are not enqueued (programs.enqueue does
+    nothing): what is left of a call is its Python. Only for timing calls whose
+    results are never read."""
+    real = programs.enqueue
+    programs.enqueue = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        programs.enqueue = real
+
+
 def run(dev, torch, cuda, args):
     rows = []
     rng = np.random.default_rng(0)
@@ -102,6 +119,8 @@ def run(dev, torch, cuda, args):
         if unplanned is not None:
             row["unplanned_enqueue_us"] = _enqueue_us(dev, lambda: unplanned(*d),
                                                       args.calls, args.repeats)
+        with _no_enqueue():
+            row["python_us"] = _enqueue_us(dev, call, args.calls, args.repeats)
         tdev = cuda if cuda is not None else torch
         if tdev is not None:
             ts = [tdev.from_numpy(v) for v in inputs]
@@ -160,14 +179,15 @@ def main(argv=None):
         print(f"# {dev.name}")
         ref = "torch_cpu_call_us" if dev.facts.is_cpu or cuda is None else \
             "torch_cuda_call_us"
-        print(f"{'op':32s} {'enqueue':>8s} {'unplanned':>9s} {'call':>8s} {'kernel':>8s} "
-              f"{ref[:-8]:>10s}  (us per call)")
+        print(f"{'op':32s} {'enqueue':>8s} {'unplanned':>9s} {'python':>8s} {'call':>8s} "
+              f"{'kernel':>8s} {ref[:-8]:>10s}  (us per call)")
         for row in run(dev, torch, None if dev.facts.is_cpu else cuda, args) + \
                 step_rows(dev, args):
             rows.append(row)
-            un, peer = row.get("unplanned_enqueue_us"), row.get(ref)
+            un, peer, py = (row.get(k) for k in ("unplanned_enqueue_us", ref, "python_us"))
             print(f"{row['op']:32s} {row['enqueue_us']:8.1f} "
-                  f"{'-' if un is None else f'{un:.1f}':>9s} {row['call_us']:8.1f} "
+                  f"{'-' if un is None else f'{un:.1f}':>9s} "
+                  f"{'-' if py is None else f'{py:.1f}':>8s} {row['call_us']:8.1f} "
                   f"{row['kernel_us']:8.1f} {'-' if peer is None else f'{peer:.1f}':>10s}")
     print(f"results: {_common.write_json('bench_host', {'rows': rows}, args.json)}")
 
