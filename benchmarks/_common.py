@@ -46,6 +46,21 @@ def median_time(fn, repeats=5, warmup=1, sync=None):
     return statistics.median(times)
 
 
+def enqueue_time(dev, fn, calls, repeats=1):
+    """Median over ``repeats`` of the seconds per call of ``calls`` calls of ``fn`` made
+    back to back without waiting (the queue finished before and after): a call's host
+    time (Python and the driver's enqueue) where the device keeps up."""
+    times = []
+    for _ in range(repeats):
+        dev.finish()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - t0) / calls)
+        dev.finish()
+    return statistics.median(times)
+
+
 def devices(spec=None):
     """The clnn devices to benchmark: the one ``spec`` names, else every device found."""
     if spec:

@@ -24,9 +24,7 @@ Writes benchmarks/results/bench_host.json.
 
 import contextlib
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 
@@ -75,15 +73,7 @@ def cases(rng):
 
 def _enqueue_us(dev, fn, calls, repeats):
     """Median over ``repeats`` of the µs per call of ``calls`` calls made back to back."""
-    times = []
-    for _ in range(repeats):
-        dev.finish()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        times.append(1e6 * (time.perf_counter() - t0) / calls)
-        dev.finish()
-    return statistics.median(times)
+    return 1e6 * _common.enqueue_time(dev, fn, calls, repeats)
 
 
 @contextlib.contextmanager

@@ -26,7 +26,6 @@ Writes benchmarks/results/bench_ops.json.
 import contextlib
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -90,20 +89,6 @@ def _check(name, got, ref, x, sums):
         raise SystemExit(f"clnn {name} differs from numpy")
 
 
-def _enqueue_time(dev, fn, calls=50):
-    """Seconds per call of ``calls`` calls made back to back without waiting: the host's
-    time per call (Python and the driver's enqueue) where the device keeps up; set
-    beside the wall-clock and kernel times, what of a call is host and what device."""
-    fn()
-    dev.finish()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    t = (time.perf_counter() - t0) / calls
-    dev.finish()
-    return t
-
-
 def run_case(dev, torch, cuda, name, shape, op, ref_op, t_op, nbytes, sums, repeats):
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape, dtype=np.float32)
@@ -115,7 +100,8 @@ def run_case(dev, torch, cuda, name, shape, op, ref_op, t_op, nbytes, sums, repe
            "clnn_GBps": nbytes / wall / 1e9,
            "clnn_kernel_GBps": nbytes / kernel / 1e9,
            "clnn_wall_us": 1e6 * wall, "clnn_kernel_us": 1e6 * kernel,
-           "clnn_enqueue_us": 1e6 * _enqueue_time(dev, lambda: op(xd)),
+           # host time: calls back to back without waiting
+           "clnn_enqueue_us": 1e6 * _common.enqueue_time(dev, lambda: op(xd), 50),
            "numpy_GBps": nbytes / _common.median_time(lambda: ref_op(x), repeats,
                                                        warmup=1) / 1e9}
     if torch is not None:
