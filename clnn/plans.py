@@ -63,6 +63,11 @@ def local_bytes(p, itemsize=4):
         if p.get("EMULATE") else 0
     # a cp.async row's stages (a malformed count, which tuning refuses, counts as none)
     stages = p.get("ASYNC") if isinstance(p.get("ASYNC"), int) else 0
+    if p.get("WGMMA") and p.get("MMA") in ("f16", "tf32"):
+        # a buffer per stage of each tile, unpadded (the core-matrix layout has no bank
+        # conflicts to pad against); the emulation reads them where they lie
+        item = 2 if p["MMA"] == "f16" else 4
+        return (stages or 2) * p["KWG"] * (p["MWG"] + p["NWG"]) * item
     if p.get("MMA") == "f16" and p.get("LDSM"):
         # plain halves, rows padded by 8 halves: rows of k, or rows of m (n) holding k,
         # whichever way the operand is stored (the larger of the two here); a buffer

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 # exists there) and ptxas assembles it for ARCH
 CLANG_ARCH = "sm_80"
 ARCH = "sm_90"
+# the WGMMA rows' wgmma.mma_async needs the architecture-specific target of an H100
+ARCH_A = "sm_90a"
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,16 @@ def assemble(source, arch=ARCH, workdir=None, timeout=120):
                              timeout=timeout)
         if res.returncode:
             raise PTXError("clang", res.stderr)
+        if "wgmma." in source:
+            # Hopper's wgmma exists only for sm_90a, in PTX 8.0 and up: the header
+            # clang 14 wrote (sm_80, PTX 7.x) is raised to that, and so is the target
+            arch = ARCH_A
+            with open(ptx) as f:
+                text = f.read()
+            text = re.sub(r"^\.version \d+\.\d+", ".version 8.0", text, flags=re.M)
+            text = re.sub(r"^\.target sm_\d+", f".target {ARCH_A}", text, flags=re.M)
+            with open(ptx, "w") as f:
+                f.write(text)
         res = subprocess.run([ptxas, f"-arch={arch}", "-v", "-o", os.path.join(tmp, "k.o"),
                               ptx], capture_output=True, text=True, timeout=timeout)
         if res.returncode:

@@ -213,13 +213,41 @@ MMA_TABLE = {
     ],
 }
 
+# Rows for Hopper's warpgroup engines (WGMMA: wgmma.mma_async, compute capability 9.0),
+# untimed: written without a GPU (2026-11-27), checked emulated on PoCL and assembled by
+# ptxas for sm_90a (tests/test_ptx.py), so neither the table nor the tuner offers them
+# until a GPU session has timed them (benchmarks/bench_engines.py --wgmma checks each on
+# the GPU first, with the descriptors' two offsets read either way, WGSWAP). A
+# warpgroup of 128 work-items per WM x WN block, tiles through a cp.async pipeline of
+# ASYNC stages in the core-matrix layout (gemm.cl), 48 KiB at most
+WGMMA_CANDIDATES = {
+    "f16": [dict(MWG=128, NWG=128, KWG=32, WM=64, WN=128, ASYNC=2),
+            dict(MWG=128, NWG=128, KWG=32, WM=64, WN=128, ASYNC=3),
+            dict(MWG=128, NWG=256, KWG=32, WM=64, WN=256, ASYNC=2),
+            dict(MWG=64, NWG=128, KWG=64, WM=64, WN=128, ASYNC=2)],
+    "tf32": [dict(MWG=128, NWG=128, KWG=16, WM=64, WN=128, ASYNC=2),
+             dict(MWG=128, NWG=128, KWG=16, WM=64, WN=128, ASYNC=3),
+             dict(MWG=128, NWG=256, KWG=16, WM=64, WN=256, ASYNC=2)],
+}
+
+
+def wgmma_rows(kind, **extra):
+    """WGMMA_CANDIDATES of ``kind`` as full rows (``extra``: EMULATE, WGSWAP, ...)."""
+    out = []
+    for e in WGMMA_CANDIDATES[kind]:
+        threads = 128 * (e["MWG"] // e["WM"]) * (e["NWG"] // e["WN"])
+        out.append(dict({"variant": "local", "MMA": kind, "MDIMC": threads // 16,
+                         "NDIMC": 16, "WGMMA": True}, **e, **extra))
+    return out
+
+
 _KEYS = {"reg": ("MWI", "NWI", "VW", "WGM"),
          "local": ("MWG", "NWG", "KWG", "MDIMC", "NDIMC"),
          "gather": ("VW", "WG")}
 # parameters a row may leave out, with their defaults
 _OPTIONAL = {"local": {"VWM": 1, "VWN": 1}}
 # parameters passed to the template only when a row has them
-_EXTRA = {"local": ("MMA", "WM", "WN", "EMULATE", "LDSM", "ASYNC")}
+_EXTRA = {"local": ("MMA", "WM", "WN", "EMULATE", "LDSM", "ASYNC", "WGMMA", "WGSWAP")}
 MMA_KINDS = {"tf32": (8, 4), "f16": (16, 2)}      # K of one mma.sync, the item size it serves
 
 
@@ -228,7 +256,7 @@ MMA_KINDS = {"tf32": (8, 4), "f16": (16, 2)}      # K of one mma.sync, the item 
 # or override with one is refused up front.
 _RANGES = {"MWI": 32, "NWI": 128, "VW": 16, "WG": 1024, "WGM": 1024, "MWG": 256,
            "NWG": 256, "KWG": 64, "MDIMC": 64, "NDIMC": 64, "VWM": 4, "VWN": 4,
-           "KSPLIT": 64, "WM": 128, "WN": 128, "REGS": 64, "QV": 4, "MB": 16}
+           "KSPLIT": 64, "WM": 128, "WN": 256, "REGS": 64, "QV": 4, "MB": 16}
 
 
 def _is_int(v):
@@ -295,8 +323,8 @@ def gemm_problems(p, facts=None, itemsize=4):
             probs.append(f"a work-group of MDIMC * NDIMC = {wg} exceeds 1024")
         if "MMA" in p:
             probs += _mma_problems(p, facts, itemsize)
-        elif "LDSM" in p or "ASYNC" in p:
-            probs.append("LDSM and ASYNC serve matrix-engine rows (MMA)")
+        elif "LDSM" in p or "ASYNC" in p or "WGMMA" in p:
+            probs.append("LDSM, ASYNC and WGMMA serve matrix-engine rows (MMA)")
         local_bytes = plans.local_bytes(p, itemsize)
     if facts is not None:
         if variant != "local" and facts.is_cpu and 8 < p["VW"] > facts.float_lanes:
@@ -338,7 +366,27 @@ def _mma_problems(p, facts, itemsize):
     if not (_is_int(wm) and _is_int(wn) and wm > 0 and wn > 0):
         return ["an MMA row needs warp blocks WM and WN"]
     probs = []
-    if wm % 16 or wn % 8 or p["MWG"] % wm or p["NWG"] % wn:
+    for flag in ("WGMMA", "WGSWAP"):
+        if not isinstance(p.get(flag, False), bool):
+            probs.append(f"{flag} must be true or false")
+    wgmma = p.get("WGMMA") is True
+    if wgmma:
+        # a warpgroup per WM x WN block, in wgmma tiles of 64 x WN
+        if wm % 64 or not 8 <= wn <= 256 or wn % 8 or p["MWG"] % wm or p["NWG"] % wn:
+            probs.append("WGMMA blocks: WM a multiple of 64, WN of 8 up to 256, dividing "
+                         "MWG and NWG")
+        elif p["MDIMC"] * p["NDIMC"] != 128 * (p["MWG"] // wm) * (p["NWG"] // wn):
+            probs.append("MDIMC * NDIMC must be 128 work-items (a warpgroup) per WM x WN "
+                         "block")
+        if p.get("LDSM") or not _is_int(p.get("ASYNC")):
+            probs.append("WGMMA rows read their tiles through descriptors from a cp.async "
+                         "pipeline (ASYNC), not by ldmatrix (LDSM)")
+        if facts is not None and facts.nv_compute_capability < 90 and not p.get("EMULATE"):
+            probs.append("wgmma needs an NVIDIA GPU of compute capability 9.0 (Hopper) "
+                         "(EMULATE: True runs the kernel with the engine emulated, for tests)")
+    elif p.get("WGSWAP"):
+        probs.append("WGSWAP serves WGMMA rows")
+    elif wm % 16 or wn % 8 or p["MWG"] % wm or p["NWG"] % wn:
         probs.append("WM must be a multiple of 16 and WN of 8, dividing MWG and NWG")
     elif p["MDIMC"] * p["NDIMC"] != 32 * (p["MWG"] // wm) * (p["NWG"] // wn):
         probs.append("MDIMC * NDIMC must be 32 work-items per WM x WN warp block")
@@ -353,9 +401,9 @@ def _mma_problems(p, facts, itemsize):
     elif p.get("LDSM") and (kind != "f16" or wn % 16):
         probs.append("LDSM (ldmatrix) serves float16 engines with WN a multiple of 16")
     if "ASYNC" in p and (not _is_int(p["ASYNC"]) or not 2 <= p["ASYNC"] <= 4 or
-                         not (p.get("LDSM") or kind == "tf32")):
-        probs.append("ASYNC (a cp.async pipeline of 2 to 4 tiles) serves TF32 rows and "
-                     "float16 rows with LDSM")
+                         not (p.get("LDSM") or kind == "tf32" or wgmma)):
+        probs.append("ASYNC (a cp.async pipeline of 2 to 4 tiles) serves TF32 rows, "
+                     "float16 rows with LDSM and WGMMA rows")
     if not isinstance(p.get("EMULATE", False), bool):
         probs.append("EMULATE must be true or false")
     elif facts is not None and facts.nv_compute_capability < 80 and not p.get("EMULATE"):
@@ -423,6 +471,14 @@ def mma_rows(facts, kind):
             return tuple(r for r in rows if r["MMA"] == kind and
                          not gemm_problems(r, facts, size))
     return ()
+
+
+def wgmma_fallback(p):
+    """The mma.sync row that serves a launch a WGMMA row cannot (a convolution's
+    gathered operands, 16-bit operands too unaligned for 4-byte copies): the table's
+    smallest tile of the same kind, emulated where ``p`` is."""
+    row = [r for r in MMA_TABLE[("nvidia", "GPU")] if r["MMA"] == p["MMA"]][-1]
+    return dict(row, EMULATE=True) if p.get("EMULATE") else dict(row)
 
 
 @functools.lru_cache(maxsize=64)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import clnn
-from clnn import plans, programs, tuning
+from clnn import plans, programs, tuner, tuning
 from clnn.errors import ArgumentError
 from conftest import gate
 from test_plans import H100 as H100_NO_CC
@@ -478,3 +478,50 @@ def test_the_tuner_times_bfloat16_engine_rows_under_their_own_key(monkeypatch, d
             == row
     else:
         assert not stored
+
+
+@pytest.mark.parametrize("change,why", [
+    ({"WM": 32}, "WM a multiple of 64"), ({"WN": 264}, "out of range"),
+    ({"MDIMC": 4}, "128 work-items (a warpgroup)"), ({"LDSM": True}, "not by ldmatrix"),
+    ({"ASYNC": None}, "cp.async pipeline (ASYNC)"), ({"WGMMA": 1}, "true or false"),
+    ({"WGSWAP": "yes"}, "true or false")])
+def test_wgmma_row_constraints(change, why):
+    row = dict(tuning.wgmma_rows("f16")[0], **change)
+    row = {k: v for k, v in row.items() if v is not None}
+    probs = tuning.gemm_problems(row, H100, 2)
+    assert any(why in p for p in probs), probs
+
+
+def test_wgmma_rows_fit_an_h100_only():
+    """The candidates fit an H100's 48 KiB unpadded (stages x KWG x (MWG + NWG)
+    elements), need compute capability 9.0 unless emulated, and are in neither the
+    table nor the tuner's search until a GPU has timed them."""
+    for kind, size in (("f16", 2), ("tf32", 4)):
+        for row in tuning.wgmma_rows(kind):
+            assert tuning.gemm_problems(row, H100, size) == []
+            assert plans.local_bytes(row, size) == \
+                row["ASYNC"] * row["KWG"] * (row["MWG"] + row["NWG"]) * size <= 49152
+            a100 = dataclasses.replace(H100, nv_compute_capability=80)
+            assert any("compute capability 9.0" in p
+                       for p in tuning.gemm_problems(row, a100, size))
+            assert tuning.gemm_problems(dict(row, EMULATE=True), a100, size) == []
+            assert not any(r.get("WGMMA") for r in tuning.mma_rows(H100, kind))
+            assert not any(r.get("WGMMA") for r in tuner.engine_candidates(H100, kind,
+                                                                            False))
+    assert any("WGSWAP serves WGMMA" in p for p in
+               tuning.gemm_problems(dict(ENGINES[0], WGSWAP=True), H100, 4))
+
+
+def wgmma_variants():
+    """Each WGMMA candidate in every transpose (float16 and bfloat16: K-major or
+    transposed tiles; TF32 K-major, copied a float at a time where stored along m or
+    n), with its widest copies, as a GEMM and as a split-K slice."""
+    for kind, dtypes, vec in (("f16", ("float16", "bfloat16"), 8), ("tf32", ("float32",), 4)):
+        for i, row in enumerate(tuning.wgmma_rows(kind)):
+            for dtype in dtypes[:1] if i else dtypes:
+                for ta, tb in ((False, False), (True, True), (False, True), (True, False)):
+                    params = {"dtype": dtype, "variant": "local", "trans_a": ta,
+                              "trans_b": tb, "act": "relu", "bias": "col", "conv": "none",
+                              "vec": vec, "vec_c": False, "partial": ta and not tb,
+                              "tuning": tuning.template_tuning(row, dtype)}
+                    yield pytest.param(params, id=f"{kind}-{i}-{dtype}-{int(ta)}{int(tb)}")

@@ -529,6 +529,11 @@ ${rb.epilogue(DM, DN, HVW, "c", "m0 + {i} < M", "(m0 + {i}) * ldc + {n}", "m0 + 
     c_map = conv in ("fwd", "dgrad")        # C(m, j) = c[m * ldc + colmap(j)]
     GVA = 1 if a_tab else vec
     GVB = 1 if b_tab else vec
+    if t.get("MMA") == "tf32" and t.get("WGMMA"):
+        # TF32 wgmma reads K-major tiles only: an operand stored along m (n) moves a
+        # float at a time
+        GVA = GVA if (a_tab or not trans_a) else 1
+        GVB = GVB if trans_b else 1
     a_kfast = a_tab or not trans_a          # stored A runs along k: transposed into a_lm
     b_kfast = not b_tab and trans_b         # stored B runs along k: transposed into b_lm
     LDA = MWG + (4 if a_kfast else 0)       # the pad spreads transposed stores over banks
@@ -544,9 +549,15 @@ ${rb.epilogue(DM, DN, HVW, "c", "m0 + {i} < M", "(m0 + {i}) * ldc + {n}", "m0 + 
         WARPS_N = NWG // WN
         MT, NTL = WM // 16, WN // 8
         KI = 8 if MMA == "tf32" else 16
-        if NT != 32 * (MWG // WM) * WARPS_N or KWG % KI:
+        # WGMMA: a warpgroup (4 warps, 128 work-items) per WM x WN block instead of a
+        # warp, in wgmma tiles of 64 x WN (x KI): MT of them along m
+        WGMMA = bool(t.get("WGMMA"))
+        PER_BLOCK = 128 if WGMMA else 32
+        if WGMMA:
+            MT = WM // 64
+        if NT != PER_BLOCK * (MWG // WM) * WARPS_N or KWG % KI:
             raise ValueError(f"MMA tile {MWG}x{NWG}x{KWG} with warp blocks {WM}x{WN} "
-                             f"needs {32 * (MWG // WM) * WARPS_N} work-items and KWG % {KI} == 0")
+                             f"needs {PER_BLOCK * (MWG // WM) * WARPS_N} work-items and KWG % {KI} == 0")
         # float16: local memory holds halves, a 32-bit word per (k pair, row) as the
         # fragments want them: LDA and LDB count words, the same 8 modulo 32 for both
         LDA, LDB = MWG + 8, NWG + 8
@@ -573,9 +584,26 @@ ${rb.epilogue(DM, DN, HVW, "c", "m0 + {i} < M", "(m0 + {i}) * ldc + {n}", "m0 + 
     # rows' do, rows of k or rows of m (n) holding k, padded by 8 and 4 floats (a
     # fragment load's 32 lanes in 32 banks), and are rounded to TF32 as fragments load
     ITEM = 2 if MMA == "f16" else 4         # bytes per element of the tiles
-    STAGES = t.get("ASYNC", 0) if (LDSM or MMA == "tf32") and conv == "none" and \
+    if MMA == "none":
+        WGMMA = False
+    STAGES = t.get("ASYNC", 0) if (LDSM or MMA == "tf32" or WGMMA) and conv == "none" and \
         vec * ITEM >= 4 else 0
     NBUF = STAGES or 2                       # tiles of each operand in local memory
+    # WGMMA (Hopper's wgmma.mma_async, compute capability 9.0): the warpgroup's
+    # operands come from local memory through 64-bit descriptors, in the canonical
+    # layout without swizzling: "core matrices" of 8 rows of 16 bytes (8 halves or 4
+    # floats), each 128 contiguous bytes. A tile of WX rows (m or n) by KWG: core
+    # matrix (x / 8, k / KC) at ((k / KC) (WX / 8) + x / 8) 128 bytes, so the cores
+    # along m (n) lie 128 bytes apart (the descriptor's stride byte offset, SBO) and
+    # along k WX 16 bytes apart (its leading byte offset, LBO). Stored along k (rows
+    # of m or n holding k: "K-major") a core's row is one x and KC k's; stored along
+    # m (n) ("MN-major", float16 only: the instruction's transpose flag) one k and 8
+    # x's. TF32 has no transpose: a float operand stored along m (n) is copied a float
+    # at a time into the K-major layout. Only plain operands copied by cp.async: the
+    # routine gives other launches an mma.sync row (ops/gemm.py)
+    if WGMMA and not STAGES:
+        raise ValueError("WGMMA rows take plain operands copied by cp.async "
+                         "(at least 4 bytes a copy)")
     if STAGES and MMA == "tf32":
         RSA = KWG + 4 if a_kfast else MWG + 8
         RSB = KWG + 4 if b_kfast else NWG + 8
@@ -617,8 +645,19 @@ ${rb.epilogue(DM, DN, HVW, "c", "m0 + {i} < M", "(m0 + {i}) * ldc + {n}", "m0 + 
     g = dict(NT=NT, KWG=KWG, MWG=MWG, NWG=NWG, GVA=GVA, GVB=GVB, LA=LA, LB=LB, TA=TA, TB=TB,
              a_tab=a_tab, b_tab=b_tab, a_kfast=a_kfast, b_kfast=b_kfast, DC=DC, comp=comp,
              loadv=loadv, vt=vt, MMA=MMA, STAGES=STAGES, ITEM=ITEM)
+    if WGMMA:
+        # the operands' layouts in local memory (see above): K-major unless float16
+        # stored along m (n); RS* unused, SZ* a buffer's elements
+        KC = 16 // ITEM
+        KMA = a_kfast or MMA == "tf32"
+        KMB = b_kfast or MMA == "tf32"
+        RSA = RSB = 0
+        SZA, SZB = MWG * KWG, NWG * KWG
+    g.update(WGMMA=WGMMA)
     if LDSM or STAGES:
         g.update(RSA=RSA, RSB=RSB, SZA=SZA, SZB=SZB)
+    if WGMMA:
+        g.update(KC=KC, KMA=KMA, KMB=KMB)
 %>
 <%include file="_epilogue.cl" args="act=act, bias=bias, width=VWN if VWN > 1 and vec_c and not c_map else 0, aligned=True"/>
 
@@ -793,6 +832,90 @@ inline float clnn_mma_dot(__local const uint *w, const int xr, const int ra, con
 %     endif
     return s;
 }
+%   endif
+%   if WGMMA:
+<%
+    T = "tf32" if MMA == "tf32" else ("bf16" if dtype == "bfloat16" else "f16")
+    NA = WN // 2                      # accumulator registers per work-item, per wgmma tile
+    SWAP = bool(t.get("WGSWAP"))
+    flags = "" if MMA == "tf32" else f", {0 if KMA else 1}, {0 if KMB else 1}"
+%>
+
+// ---- Hopper's warpgroup engines (WGMMA rows, compute capability 9.0): wgmma.mma_async
+// multiplies a 64 x KI tile of A by a KI x ${WN} tile of B, both read from local memory
+// through descriptors, into a 64 x ${WN} tile of C held by the warpgroup's 128 work-items:
+// warp w (of 4) holds rows 16 w .. 16 w + 15 as mma.sync's 16 x 8 tiles, ${NTL} of them
+// along n (register 4 j + r: row g + 8 (r / 2), column 8 j + 2 t4 + r % 2). A descriptor
+// is 64 bits: the start address / 16 (bits 0-13), the leading byte offset / 16 (16-29:
+// between core matrices along k), the stride byte offset / 16 (32-45: along m or n),
+// no swizzling (bits 62-63 zero).${" WGSWAP: the two offsets' fields swapped (a probe of the hardware's reading, for a GPU session; the emulation reads them the same way)." if SWAP else ""}
+// The copies that filled the tiles went through the generic proxy; wgmma reads through
+// the async proxy, hence fence.proxy.async before the barrier that publishes them. A
+// batch of wgmma's is fenced, committed and waited for within the step, so the next
+// step's copies never overwrite a tile still being read.${" TF32 operands are the floats' top 19 bits (truncated, not rounded: wgmma reads them from local memory as they are)." if MMA == "tf32" else ""}
+inline ulong clnn_wg_desc(const uint addr, const uint lbo, const uint sbo)
+{
+    return (ulong)((addr & 0x3ffffu) >> 4) | ((ulong)(${"sbo" if SWAP else "lbo"} >> 4) << 16) |
+           ((ulong)(${"lbo" if SWAP else "sbo"} >> 4) << 32);
+}
+%     if not EMULATE:
+#define CLNN_SMEM_ADDR(p) ((uint)(size_t)(p))
+#define CLNN_WG_PROXY() __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory")
+#define CLNN_WG_FENCE() __asm__ __volatile__("wgmma.fence.sync.aligned;" ::: "memory")
+#define CLNN_WG_COMMIT() __asm__ __volatile__("wgmma.commit_group.sync.aligned;" ::: "memory")
+#define CLNN_WG_WAIT() __asm__ __volatile__("wgmma.wait_group.sync.aligned 0;" ::: "memory")
+%       for i in range(MT):
+#define CLNN_WGMMA_${i}(da, db) \
+    __asm__ __volatile__("{\n.reg .pred p;\nsetp.ne.b32 p, %${NA + 2}, 0;\n" \
+                 "wgmma.mma_async.sync.aligned.m64n${WN}k${KI}.f32.${T}.${T} " \
+                 "{${", ".join(f"%{q}" for q in range(NA))}}, %${NA}, %${NA + 1}, p, 1, 1${flags};\n}\n" \
+                 : ${", ".join(f'"+f"(d{i}_{q // 4}_{q % 4})' for q in range(NA))} \
+                 : "l"(da), "l"(db), "r"(1))
+%       endfor
+%     else:
+// emulated: each work-item computes the outputs it holds from the tiles in local memory,
+// reading them through the descriptors as the hardware would (the tests check the
+// layouts, the descriptors and the accumulators' places against float64 products)
+#define CLNN_SMEM_ADDR(p) ((uint)((__local const uchar *)(p) - (__local const uchar *)wg_smem))
+#define CLNN_WG_PROXY()
+#define CLNN_WG_FENCE()
+#define CLNN_WG_COMMIT()
+#define CLNN_WG_WAIT()
+inline float clnn_wg_at(__local const uchar *smem, const ulong desc, const int x, const int k,
+                        const int kmajor)
+{
+    const uint start = (uint)(desc & 0x3fff) << 4;
+    const uint f1 = (uint)((desc >> 16) & 0x3fff) << 4, f2 = (uint)((desc >> 32) & 0x3fff) << 4;
+    const uint lbo = ${"f2" if SWAP else "f1"}, sbo = ${"f1" if SWAP else "f2"};
+    const uint off = start + (uint)(x / 8) * sbo +
+        (kmajor ? (uint)(k / ${KC}) * lbo + (uint)(x % 8) * 16 + (uint)(k % ${KC}) * ${ITEM}
+                : (uint)(k / 8) * lbo + (uint)(k % 8) * 16 + (uint)(x % 8) * 2);
+%       if MMA == "tf32":
+    return as_float(*(__local const uint *)(smem + off) & 0xffffe000u);
+%       else:
+    return CLNN_LOAD_AT(__local, (__local const real_t *)(smem + off), 0);
+%       endif
+}
+inline void clnn_wgmma_emulated(float *s, __local const uchar *smem, const ulong da,
+                                const ulong db, const int wq, const int lane)
+{
+#pragma unroll 1
+    for (int q = 0; q < ${NA}; ++q) {
+        const int row = 16 * wq + 8 * (q % 4 / 2) + lane / 4, col = 8 * (q / 4) + 2 * (lane % 4) + q % 2;
+        float acc = 0.0f;
+#pragma unroll 1
+        for (int k = 0; k < ${KI}; ++k)
+            acc += clnn_wg_at(smem, da, row, k, ${int(KMA)}) * clnn_wg_at(smem, db, col, k, ${int(KMB)});
+        s[q] = acc;
+    }
+}
+%       for i in range(MT):
+#define CLNN_WGMMA_${i}(da, db) { \
+    float s_[${NA}]; \
+    clnn_wgmma_emulated(s_, (__local const uchar *)wg_smem, da, db, wq, lane); \
+    ${" ".join(f"d{i}_{q // 4}_{q % 4} += s_[{q}];" for q in range(NA))} }
+%       endfor
+%     endif
 %   endif
 % endif
 
@@ -1026,10 +1149,31 @@ ${matrix_load(f"rb{l}", GVB, "b", "k", "n", "ldb", "kend", "N", guarded, g)}
     row, col = (f"{m0} + idx / {per}", f"k0 + idx % {per} * {GV}") if kfast else \
         (f"k0 + idx / {per}", f"{m0} + idx % {per} * {GV}")
     rlim, clim = (lim, "kend") if kfast else ("kend", lim)
+    dst = f"idx / {per} * {RS} + idx % {per} * {GV}"
+    if g["WGMMA"]:
+        # the core-matrix layout (see the template's head): 8 neighbouring work-items
+        # fill the 8 rows of one core matrix (128 contiguous bytes of local memory),
+        # and a warp's copies read 8 rows of 4 neighbouring vectors in global memory
+        KC = g["KC"]
+        if g["KMA" if X == "A" else "KMB"] and not kfast:
+            # TF32 stored along m (n): a float per copy (GV 1) into the K-major layout
+            x, k = f"(idx % {WX})", f"(idx / {WX})"
+            row, col = f"k0 + {k}", f"{m0} + {x}"
+        elif kfast:
+            x, k = f"(idx / {8 * per} * 8 + idx % 8)", f"(idx / 8 % {per} * {GV})"
+            row, col = f"{m0} + {x}", f"k0 + {k}"
+        else:
+            # float16 stored along m (n): MN-major cores, 8 k's of 8 halves
+            k, x = f"(idx / {8 * per} * 8 + idx % 8)", f"(idx / 8 % {per} * {GV})"
+            row, col = f"k0 + {k}", f"{m0} + {x}"
+        if g["KMA" if X == "A" else "KMB"]:
+            dst = f"({k} / {KC} * {WX // 8} + {x} / 8) * {8 * KC} + {x} % 8 * {KC} + {k} % {KC}"
+        else:
+            dst = f"({k} / 8 * {WX // 8} + {x} / 8) * 64 + {k} % 8 * 8 + {x} % 8"
 %>
 <%call expr="slots(g, X)" args="l">\
                 const int r = ${row}, c = ${col};
-                __local ${lt} *dst = ${lm} + ${buf} * ${SZ} + idx / ${per} * ${RS} + idx % ${per} * ${GV};
+                __local ${lt} *dst = ${lm} + ${buf} * ${SZ} + ${dst};
 %   if guarded:
                 const int valid = r < ${rlim} ? clamp(${clim} - c, 0, ${GV}) : 0;
                 CLNN_CP_ASYNC${ITEM * GV}(dst, ${ptr} + (valid ? r * ${ld} + c : 0), ${ITEM} * valid);
@@ -1102,7 +1246,18 @@ void clnn_gemm_tiled(const int M, const int N, const int K, const int splits,
                      __global ${"acc_t" if partial else "real_t"} *c, const int4 c_desc${conv_sig})
 {
     // operand descriptors: (element offset, leading dimension, batch stride, unused)
-% if LDSM:
+% if WGMMA:
+    // ${NBUF} buffers of each tile in the core-matrix layout, A's then B's, in one array
+    // (16-byte aligned, as descriptors need)
+    __local uint4 wg_smem[${NBUF * (SZA + SZB) * ITEM // 16}];
+%   if ITEM == 2:
+    __local ushort *a_lmh = (__local ushort *)wg_smem;
+    __local ushort *b_lmh = a_lmh + ${NBUF * SZA};
+%   else:
+    __local float *a_lmf = (__local float *)wg_smem;
+    __local float *b_lmf = a_lmf + ${NBUF * SZA};
+%   endif
+% elif LDSM:
     // ${NBUF} buffers of each tile, as halves (16-byte aligned: ldmatrix reads 16-byte rows)
     __local uint4 a_lmq[${NBUF * SZA // 8}];
     __local uint4 b_lmq[${NBUF * SZB // 8}];
@@ -1149,12 +1304,20 @@ void clnn_gemm_tiled(const int M, const int N, const int K, const int splits,
     // warp (wm, wn) of the group owns rows wm0 .. wm0 + WM and columns wn0 .. wn0 + WN
     // of the tile; d{i}_{j} is its mma tile (i, j), four floats per lane
     const int lane = tid % 32, warp = tid / 32;
-%   if EMULATE:
+%   if EMULATE and not WGMMA:
     __local uint mma_exchange[${(4 * MT + 2 * NTL) * NT}];
 #define CLNN_XR ${4 * MT + 2 * NTL}
 %   endif
     const int grp = lane / 4, t4 = lane % 4;
+%   if WGMMA:
+    // warpgroup wgi owns the WM x WN block at (wg_m0, wn0); its warp wq holds rows
+    // wm0 + 64 i .. + 15 of each of its ${MT} wgmma tiles
+    const int wq = warp % 4, wgi = warp / 4;
+    const int wg_m0 = wgi / ${WARPS_N} * ${WM}, wn0 = wgi % ${WARPS_N} * ${WN};
+    const int wm0 = wg_m0 + 16 * wq;
+%   else:
     const int wm0 = warp / ${WARPS_N} * ${WM}, wn0 = warp % ${WARPS_N} * ${WN};
+%   endif
 %   for i in range(MT):
 %     for j in range(NTL):
     float ${", ".join(f"d{i}_{j}_{r} = 0.0f" for r in range(4))};
@@ -1210,6 +1373,9 @@ ${store_ldsm(0, g, "A") + store_ldsm(0, g, "B") if LDSM else store_half_pairs(0,
 % if STAGES:
         const int buf = step % ${STAGES};
         CLNN_CP_WAIT(${STAGES - 2});    // this work-item's copies of tile `step` are in
+% if WGMMA:
+        CLNN_WG_PROXY();               // visible to wgmma's reads (the async proxy)
+% endif
         barrier(CLK_LOCAL_MEM_FENCE);  // everyone's are, and no one still reads step - 1's
         {                              // buffer, which tile step + ${STAGES - 1} now fills
             const int ahead = step + ${STAGES - 1}, k0 = kbeg + ahead * KWG;
@@ -1229,7 +1395,35 @@ ${load_a(True, g)}
             }
         }
 % endif
-% if MMA != "none":
+% if WGMMA:
+<%
+    # byte offsets in a buffer: the block's first core matrix along m (n) and the k
+    # step's along k (cores KC or, MN-major, 8 k's deep; WX * 16 bytes per core column)
+    KCA, KCB = (KC if KMA else 8), (KC if KMB else 8)
+    h = "h" if ITEM == 2 else "f"
+%>
+        {
+            // this step's tiles; the warpgroup's wgmma tiles read them through descriptors
+            const uint a_sa = CLNN_SMEM_ADDR(a_lm${h} + buf * ${SZA}) + (uint)wg_m0 * 16;
+            const uint b_sa = CLNN_SMEM_ADDR(b_lm${h} + buf * ${SZB}) + (uint)wn0 * 16;
+            CLNN_WG_FENCE();
+%   for kk in range(0, KWG, KI):
+%     for i in range(MT):
+            CLNN_WGMMA_${i}(clnn_wg_desc(a_sa + ${kk // KCA * MWG * 16 + 1024 * i}, ${MWG * 16}, 128),
+                          clnn_wg_desc(b_sa + ${kk // KCB * NWG * 16}, ${NWG * 16}, 128));
+%     endfor
+%   endfor
+            CLNN_WG_COMMIT();
+            CLNN_WG_WAIT();
+%   if not EMULATE:
+            // the accumulators are written by now: no use of them moves above the wait
+<% regs = [f"d{i}_{j}_{r}" for i in range(MT) for j in range(NTL) for r in range(4)] %>\
+%     for q in range(0, len(regs), 8):
+            __asm__ __volatile__("" : ${", ".join(f'"+f"({x})' for x in regs[q:q + 8])} :: "memory");
+%     endfor
+%   endif
+        }
+% elif MMA != "none":
 %   if LDSM:
         // this lane's row of each ldmatrix: matrices (m 0-7, k 0-7), (m 8-15, k 0-7),
         // (m 0-7, k 8-15), (m 8-15, k 8-15) of A; (k 0-7, n 0-7), (k 8-15, n 0-7),
@@ -1390,7 +1584,7 @@ ${store_ldsm("(buf ^ 1)", g, "A") + store_ldsm("(buf ^ 1)", g, "B") if LDSM else
 %     for j in range(NTL):
 %       for r in range(4):
     {
-        const int m = m0 + wm0 + ${16 * i + 8 * (r // 2)} + grp, n = n0 + wn0 + ${8 * j + r % 2} + 2 * t4;
+        const int m = m0 + wm0 + ${(64 if WGMMA else 16) * i + 8 * (r // 2)} + grp, n = n0 + wn0 + ${8 * j + r % 2} + 2 * t4;
         if (m < M && n < N)
 %         if partial:
             c[m * N + n] = d${i}_${j}_${r};

@@ -290,7 +290,16 @@ def _tiled_launch(dev, dt, rows, M, N, K, nbatch, a, b, c, act, bias_mode, trans
     # copies take up to 16 bytes, 8 halves
     vec_ops = [a.off, a.ld, a.bstride] + ([b.off, b.ld, b.bstride] if conv == "none" else [])
     vwn = p.get("VWN", 1)
-    widest = 8 if p.get("ASYNC") and p.get("LDSM") and conv == "none" else 4
+    widest = 8 if p.get("ASYNC") and (p.get("LDSM") or p.get("WGMMA")) and conv == "none" \
+        else 4
+    if p.get("WGMMA") and (conv != "none" or
+                           plans.vector_width(p, vec_ops, widest) * dt.itemsize < 4):
+        # wgmma's tiles arrive by cp.async only: an mma.sync row serves this launch
+        fall = plans.freeze((tuning.wgmma_fallback(p),))
+        plan = plans.cached_best(dev.facts, fall, M, N, K, nbatch, dt.itemsize,
+                                 SPLITK_BYTES // acc.itemsize)
+        p = plan.params
+        widest = 8 if p.get("ASYNC") and p.get("LDSM") and conv == "none" else 4
     prm = {"dtype": programs.dtype_name(dt), "variant": "local", "trans_a": trans_a,
            "trans_b": trans_b, "act": act, "bias": bias_mode, "conv": conv,
            "vec": plans.vector_width(p, vec_ops, widest) if conv in ("none", "fwd") else 1,

@@ -28,16 +28,18 @@ DTYPE = {"tf32": np.float32, "f16": np.float16, "bf16": clnn.bfloat16}
 ROWS = {"tf32": "tf32", "f16": "f16", "bf16": "f16"}
 
 
-def as_engine_sees(kind, x):
+def as_engine_sees(kind, x, truncated=False):
     """The operand as the engine multiplies it: float32 rounded to TF32 (10 mantissa
-    bits, to nearest with ties away from zero, as cvt.rna.tf32.f32), or the halves as
-    they are. The references below multiply these in float64, so what is left to bound
-    is float32 summation and the result's rounding: a kernel that rounded differently,
-    or skipped the rounding, fails."""
+    bits, to nearest with ties away from zero, as cvt.rna.tf32.f32), or ``truncated``
+    to them (a WGMMA row: wgmma reads the floats' top 19 bits from local memory), or
+    the halves as they are. The references below multiply these in float64, so what is
+    left to bound is float32 summation and the result's rounding: a kernel that
+    rounded differently, or skipped the rounding, fails."""
     if kind != "tf32":
         return x                       # 16-bit values are exact in float32 and float64
     u = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    r = ((u + np.uint32(0x1000)) & np.uint32(0xffffe000)).view(np.float32)
+    r = ((u + np.uint32(0 if truncated else 0x1000)) &
+         np.uint32(0xffffe000)).view(np.float32)
     return np.where(np.isfinite(x), r, x).astype(np.float32)
 SIZES = [(1, 1, 1), (17, 13, 29), (129, 257, 33), (300, 200, 100), (64, 8, 1000),
          (7, 300, 64)]
@@ -117,8 +119,9 @@ def check(dev, kind, row, M, N, K, ta, tb, alpha, beta, bias, act, align=0):
     mask = np.ones(big.shape, bool)
     mask[1:1 + M, 2:2 + N] = False
     assert np.all(got_big[mask] == CANARY), "a canary around out was overwritten"
-    A64 = as_engine_sees(kind, a.T if ta else a).astype(np.float64)
-    B64 = as_engine_sees(kind, b.T if tb else b).astype(np.float64)
+    wg = bool(row.get("WGMMA"))
+    A64 = as_engine_sees(kind, a.T if ta else a, wg).astype(np.float64)
+    B64 = as_engine_sees(kind, b.T if tb else b, wg).astype(np.float64)
     ref = alpha * (A64 @ B64)
     scale = abs(alpha) * (np.abs(A64) @ np.abs(B64))
     if beta:
@@ -320,3 +323,68 @@ def test_cp_async_rows(dev, kind, stages):
         # a layer's convolutions under the row: their gathered operands load through
         # registers, as the row without ASYNC loads them
         check_conv(dev, kind, row, (2, 3, 9, 11, 17, 3, 2, 1))
+
+
+def wgmma_rows(dev, kind):
+    """WGMMA rows (Hopper's wgmma.mma_async, tuning.WGMMA_CANDIDATES): every candidate,
+    real, on a device of compute capability 9.0; elsewhere emulated (each work-item
+    reads its outputs' operands through the descriptors, as the hardware would), in
+    smaller tiles that PoCL builds quickly: one warpgroup over 64 x 64, and two wgmma
+    tiles along m for one warpgroup (128 x 64), which exercise the same layouts,
+    descriptors and accumulator places."""
+    k = ROWS[kind]
+    if dev.facts.nv_compute_capability >= 90:
+        return tuning.wgmma_rows(k)
+    kwg = 16 if k == "tf32" else 32
+    small = {"variant": "local", "MMA": k, "MWG": 64, "NWG": 64, "KWG": kwg, "MDIMC": 8,
+             "NDIMC": 16, "WM": 64, "WN": 64, "ASYNC": 3 if k == "tf32" else 2,
+             "WGMMA": True, "EMULATE": True}
+    return [small, dict(small, MWG=128, WM=128, ASYNC=2)]
+
+
+def tiled_params(row, run):
+    """The tuning of each tiled GEMM kernel ``run`` builds under ``row``'s override."""
+    seen = []
+    real = programs.get_kernel
+
+    def spy(device, stem, entry, params, options=()):
+        if entry == "clnn_gemm_tiled":
+            seen.append((params["vec"], dict(params["tuning"])))
+        return real(device, stem, entry, params, options)
+    with mock.patch.object(programs, "get_kernel", spy):
+        run()
+    return seen
+
+
+@pytest.mark.parametrize("kind", ["tf32", "f16", "bf16"])
+def test_wgmma_rows(dev, kind):
+    """Each WGMMA row: the four transposes (K-major tiles, and float16 tiles stored
+    along m or n that the instruction transposes; TF32 operands stored along m or n
+    copied a float at a time), copies of 16, 8 and 4 bytes, tile edges, split-K, the
+    epilogue. TF32 operands are truncated to 19 bits, as wgmma reads them."""
+    widths = (8, 4, 2) if kind != "tf32" else (4, 2, 1)
+    for i, row in enumerate(wgmma_rows(dev, kind)):
+        cases = [(37, 45, 75, ta, tb, widths[0]) for ta in (False, True)
+                 for tb in (False, True)]
+        cases += [(67, 61, 130, False, False, widths[1]), (33, 17, 301, True, False,
+                                                           widths[2])]
+        if i:
+            cases = cases[1:2] + cases[-1:]
+        for j, (M, N, K, ta, tb, vec) in enumerate(cases):
+            r = dict(row, KSPLIT=3) if j == len(cases) - 1 else row
+            seen = tiled_params(r, lambda: check(
+                dev, kind, r, M, N, K, ta, tb, alpha=1.0 if ta else -0.5,
+                beta=0.5 if tb else 0.0, bias=ta, act="relu" if j % 2 else None,
+                align=vec if vec > 1 else 0))
+            assert [(v, t.get("WGMMA")) for v, t in seen] == [(vec, True)]
+
+
+def test_wgmma_rows_hand_other_launches_to_mma_sync(dev):
+    """Where a WGMMA row cannot run (float16 too unaligned for 4-byte copies, a
+    convolution's gathered operands), the table's mma.sync row of its kind does."""
+    row = wgmma_rows(dev, "f16")[0]
+    seen = tiled_params(row, lambda: check(dev, "f16", row, 20, 9, 33, False, False,
+                                           alpha=1.0, beta=0.0, bias=False, act=None))
+    assert len(seen) == 1 and not seen[0][1].get("WGMMA") and seen[0][1]["MMA"] == "f16"
+    seen = tiled_params(row, lambda: check_conv(dev, "f16", row, (2, 3, 9, 11, 17, 3, 2, 1)))
+    assert seen and not any(t.get("WGMMA") for _, t in seen)
