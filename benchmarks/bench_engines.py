@@ -3,10 +3,19 @@ compute capability 8.0 and up) beside its float32 GEMM, and beside cuBLAS's TF32
 float16 and float32 through PyTorch CUDA on the same GPU, in one run.
 
     python benchmarks/bench_engines.py [--device gpu] [--sizes 1024,2048,4096,8192] [--each-row]
+    python benchmarks/bench_engines.py --device gpu --wgmma-only [--sizes 4096,8192]
 
 --each-row also times every engine row of the table forced, in kernel time, and the
 float16 rows once more with ldmatrix (LDSM), and the float16 rows with ldmatrix and the
 TF32 rows with tiles filled by cp.async (ASYNC), which only the tuner picks until timed.
+
+--wgmma (--wgmma-only: nothing else) checks and times the WGMMA rows (Hopper's
+wgmma.mma_async, tuning.WGMMA_CANDIDATES, compute capability 9.0), which neither the
+table nor the tuner offers until they have been timed: first each kind on a small
+product with the descriptors' two byte offsets read as PTX's documentation says and
+swapped (WGSWAP), to learn which reading the hardware has; then, in that reading, every
+candidate on the squares, NN and NT (TF32 copies an NN product's B a float at a time),
+in kernel time.
 
 TF32 is what clnn.set_float32_matmul_precision("high") turns on, float16 what a float16
 GEMM takes. Each product is checked first against numpy's float64 product of the same
@@ -34,6 +43,8 @@ DENSE = [("dense fwd X.W^T", 1000, 5000, 2000, False, True),
          ("dense dW = dY^T.X", 5000, 2000, 1000, True, False)]
 FORMATS = {"float32": (np.float32, "highest", 0.0), "tf32": (np.float32, "high", 2.0 ** -10),
            "float16": (np.float16, "highest", 0.0)}
+# TF32 truncated (WGMMA rows: wgmma reads the floats' top 19 bits): twice the bound
+BOUNDS = dict({f: v[2] for f, v in FORMATS.items()}, tf32t=2.0 ** -9)
 
 
 def check(name, got, a, b, ta, tb, fmt):
@@ -44,7 +55,7 @@ def check(name, got, a, b, ta, tb, fmt):
     ref = A[rows] @ B
     scale = np.abs(A[rows]) @ np.abs(B)
     out = 2.0 ** -10 if fmt == "float16" else 2.0 ** -23
-    bound = (FORMATS[fmt][2] + 2 * (K + 2) * 2.0 ** -24) * scale + out * np.abs(ref)
+    bound = (BOUNDS[fmt] + 2 * (K + 2) * 2.0 ** -24) * scale + out * np.abs(ref)
     err = np.abs(np.asarray(got[rows], np.float64) - ref)
     if not np.all(err <= bound):
         raise SystemExit(f"{name} {fmt}: result differs from numpy's float64 product "
@@ -124,6 +135,77 @@ def each_row(dev, sizes, repeats, rng):
     return out
 
 
+def wgmma(dev, sizes, repeats, rng):
+    """The WGMMA candidates: which descriptor reading the hardware has, then each row's
+    kernel time on the squares, NN and NT."""
+    out = []
+    print("# WGMMA rows (wgmma.mma_async), kernel time, TFLOP/s")
+    for kind, dt, fmt in (("f16", np.float16, "float16"), ("tf32", np.float32, "tf32t")):
+        size = np.dtype(dt).itemsize
+        M, N, K = 256, 192, 320
+        a = rng.standard_normal((M, K), dtype=np.float32).astype(dt)
+        b = rng.standard_normal((K, N), dtype=np.float32).astype(dt)
+        A, B = clnn.asarray(a, device=dev), clnn.asarray(b, device=dev)
+        Bt = clnn.asarray(np.ascontiguousarray(b.T), device=dev)
+
+        def probe(flags, tb):
+            row = tuning.wgmma_rows(kind, **flags)[0]
+            name = f"{kind} probe {'NT' if tb else 'NN'} {flags}"
+            try:
+                with tuning.override("gemm", dict(row, KSPLIT=1)):
+                    got = clnn.gemm(A, Bt if tb else B, trans_b=tb).get()
+                check("clnn", got, a, b, False, False, fmt)
+            except (SystemExit, clnn.ClnnError) as exc:
+                print(f"{name}: FAILED {exc}", flush=True)
+                out.append({"probe": name, "error": str(exc)})
+                return False
+            print(f"{name}: correct", flush=True)
+            out.append({"probe": name, "correct": True})
+            return True
+        # NT: both tiles K-major (WGSWAP); NN: float16's B transposed by the
+        # instruction (WGSWAPT), TF32's copied a float at a time into K-major tiles
+        sw = next((v for v in (False, True) if probe({"WGSWAP": v}, True)), None)
+        if sw is None:
+            continue
+        flags = {"WGSWAP": sw}
+        if kind == "f16":
+            swt = next((v for v in (False, True)
+                        if probe({"WGSWAP": sw, "WGSWAPT": v}, False)), None)
+            if swt is None:
+                continue
+            flags["WGSWAPT"] = swt
+        elif not probe(flags, False):
+            continue
+        for n in sizes:
+            a = rng.standard_normal((n, n), dtype=np.float32).astype(dt)
+            b = rng.standard_normal((n, n), dtype=np.float32).astype(dt)
+            A, B = clnn.asarray(a, device=dev), clnn.asarray(b, device=dev)
+            C = clnn.empty((n, n), dt, device=dev)
+            for r in tuning.wgmma_rows(kind, **flags):
+                if tuning.gemm_problems(r, dev.facts, size):
+                    continue
+                for tb in (False, True):
+                    def run(r=r, tb=tb):
+                        with tuning.override("gemm", dict(r, KSPLIT=1)):
+                            clnn.gemm(A, B, out=C, trans_b=tb)
+                    tile = f"{r['MWG']}x{r['NWG']}x{r['KWG']} {r['WM']}x{r['WN']} " \
+                        f"x{r['ASYNC']}{' wait 1' if r.get('WGWAIT') else ''} " \
+                        f"{'NT' if tb else 'NN'}"
+                    try:
+                        run()
+                        check("clnn", C.get(), a, b, False, tb, fmt)
+                    except (SystemExit, clnn.ClnnError) as exc:
+                        out.append({"shape": f"{n}^3", "row": "wgmma " + tile,
+                                    "format": kind, "error": str(exc)})
+                        print(f"{n:5d}^3 {kind:5s} wgmma {tile:26s} FAILED: {exc}", flush=True)
+                        continue
+                    tf = 2 * n ** 3 / median_kernel_time(run, dev, repeats) / 1e12
+                    out.append({"shape": f"{n}^3", "row": "wgmma " + tile, "format": kind,
+                                "tflops": tf})
+                    print(f"{n:5d}^3 {kind:5s} wgmma {tile:26s} {tf:7.1f}", flush=True)
+    return out
+
+
 def main(argv=None):
     p = _common.arg_parser(__doc__)
     p.add_argument("--sizes", default="1024,2048,4096,8192")
@@ -131,8 +213,23 @@ def main(argv=None):
                    help="also time every engine row forced on the squares (kernel time "
                         "from profiling events, no split-K), as the tuning table's "
                         "speeds were measured")
+    p.add_argument("--wgmma", action="store_true",
+                   help="also check and time the WGMMA rows (compute capability 9.0)")
+    p.add_argument("--wgmma-only", action="store_true", help="only the WGMMA rows")
     args = p.parse_args(argv)
     devs = [d for d in _common.devices(args.device) if tuning.mma_rows(d.facts, "tf32")]
+    sizes = [int(n) for n in args.sizes.split(",")]
+    if args.wgmma_only:
+        devs = [d for d in devs if d.facts.nv_compute_capability >= 90]
+        if not devs:
+            print("no device of compute capability 9.0 for the WGMMA rows")
+            return
+        rows = wgmma(devs[0], sizes, args.repeats, np.random.default_rng(0))
+        path = _common.write_json("bench_engines_wgmma", {
+            "device": devs[0].name, "driver": devs[0].facts.driver_version,
+            "rows": rows}, args.json)
+        print(f"results: {path}")
+        return
     if not devs:
         print("no device with matrix-engine rows (mma.sync needs NVIDIA compute "
               "capability 8.0 or newer); nothing to measure")
@@ -180,6 +277,8 @@ def main(argv=None):
         tuning.set_float32_matmul_precision(old)
     if args.each_row:
         rows += each_row(dev, [n for _, n, _, _, _, _ in shapes], args.repeats, rng)
+    if args.wgmma and dev.facts.nv_compute_capability >= 90:
+        rows += wgmma(dev, sizes, args.repeats, rng)
     path = _common.write_json("bench_engines", {"device": dev.name,
                                                 "driver": dev.facts.driver_version,
                                                 "rows": rows}, args.json)

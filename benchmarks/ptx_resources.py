@@ -9,9 +9,10 @@ compiler with -cl-nv-verbose (cl_nv_compiler_options), whose ptxas report gives 
 registers and spills the kernels really run with.
 
 Each row of GEMM_TABLE's and CONV_TABLE's NVIDIA entries (float32, as a GEMM X·Wᵀ and
-as a forward convolution) and of MMA_TABLE (TF32, float16; the float16 rows also with
-ldmatrix) is rendered, compiled by clang's NVPTX target with libclc's built-ins and
-assembled by ptxas (clnn/ptx.py). Registers and spills are a proxy for what NVIDIA's
+as a forward convolution), of MMA_TABLE (TF32, float16; the float16 rows also with
+ldmatrix) and the WGMMA candidates (tuning.WGMMA_CANDIDATES, for sm_90a) is rendered,
+compiled by clang's NVPTX target with libclc's built-ins and assembled by ptxas
+(clnn/ptx.py). Registers and spills are a proxy for what NVIDIA's
 OpenCL compiler does, which writes its own PTX (on an H100 the engine rows used 125
 to 167 registers there, none spilling); compare rows with each other, and before with
 after a change of the template, not with the driver's numbers. The local memory is
@@ -36,7 +37,8 @@ def rows():
                 "partial": False, "tuning": tuning.template_tuning(row, dtype)}
 
     def label(row):
-        extra = "".join(f" {k}={row[k]}" for k in ("WM", "WN", "LDSM", "ASYNC") if k in row)
+        extra = "".join(f" {k}={row[k]}" for k in ("WM", "WN", "LDSM", "ASYNC", "WGWAIT")
+                        if k in row)
         return (f"{row['MWG']}x{row['NWG']}x{row['KWG']} {row['MDIMC']}x{row['NDIMC']}"
                 f"{extra}")
     for row in tuning.GEMM_TABLE["vendor"][("nvidia", "GPU")]:
@@ -60,6 +62,11 @@ def rows():
                         plans.local_bytes(cp, size) <= 48 << 10:
                     yield (f"MMA_TABLE {row['MMA']} (ASYNC)", label(cp), cp,
                            params(cp, dtype, vec=16 // size))
+    # Hopper's wgmma rows (untimed candidates, sm_90a), both tiles K-major
+    for kind, dtype in (("f16", "float16"), ("tf32", "float32")):
+        size = 4 if dtype == "float32" else 2
+        for row in tuning.wgmma_rows(kind):
+            yield f"WGMMA {kind}", label(row), row, params(row, dtype, vec=16 // size)
 
 
 def driver_resources(dev, source):

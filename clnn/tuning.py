@@ -217,17 +217,20 @@ MMA_TABLE = {
 # untimed: written without a GPU (2026-11-27), checked emulated on PoCL and assembled by
 # ptxas for sm_90a (tests/test_ptx.py), so neither the table nor the tuner offers them
 # until a GPU session has timed them (benchmarks/bench_engines.py --wgmma checks each on
-# the GPU first, with the descriptors' two offsets read either way, WGSWAP). A
-# warpgroup of 128 work-items per WM x WN block, tiles through a cp.async pipeline of
-# ASYNC stages in the core-matrix layout (gemm.cl), 48 KiB at most
+# the GPU first, with the descriptors' two offsets read either way, WGSWAP and
+# WGSWAPT). A warpgroup of 128 work-items per WM x WN block, tiles through a cp.async
+# pipeline of ASYNC stages in the core-matrix layout (gemm.cl), 48 KiB at most; with
+# WGWAIT 1 a step's wgmma's still run while the next step's are issued
 WGMMA_CANDIDATES = {
     "f16": [dict(MWG=128, NWG=128, KWG=32, WM=64, WN=128, ASYNC=2),
             dict(MWG=128, NWG=128, KWG=32, WM=64, WN=128, ASYNC=3),
             dict(MWG=128, NWG=256, KWG=32, WM=64, WN=256, ASYNC=2),
-            dict(MWG=64, NWG=128, KWG=64, WM=64, WN=128, ASYNC=2)],
+            dict(MWG=64, NWG=128, KWG=64, WM=64, WN=128, ASYNC=2),
+            dict(MWG=128, NWG=128, KWG=32, WM=64, WN=128, ASYNC=3, WGWAIT=1)],
     "tf32": [dict(MWG=128, NWG=128, KWG=16, WM=64, WN=128, ASYNC=2),
              dict(MWG=128, NWG=128, KWG=16, WM=64, WN=128, ASYNC=3),
-             dict(MWG=128, NWG=256, KWG=16, WM=64, WN=256, ASYNC=2)],
+             dict(MWG=128, NWG=256, KWG=16, WM=64, WN=256, ASYNC=2),
+             dict(MWG=128, NWG=128, KWG=16, WM=64, WN=128, ASYNC=3, WGWAIT=1)],
 }
 
 
@@ -247,7 +250,8 @@ _KEYS = {"reg": ("MWI", "NWI", "VW", "WGM"),
 # parameters a row may leave out, with their defaults
 _OPTIONAL = {"local": {"VWM": 1, "VWN": 1}}
 # parameters passed to the template only when a row has them
-_EXTRA = {"local": ("MMA", "WM", "WN", "EMULATE", "LDSM", "ASYNC", "WGMMA", "WGSWAP")}
+_EXTRA = {"local": ("MMA", "WM", "WN", "EMULATE", "LDSM", "ASYNC", "WGMMA", "WGSWAP",
+                   "WGSWAPT", "WGWAIT", "EAGER")}
 MMA_KINDS = {"tf32": (8, 4), "f16": (16, 2)}      # K of one mma.sync, the item size it serves
 
 
@@ -366,7 +370,7 @@ def _mma_problems(p, facts, itemsize):
     if not (_is_int(wm) and _is_int(wn) and wm > 0 and wn > 0):
         return ["an MMA row needs warp blocks WM and WN"]
     probs = []
-    for flag in ("WGMMA", "WGSWAP"):
+    for flag in ("WGMMA", "WGSWAP", "WGSWAPT", "EAGER"):
         if not isinstance(p.get(flag, False), bool):
             probs.append(f"{flag} must be true or false")
     wgmma = p.get("WGMMA") is True
@@ -381,11 +385,15 @@ def _mma_problems(p, facts, itemsize):
         if p.get("LDSM") or not _is_int(p.get("ASYNC")):
             probs.append("WGMMA rows read their tiles through descriptors from a cp.async "
                          "pipeline (ASYNC), not by ldmatrix (LDSM)")
+        if p.get("WGWAIT", 0) not in (0, 1) or isinstance(p.get("WGWAIT"), bool) or \
+                (p.get("WGWAIT") and _is_int(p.get("ASYNC")) and p["ASYNC"] < 3):
+            probs.append("WGWAIT (wgmma batches left in flight) is 0 or 1, and 1 needs "
+                         "ASYNC >= 3")
         if facts is not None and facts.nv_compute_capability < 90 and not p.get("EMULATE"):
             probs.append("wgmma needs an NVIDIA GPU of compute capability 9.0 (Hopper) "
                          "(EMULATE: True runs the kernel with the engine emulated, for tests)")
-    elif p.get("WGSWAP"):
-        probs.append("WGSWAP serves WGMMA rows")
+    elif p.get("WGSWAP") or p.get("WGSWAPT") or "WGWAIT" in p:
+        probs.append("WGSWAP, WGSWAPT and WGWAIT serve WGMMA rows")
     elif wm % 16 or wn % 8 or p["MWG"] % wm or p["NWG"] % wn:
         probs.append("WM must be a multiple of 16 and WN of 8, dividing MWG and NWG")
     elif p["MDIMC"] * p["NDIMC"] != 32 * (p["MWG"] // wm) * (p["NWG"] // wn):
@@ -406,6 +414,8 @@ def _mma_problems(p, facts, itemsize):
                      "float16 rows with LDSM and WGMMA rows")
     if not isinstance(p.get("EMULATE", False), bool):
         probs.append("EMULATE must be true or false")
+    elif p.get("EAGER") and not p.get("EMULATE"):
+        probs.append("EAGER (copies landing as they are committed) serves emulated rows")
     elif facts is not None and facts.nv_compute_capability < 80 and not p.get("EMULATE"):
         probs.append("mma.sync needs an NVIDIA GPU of compute capability 8.0 or newer "
                      "(EMULATE: True runs the kernel with the engine emulated, for tests)")

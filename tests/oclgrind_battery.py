@@ -427,9 +427,16 @@ def engines():
     tiny = {"variant": "local", "MMA": "f16", "MWG": 32, "NWG": 32, "KWG": 16, "MDIMC": 8,
             "NDIMC": 16, "WM": 16, "WN": 16, "LDSM": True, "ASYNC": 3}
     tiny_tf32 = dict(tiny, MMA="tf32", KWG=8, LDSM=False)
+    # and WGMMA rows (a warpgroup per 64 x 64 block, tiles read through descriptors
+    # from a cp.async pipeline; convolutions under them run the table's mma.sync row)
+    wg = {"variant": "local", "MMA": "f16", "MWG": 64, "NWG": 64, "KWG": 32, "MDIMC": 8,
+          "NDIMC": 16, "WM": 64, "WN": 64, "ASYNC": 2, "WGMMA": True}
+    wg_tf32 = dict(wg, MMA="tf32", KWG=16, ASYNC=3)
     runs = [(r, np.float32 if r["MMA"] == "tf32" else np.float16) for r in rows + [ldsm]]
     for row, dt in runs + [(small, clnn.bfloat16), (tiny, np.float16),
-                           (tiny_tf32, np.float32)]:
+                           (tiny_tf32, np.float32), (wg, np.float16),
+                           (wg_tf32, np.float32),
+                           (dict(wg, ASYNC=3, WGWAIT=1), np.float16)]:
         row = dict(row, EMULATE=True)
         size = np.dtype(dt).itemsize
         if tuning.gemm_problems(row, facts, size) or plans.local_bytes(row, size) > 32768:

@@ -604,6 +604,15 @@ ${rb.epilogue(DM, DN, HVW, "c", "m0 + {i} < M", "(m0 + {i}) * ldc + {n}", "m0 + 
     if WGMMA and not STAGES:
         raise ValueError("WGMMA rows take plain operands copied by cp.async "
                          "(at least 4 bytes a copy)")
+    # WGWAIT (WGMMA rows): wgmma batches left in flight at the end of a step (0 or 1).
+    # With 1, step t's batch still reads its tile while step t + 1 issues its own, so
+    # the copies run AHEAD = ASYNC - 2 tiles ahead instead of ASYNC - 1 (the buffer
+    # they fill is the one batch t - 1 read, which every work-item has waited for by
+    # the barrier before the copies)
+    WGW = int(t.get("WGWAIT", 0)) if WGMMA else 0
+    AHEAD = STAGES - 1 - WGW
+    if STAGES and AHEAD < 1:
+        raise ValueError("WGWAIT 1 needs a pipeline of at least 3 tiles (ASYNC)")
     if STAGES and MMA == "tf32":
         RSA = KWG + 4 if a_kfast else MWG + 8
         RSB = KWG + 4 if b_kfast else NWG + 8
@@ -792,7 +801,13 @@ inline uint4 clnn_ldsm_emulated(__local uint *warp_exchange, const int lane, con
 #define CLNN_CP_ASYNC16(dst, src, valid) CLNN_CP_QUEUE(16, dst, src, valid)
 #define CLNN_CP_ASYNC8(dst, src, valid) CLNN_CP_QUEUE(8, dst, src, valid)
 #define CLNN_CP_ASYNC4(dst, src, valid) CLNN_CP_QUEUE(4, dst, src, valid)
+%       if t.get("EAGER"):
+// EAGER (tests): every copy lands as soon as it is committed, the earliest the hardware
+// may land it, so a copy into a tile still being read gives wrong products
+#define CLNN_CP_COMMIT() { ++cpq_groups; CLNN_CP_WAIT(0); }
+%       else:
 #define CLNN_CP_COMMIT() (++cpq_groups)
+%       endif
 #define CLNN_CP_WAIT(n) \
     for (; cpq_head < cpq_tail && cpq_group[cpq_head % CLNN_CPQ] < cpq_groups - (n); ++cpq_head) { \
         const int q_ = cpq_head % CLNN_CPQ; \
@@ -837,7 +852,7 @@ inline float clnn_mma_dot(__local const uint *w, const int xr, const int ra, con
 <%
     T = "tf32" if MMA == "tf32" else ("bf16" if dtype == "bfloat16" else "f16")
     NA = WN // 2                      # accumulator registers per work-item, per wgmma tile
-    SWAP = bool(t.get("WGSWAP"))
+    SWAP, SWAPT = bool(t.get("WGSWAP")), bool(t.get("WGSWAPT"))
     flags = "" if MMA == "tf32" else f", {0 if KMA else 1}, {0 if KMB else 1}"
 %>
 
@@ -848,22 +863,24 @@ inline float clnn_mma_dot(__local const uint *w, const int xr, const int ra, con
 // along n (register 4 j + r: row g + 8 (r / 2), column 8 j + 2 t4 + r % 2). A descriptor
 // is 64 bits: the start address / 16 (bits 0-13), the leading byte offset / 16 (16-29:
 // between core matrices along k), the stride byte offset / 16 (32-45: along m or n),
-// no swizzling (bits 62-63 zero).${" WGSWAP: the two offsets' fields swapped (a probe of the hardware's reading, for a GPU session; the emulation reads them the same way)." if SWAP else ""}
+// no swizzling (bits 62-63 zero). WGSWAP (K-major tiles) and WGSWAPT (MN-major) swap
+// the two offsets' fields: probes of the hardware's reading for a GPU session (the
+// emulation reads them the same way)${": here " + ", ".join(n for n, v in (("WGSWAP", SWAP), ("WGSWAPT", SWAPT)) if v) if SWAP or SWAPT else ""}.
 // The copies that filled the tiles went through the generic proxy; wgmma reads through
 // the async proxy, hence fence.proxy.async before the barrier that publishes them. A
 // batch of wgmma's is fenced, committed and waited for within the step, so the next
 // step's copies never overwrite a tile still being read.${" TF32 operands are the floats' top 19 bits (truncated, not rounded: wgmma reads them from local memory as they are)." if MMA == "tf32" else ""}
-inline ulong clnn_wg_desc(const uint addr, const uint lbo, const uint sbo)
+inline ulong clnn_wg_desc(const uint addr, const uint lbo, const uint sbo, const int swap)
 {
-    return (ulong)((addr & 0x3ffffu) >> 4) | ((ulong)(${"sbo" if SWAP else "lbo"} >> 4) << 16) |
-           ((ulong)(${"lbo" if SWAP else "sbo"} >> 4) << 32);
+    return (ulong)((addr & 0x3ffffu) >> 4) | ((ulong)((swap ? sbo : lbo) >> 4) << 16) |
+           ((ulong)((swap ? lbo : sbo) >> 4) << 32);
 }
 %     if not EMULATE:
 #define CLNN_SMEM_ADDR(p) ((uint)(size_t)(p))
 #define CLNN_WG_PROXY() __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory")
 #define CLNN_WG_FENCE() __asm__ __volatile__("wgmma.fence.sync.aligned;" ::: "memory")
 #define CLNN_WG_COMMIT() __asm__ __volatile__("wgmma.commit_group.sync.aligned;" ::: "memory")
-#define CLNN_WG_WAIT() __asm__ __volatile__("wgmma.wait_group.sync.aligned 0;" ::: "memory")
+#define CLNN_WG_WAIT(n) __asm__ __volatile__("wgmma.wait_group.sync.aligned " #n ";" ::: "memory")
 %       for i in range(MT):
 #define CLNN_WGMMA_${i}(da, db) \
     __asm__ __volatile__("{\n.reg .pred p;\nsetp.ne.b32 p, %${NA + 2}, 0;\n" \
@@ -875,18 +892,34 @@ inline ulong clnn_wg_desc(const uint addr, const uint lbo, const uint sbo)
 %     else:
 // emulated: each work-item computes the outputs it holds from the tiles in local memory,
 // reading them through the descriptors as the hardware would (the tests check the
-// layouts, the descriptors and the accumulators' places against float64 products)
+// layouts, the descriptors and the accumulators' places against float64 products).
+// As the hardware may, it reads them as late as it can: a work-item queues its wgmma's
+// (wgq_*) and multiplies them at the wait that needs them done, so a tile overwritten
+// before then (copies land as early as they can with EAGER) gives wrong products
 #define CLNN_SMEM_ADDR(p) ((uint)((__local const uchar *)(p) - (__local const uchar *)wg_smem))
 #define CLNN_WG_PROXY()
 #define CLNN_WG_FENCE()
-#define CLNN_WG_COMMIT()
-#define CLNN_WG_WAIT()
+#define CLNN_WGQ ${(WGW + 1) * (KWG // KI) * MT}
+#define CLNN_WG_COMMIT() (++wgq_groups)
+#define CLNN_WG_WAIT(n) \
+    for (; wgq_head < wgq_tail && wgq_g[wgq_head % CLNN_WGQ] < wgq_groups - (n); ++wgq_head) { \
+        const int q_ = wgq_head % CLNN_WGQ; \
+        float s_[${NA}]; \
+        clnn_wgmma_emulated(s_, (__local const uchar *)wg_smem, wgq_a[q_], wgq_b[q_], wq, lane); \
+<%
+    adds = [f"if (wgq_i[q_] == {i}) {{ " + " ".join(f"d{i}_{q // 4}_{q % 4} += s_[{q}];"
+                                                   for q in range(NA)) + " }"
+            for i in range(MT)]
+%>\
+        ${" else ".join(adds)} \
+    }
 inline float clnn_wg_at(__local const uchar *smem, const ulong desc, const int x, const int k,
                         const int kmajor)
 {
     const uint start = (uint)(desc & 0x3fff) << 4;
     const uint f1 = (uint)((desc >> 16) & 0x3fff) << 4, f2 = (uint)((desc >> 32) & 0x3fff) << 4;
-    const uint lbo = ${"f2" if SWAP else "f1"}, sbo = ${"f1" if SWAP else "f2"};
+    const int swap = kmajor ? ${int(SWAP)} : ${int(SWAPT)};
+    const uint lbo = swap ? f2 : f1, sbo = swap ? f1 : f2;
     const uint off = start + (uint)(x / 8) * sbo +
         (kmajor ? (uint)(k / ${KC}) * lbo + (uint)(x % 8) * 16 + (uint)(k % ${KC}) * ${ITEM}
                 : (uint)(k / 8) * lbo + (uint)(k % 8) * 16 + (uint)(x % 8) * 2);
@@ -911,9 +944,8 @@ inline void clnn_wgmma_emulated(float *s, __local const uchar *smem, const ulong
 }
 %       for i in range(MT):
 #define CLNN_WGMMA_${i}(da, db) { \
-    float s_[${NA}]; \
-    clnn_wgmma_emulated(s_, (__local const uchar *)wg_smem, da, db, wq, lane); \
-    ${" ".join(f"d{i}_{q // 4}_{q % 4} += s_[{q}];" for q in range(NA))} }
+    const int q_ = wgq_tail++ % CLNN_WGQ; \
+    wgq_a[q_] = (da); wgq_b[q_] = (db); wgq_i[q_] = ${i}; wgq_g[q_] = wgq_groups; }
 %       endfor
 %     endif
 %   endif
@@ -1336,6 +1368,11 @@ void clnn_gemm_tiled(const int M, const int N, const int K, const int splits,
     int cpq_len[CLNN_CPQ], cpq_valid[CLNN_CPQ], cpq_group[CLNN_CPQ];
     int cpq_head = 0, cpq_tail = 0, cpq_groups = 0;
 % endif
+% if WGMMA and EMULATE:
+    ulong wgq_a[CLNN_WGQ], wgq_b[CLNN_WGQ];
+    int wgq_i[CLNN_WGQ], wgq_g[CLNN_WGQ];
+    int wgq_head = 0, wgq_tail = 0, wgq_groups = 0;
+% endif
 % if not STAGES:
 %   for l in range(LA):
     ${vt(GVA)} ra${l};
@@ -1347,9 +1384,9 @@ void clnn_gemm_tiled(const int M, const int N, const int K, const int splits,
 
     const int steps = kend > kbeg ? (kend - kbeg + KWG - 1) / KWG : 0;
 % if STAGES:
-    // the pipeline's first ${STAGES - 1} tiles in flight (a group each, empty past the
+    // the pipeline's first ${AHEAD} tiles in flight (a group each, empty past the
     // slice's end, so that a wait counts groups the same way at every step)
-    for (int s = 0; s < ${STAGES - 1}; ++s) {
+    for (int s = 0; s < ${AHEAD}; ++s) {
         const int k0 = kbeg + s * KWG;
         if (s < steps) {
 ${issue_async("s", g)}
@@ -1372,13 +1409,13 @@ ${store_ldsm(0, g, "A") + store_ldsm(0, g, "B") if LDSM else store_half_pairs(0,
     for (int step = 0; step < steps; ++step) {
 % if STAGES:
         const int buf = step % ${STAGES};
-        CLNN_CP_WAIT(${STAGES - 2});    // this work-item's copies of tile `step` are in
+        CLNN_CP_WAIT(${AHEAD - 1});    // this work-item's copies of tile `step` are in
 % if WGMMA:
         CLNN_WG_PROXY();               // visible to wgmma's reads (the async proxy)
 % endif
         barrier(CLK_LOCAL_MEM_FENCE);  // everyone's are, and no one still reads step - 1's
-        {                              // buffer, which tile step + ${STAGES - 1} now fills
-            const int ahead = step + ${STAGES - 1}, k0 = kbeg + ahead * KWG;
+        {                              // buffer, which tile step + ${AHEAD} now fills
+            const int ahead = step + ${AHEAD}, k0 = kbeg + ahead * KWG;
             if (ahead < steps) {
 ${issue_async(f"(ahead % {STAGES})", g)}
             }
@@ -1400,6 +1437,9 @@ ${load_a(True, g)}
     # byte offsets in a buffer: the block's first core matrix along m (n) and the k
     # step's along k (cores KC or, MN-major, 8 k's deep; WX * 16 bytes per core column)
     KCA, KCB = (KC if KMA else 8), (KC if KMB else 8)
+    # the descriptors' offsets read the other way round (probes, see above)
+    SWA = int(bool(t.get("WGSWAP" if KMA else "WGSWAPT")))
+    SWB = int(bool(t.get("WGSWAP" if KMB else "WGSWAPT")))
     h = "h" if ITEM == 2 else "f"
 %>
         {
@@ -1409,12 +1449,12 @@ ${load_a(True, g)}
             CLNN_WG_FENCE();
 %   for kk in range(0, KWG, KI):
 %     for i in range(MT):
-            CLNN_WGMMA_${i}(clnn_wg_desc(a_sa + ${kk // KCA * MWG * 16 + 1024 * i}, ${MWG * 16}, 128),
-                          clnn_wg_desc(b_sa + ${kk // KCB * NWG * 16}, ${NWG * 16}, 128));
+            CLNN_WGMMA_${i}(clnn_wg_desc(a_sa + ${kk // KCA * MWG * 16 + 1024 * i}, ${MWG * 16}, 128, ${SWA}),
+                          clnn_wg_desc(b_sa + ${kk // KCB * NWG * 16}, ${NWG * 16}, 128, ${SWB}));
 %     endfor
 %   endfor
             CLNN_WG_COMMIT();
-            CLNN_WG_WAIT();
+            CLNN_WG_WAIT(${WGW});
 %   if not EMULATE:
             // the accumulators are written by now: no use of them moves above the wait
 <% regs = [f"d{i}_{j}_{r}" for i in range(MT) for j in range(NTL) for r in range(4)] %>\
@@ -1570,6 +1610,15 @@ ${store_ldsm("(buf ^ 1)", g, "A") + store_ldsm("(buf ^ 1)", g, "B") if LDSM else
         barrier(CLK_LOCAL_MEM_FENCE);
 % endif
     }
+% if WGMMA and WGW:
+    CLNN_WG_WAIT(0);                   // the last step's wgmma's
+%   if not EMULATE:
+<% regs = [f"d{i}_{j}_{r}" for i in range(MT) for j in range(NTL) for r in range(4)] %>\
+%     for q in range(0, len(regs), 8):
+    __asm__ __volatile__("" : ${", ".join(f'"+f"({x})' for x in regs[q:q + 8])} :: "memory");
+%     endfor
+%   endif
+% endif
 
 % if partial:
     // the raw sums of this K slice, for clnn_gemm_splitk: ws[batch, split] is M x N

@@ -290,8 +290,9 @@ def _tiled_launch(dev, dt, rows, M, N, K, nbatch, a, b, c, act, bias_mode, trans
     # copies take up to 16 bytes, 8 halves
     vec_ops = [a.off, a.ld, a.bstride] + ([b.off, b.ld, b.bstride] if conv == "none" else [])
     vwn = p.get("VWN", 1)
+    # (a WGMMA row's copies are 16 bytes at most: 8 halves, 4 floats)
     widest = 8 if p.get("ASYNC") and (p.get("LDSM") or p.get("WGMMA")) and conv == "none" \
-        else 4
+        and dt.itemsize == 2 else 4
     if p.get("WGMMA") and (conv != "none" or
                            plans.vector_width(p, vec_ops, widest) * dt.itemsize < 4):
         # wgmma's tiles arrive by cp.async only: an mma.sync row serves this launch

@@ -339,7 +339,11 @@ def wgmma_rows(dev, kind):
     small = {"variant": "local", "MMA": k, "MWG": 64, "NWG": 64, "KWG": kwg, "MDIMC": 8,
              "NDIMC": 16, "WM": 64, "WN": 64, "ASYNC": 3 if k == "tf32" else 2,
              "WGMMA": True, "EMULATE": True}
-    return [small, dict(small, MWG=128, WM=128, ASYNC=2)]
+    # and wgmma batches left in flight across a step (WGWAIT 1), with copies that land
+    # as late as they may (a tile read before it landed fails) and as early (EAGER: a
+    # tile overwritten while a batch still reads it fails)
+    return [small, dict(small, MWG=128, WM=128, ASYNC=2),
+            dict(small, ASYNC=3, WGWAIT=1), dict(small, ASYNC=3, WGWAIT=1, EAGER=True)]
 
 
 def tiled_params(row, run):
@@ -363,11 +367,15 @@ def test_wgmma_rows(dev, kind):
     copied a float at a time), copies of 16, 8 and 4 bytes, tile edges, split-K, the
     epilogue. TF32 operands are truncated to 19 bits, as wgmma reads them."""
     widths = (8, 4, 2) if kind != "tf32" else (4, 2, 1)
+    r_size = np.dtype(DTYPE[kind]).itemsize
     for i, row in enumerate(wgmma_rows(dev, kind)):
         cases = [(37, 45, 75, ta, tb, widths[0]) for ta in (False, True)
                  for tb in (False, True)]
         cases += [(67, 61, 130, False, False, widths[1]), (33, 17, 301, True, False,
                                                            widths[2])]
+        if kind == "tf32":
+            # floats aligned to 8 still copy 4 at a time (16 bytes, cp.async's most)
+            cases.append((40, 24, 48, False, True, 8))
         if i:
             cases = cases[1:2] + cases[-1:]
         for j, (M, N, K, ta, tb, vec) in enumerate(cases):
@@ -376,7 +384,7 @@ def test_wgmma_rows(dev, kind):
                 dev, kind, r, M, N, K, ta, tb, alpha=1.0 if ta else -0.5,
                 beta=0.5 if tb else 0.0, bias=ta, act="relu" if j % 2 else None,
                 align=vec if vec > 1 else 0))
-            assert [(v, t.get("WGMMA")) for v, t in seen] == [(vec, True)]
+            assert [(v, t.get("WGMMA")) for v, t in seen] == [(min(vec, 16 // r_size), True)]
 
 
 def test_wgmma_rows_hand_other_launches_to_mma_sync(dev):
