@@ -78,14 +78,14 @@ run_quick() {
   # Hopper's wgmma rows, never run on a GPU: which reading of the descriptors' offsets
   # the hardware has (probes), then each candidate at 4096^3 and 8192^3, NN and NT
   # (issue 11's TF32 and float16 targets; the mma.sync rows reach 0.3x and 0.37x)
-  LIMIT=75 step wgmma "$PY" benchmarks/bench_engines.py --device "$DEVICE" --wgmma-only \
+  LIMIT=90 step wgmma "$PY" benchmarks/bench_engines.py --device "$DEVICE" --wgmma-only \
     --sizes 4096,8192 --json "$OUT/bench_engines_wgmma.json"
   local workers=()
   "$PY" -c "import xdist" 2>/dev/null && workers=(-n 12)
   # no -x: every failure is worth knowing when the machine is gone after this command;
   # -v names each test as it ends (a run cut off by LIMIT still says which failed),
   # -rfE --tb=short gives the failures' reasons
-  LIMIT=200 step tests-gpu env CLNN_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q -v -rfE \
+  LIMIT=180 step tests-gpu env CLNN_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q -v -rfE \
     --tb=short "${workers[@]}" -p no:cacheprovider -W ignore::RuntimeWarning \
     tests/ops/test_gemm_mma.py tests/test_engines.py tests/ops/test_gemm.py \
     tests/ops/test_conv.py tests/ops/test_cast.py tests/ops/test_loss_scale.py \
@@ -93,11 +93,11 @@ run_quick() {
   # the float32 table beside cuBLAS, cuDNN and CLBlast (relu and the sums along rows
   # with this session's defaults: the GPU loop unrolled, planned calls)
   if [ -e .gpu/peers.py ] && [ -z "${NO_PEERS:-}" ]; then
-    LIMIT=100 step peers "$PY" .gpu/peers.py --json "$OUT/peers.json"
+    LIMIT=90 step peers "$PY" .gpu/peers.py --json "$OUT/peers.json"
   fi
   # the element-wise GPU loop: one load at a time per work-item against four; the sums
   # along rows with trees of 256 and 64 (call, kernel and host time each)
-  LIMIT=45 bench bench_ops --ops relu,tanh,sum --unroll 1,4 --row-group 256,64 --repeats 9
+  LIMIT=40 bench bench_ops --ops relu,tanh,sum --unroll 1,4 --row-group 256,64 --repeats 9
   # where a float16 LeNet-5 step's time goes against float32's (kernels, idle, launches):
   # issue 11's step target is the one it is furthest from (0.81x, target 1.5x)
   LIMIT=40 bench profile_step --steps 5 --top 20

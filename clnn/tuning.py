@@ -251,7 +251,7 @@ _KEYS = {"reg": ("MWI", "NWI", "VW", "WGM"),
 _OPTIONAL = {"local": {"VWM": 1, "VWN": 1}}
 # parameters passed to the template only when a row has them
 _EXTRA = {"local": ("MMA", "WM", "WN", "EMULATE", "LDSM", "ASYNC", "WGMMA", "WGSWAP",
-                   "WGSWAPT", "WGWAIT", "EAGER")}
+                   "WGSWAPT", "WGWAIT", "EAGER", "GROUPM")}
 MMA_KINDS = {"tf32": (8, 4), "f16": (16, 2)}      # K of one mma.sync, the item size it serves
 
 
@@ -260,7 +260,7 @@ MMA_KINDS = {"tf32": (8, 4), "f16": (16, 2)}      # K of one mma.sync, the item 
 # or override with one is refused up front.
 _RANGES = {"MWI": 32, "NWI": 128, "VW": 16, "WG": 1024, "WGM": 1024, "MWG": 256,
            "NWG": 256, "KWG": 64, "MDIMC": 64, "NDIMC": 64, "VWM": 4, "VWN": 4,
-           "KSPLIT": 64, "WM": 128, "WN": 256, "REGS": 64, "QV": 4, "MB": 16}
+           "KSPLIT": 64, "GROUPM": 64, "WM": 128, "WN": 256, "REGS": 64, "QV": 4, "MB": 16}
 
 
 def _is_int(v):
@@ -282,6 +282,8 @@ def gemm_problems(p, facts=None, itemsize=4):
     if bad:
         return [f"out of range or not an int: {', '.join(bad)} (limits: "
                 + ", ".join(f"{k} <= {_RANGES[k]}" for k in _RANGES if k in p) + ")"]
+    if "GROUPM" in p and variant != "local":
+        return ["GROUPM (tiles in bands of rows) orders the tiles of local rows"]
     for flag in ("LINE", "PIXELS", "PANELS_FIRST", "WINO"):
         if flag in p and not isinstance(p[flag], bool):
             return [f"{flag} must be true or false"]

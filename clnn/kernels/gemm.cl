@@ -1315,8 +1315,20 @@ void clnn_gemm_tiled(const int M, const int N, const int K, const int splits,
 % if MMA == "none":
     const int tn = tid % NDIMC, tm = tid / NDIMC;
 % endif
+% if t.get("GROUPM", 1) > 1:
+    // tiles in bands of ${t["GROUPM"]} rows, walked a column at a time (GROUPM): the
+    // work-groups running together share fewer, squarer panels of A and B, which stay
+    // in the L2 cache (dispatch order runs along dimension 0 first)
+    const int nt_ = (int)get_num_groups(0), mt_ = (int)get_num_groups(1);
+    const int lin_ = (int)get_group_id(1) * nt_ + (int)get_group_id(0);
+    const int first_ = lin_ / (${t["GROUPM"]} * nt_) * ${t["GROUPM"]};
+    const int band_ = min(mt_ - first_, ${t["GROUPM"]}), in_ = lin_ % (${t["GROUPM"]} * nt_);
+    const int n0 = in_ / band_ * NWG;
+    const int m0 = (first_ + in_ % band_) * MWG;
+% else:
     const int n0 = (int)get_group_id(0) * NWG;
     const int m0 = (int)get_group_id(1) * MWG;
+% endif
     const int batch = (int)get_group_id(2) / splits, split = (int)get_group_id(2) % splits;
     const int lda = a_desc.s1;
 % if not b_tab:

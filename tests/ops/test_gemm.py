@@ -240,6 +240,27 @@ def test_local_fast_path_when_sizes_divide_the_tiles(variant):
             check_gemm(M, N, K, ta, tb, -1.5, 1.0, np.float32, bias=True, act="relu")
 
 
+@pytest.mark.parametrize("groupm", [2, 3, 64])
+def test_tiles_walked_in_bands_of_rows(groupm):
+    """GROUPM: work-groups take their tiles in bands of GROUPM rows of tiles, a column
+    at a time. Every tile once (beta != 0: a tile done twice adds beta * C twice):
+    bands cut short at the bottom, a band taller than the matrix, batches, split-K."""
+    p = dict(VARIANTS["gpu-odd"], GROUPM=groupm)
+    for extra in ({}, {"KSPLIT": 3}):
+        with tuning.override("gemm", dict(p, **extra)):
+            check_gemm(12 * 5 + 7, 8 * 4 + 3, 23, False, False, 1.0, 0.5, np.float32,
+                       bias=True)
+            check_gemm(12 * 2 + 1, 17, 11, True, True, -1.0, 1.0, np.float32, batch=3)
+
+
+def test_tile_bands_serve_tiled_rows_only():
+    assert tuning.gemm_problems(dict(VARIANTS["gpu-odd"], GROUPM=4)) == []
+    assert any("GROUPM" in p for p in
+               tuning.gemm_problems(dict(VARIANTS["cpu-4x32"], GROUPM=4)))
+    assert any("GROUPM" in p for p in
+               tuning.gemm_problems(dict(VARIANTS["gpu-odd"], GROUPM=0)))
+
+
 @pytest.mark.parametrize("split,offset", [(None, 0), (None, 1), (None, 2), (3, 0), (5, 2)],
                          ids=["vec4", "vec1", "vec2", "vec4-split3", "vec2-split5"])
 def test_nvidia_big_tile(split, offset):
