@@ -1467,8 +1467,9 @@ ${load_a(True, g)}
 %   endfor
             CLNN_WG_COMMIT();
             CLNN_WG_WAIT(${WGW});
-%   if not EMULATE:
+%   if not EMULATE and not WGW:
             // the accumulators are written by now: no use of them moves above the wait
+            // (with a batch left in flight, only after the loop's last wait)
 <% regs = [f"d{i}_{j}_{r}" for i in range(MT) for j in range(NTL) for r in range(4)] %>\
 %     for q in range(0, len(regs), 8):
             __asm__ __volatile__("" : ${", ".join(f'"+f"({x})' for x in regs[q:q + 8])} :: "memory");
