@@ -525,3 +525,26 @@ def wgmma_variants():
                               "vec": vec, "vec_c": False, "partial": ta and not tb,
                               "tuning": tuning.template_tuning(row, dtype)}
                     yield pytest.param(params, id=f"{kind}-{i}-{dtype}-{int(ta)}{int(tb)}")
+
+
+@gate("clang", CLANG is not None)
+@pytest.mark.parametrize("params", list(wgmma_variants()))
+def test_wgmma_kernels_compile_for_nvptx(params):
+    """The WGMMA rows as strict as the other engine rows (OpenCL C 1.2, no warnings),
+    and, emulated, plain portable OpenCL C: the SPIR gate's checks."""
+    from test_kernels_clang import clang_check
+    source = programs.render("gemm", params)
+    assert "wgmma.mma_async.sync.aligned" in source and "mma.sync.aligned" not in \
+        source.replace("wgmma.mma_async.sync.aligned", "")
+    cmd = [CLANG, "-x", "cl", "-fsyntax-only", "-target", "nvptx64-nvidia-cuda",
+           "-cl-std=CL1.2", "-cl-no-stdinc", "-Xclang", "-finclude-default-header",
+           "-Xclang", "-cl-ext=-cl_khr_fp64,-cl_khr_fp16", "-Wall", "-Werror", "-"]
+    res = subprocess.run(cmd, input=source, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr + programs.numbered(source)
+    emulated = dict(params, tuning=tuning.template_tuning(
+        dict(dict(params["tuning"]), variant="local", EMULATE=True), params["dtype"]))
+    source = programs.render("gemm", emulated)
+    assert "__asm__" not in source
+    for defines in ((), ("CLNN_CPU",)):
+        res = clang_check(source, params["dtype"], defines=defines)
+        assert res.returncode == 0, res.stderr + programs.numbered(source)

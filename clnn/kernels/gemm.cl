@@ -699,7 +699,7 @@ ${rb.epilogue(DM, DN, HVW, "c", "m0 + {i} < M", "(m0 + {i}) * ldc + {n}", "m0 + 
 // TF32 (float32 operands rounded to 10 mantissa bits, as PyTorch's "high" float32
 // matmul precision): A fragment a0..a3 = A(g, t4), A(g + 8, t4), A(g, t4 + 4),
 // A(g + 8, t4 + 4); B fragment b0, b1 = B(t4, g), B(t4 + 4, g).
-%     if not EMULATE:
+%     if not EMULATE and not WGMMA:
 #define CLNN_MMA(d, a0, a1, a2, a3, b0, b1) \
     __asm__ __volatile__("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 " \
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};" \
@@ -721,7 +721,7 @@ inline float clnn_tf32(const float x)
 // A(g + 8, ...); B fragment b0, b1 = B(2 t4 + {0, 1}, g), B(2 t4 + 8 + {0, 1}, g).
 // The tiles go to local memory as halves in exactly these pairs (store_half_pairs), so a
 // fragment register is one 32-bit load.
-%     if not EMULATE:
+%     if not EMULATE and not WGMMA:
 #define CLNN_MMA(d, a0, a1, a2, a3, b0, b1) \
     __asm__ __volatile__("mma.sync.aligned.m16n8k16.row.col.f32.${"bf16.bf16" if dtype == "bfloat16" else "f16.f16"}.f32 " \
                  "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};" \
@@ -816,7 +816,7 @@ inline uint4 clnn_ldsm_emulated(__local uint *warp_exchange, const int lane, con
     }
 %     endif
 %   endif
-%   if EMULATE:
+%   if EMULATE and not WGMMA:
 
 // The engine emulated in OpenCL C, for testing this kernel where there is no such
 // engine (PoCL, Oclgrind): at each k step the lanes put all their fragment registers
