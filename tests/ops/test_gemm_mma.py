@@ -400,3 +400,24 @@ def test_wgmma_rows_hand_other_launches_to_mma_sync(dev):
     assert len(seen) == 1 and not seen[0][1].get("WGMMA") and seen[0][1]["MMA"] == "f16"
     seen = tiled_params(row, lambda: check_conv(dev, "f16", row, (2, 3, 9, 11, 17, 3, 2, 1)))
     assert seen and not any(t.get("WGMMA") for _, t in seen)
+
+
+def test_wgmma_rows_in_batches(dev):
+    """A batched product (a batch stride per operand, B shared by every batch) on a
+    WGMMA row: each batch's tiles land in its own output, canaries untouched."""
+    row = wgmma_rows(dev, "f16")[0]
+    a = RNG.standard_normal((3, 37, 40)).astype(np.float16)
+    b = RNG.standard_normal((40, 24)).astype(np.float16)
+    big = np.full((3 * 37 * 24 + 16,), CANARY, np.float16)
+    out_big = clnn.asarray(big, device=dev)
+    out = out_big[8:8 + 3 * 37 * 24].reshape(3, 37, 24)
+    with tuning.override("gemm", row):
+        seen = tiled_params(row, lambda: clnn.gemm(clnn.asarray(a, device=dev),
+                                                   clnn.asarray(b, device=dev), out=out))
+    assert [t.get("WGMMA") for _, t in seen] == [True]
+    got = out_big.get()
+    assert np.all(got[:8] == CANARY) and np.all(got[-8:] == CANARY)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))
+    err = np.abs(got[8:-8].reshape(3, 37, 24).astype(np.float64) - ref)
+    assert np.all(err <= bound(np.float16, scale, ref, 40))
