@@ -30,6 +30,7 @@ import os
 import sys
 
 import numpy as np
+import pyopencl as cl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
@@ -128,7 +129,7 @@ def each_row(dev, sizes, repeats, rng):
                     run()
                     check("clnn", C.get(), a, b, False, False,
                           "tf32" if kind == "tf32" else "float16")
-                except (SystemExit, clnn.ClnnError) as exc:
+                except (SystemExit, clnn.ClnnError, cl.Error) as exc:
                     out.append({"shape": f"{n}^3", "row": tile, "format": kind,
                                 "error": str(exc)})
                     print(f"{n:5d}^3 {kind:5s} {tile:28s} FAILED: {exc}", flush=True)
@@ -159,7 +160,7 @@ def wgmma(dev, sizes, repeats, rng):
                 with tuning.override("gemm", dict(row, KSPLIT=1)):
                     got = clnn.gemm(A, Bt if tb else B, trans_b=tb).get()
                 check("clnn", got, a, b, False, False, fmt)
-            except (SystemExit, clnn.ClnnError) as exc:
+            except (SystemExit, clnn.ClnnError, cl.Error) as exc:
                 print(f"{name}: FAILED {exc}", flush=True)
                 out.append({"probe": name, "error": str(exc)})
                 return False
@@ -207,7 +208,7 @@ def wgmma(dev, sizes, repeats, rng):
                         run()
                         # two tiles' rows: every row's tiles run the same code
                         check("clnn", C.get(), a, b, False, tb, fmt, nrows=256)
-                    except (SystemExit, clnn.ClnnError) as exc:
+                    except (SystemExit, clnn.ClnnError, cl.Error) as exc:
                         out.append({"shape": f"{n}^3", "row": "wgmma " + tile,
                                     "format": kind, "error": str(exc)})
                         print(f"{n:5d}^3 {kind:5s} wgmma {tile:26s} FAILED: {exc}", flush=True)

@@ -26,7 +26,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
+import pyopencl as cl  # noqa: E402
+
 from clnn import plans, programs, ptx, tuning  # noqa: E402
+from clnn.ops.gemm import WGMMA_ARCH  # noqa: E402
 
 
 def rows():
@@ -69,15 +72,14 @@ def rows():
             yield f"WGMMA {kind}", label(row), row, params(row, dtype, vec=16 // size)
 
 
-def driver_resources(dev, source):
+def driver_resources(dev, source, extra=()):
     """{entry: Resources} from the NVIDIA OpenCL compiler's -cl-nv-verbose build log."""
     import warnings
 
-    import pyopencl as cl
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         prg = cl.Program(dev.context, source).build(
-            options=list(programs.BUILD_OPTIONS) + ["-cl-nv-verbose"])
+            options=list(programs.BUILD_OPTIONS) + ["-cl-nv-verbose"] + list(extra))
     return ptx.parse(prg.get_build_info(dev.context.devices[0], cl.program_build_info.LOG))
 
 
@@ -103,9 +105,17 @@ def main():
         size = 2 if prm["dtype"] == "float16" else 4
         try:
             source = programs.render("gemm", prm)
-            res = (driver_resources(dev, source) if dev else
-                   ptx.assemble(source, arch=args.arch))["clnn_gemm_tiled"]
-        except (ptx.PTXError, RuntimeError, KeyError) as e:
+            try:
+                res = (driver_resources(dev, source) if dev else
+                       ptx.assemble(source, arch=args.arch))["clnn_gemm_tiled"]
+            except cl.Error:
+                if not (dev and row.get("WGMMA")):
+                    raise
+                # built again for sm_90a, as clnn does (ops/gemm.py, WGMMA_ARCH)
+                res = driver_resources(dev, source, WGMMA_ARCH)["clnn_gemm_tiled"]
+                label += " (-cl-nv-arch sm_90a)"
+        except (ptx.PTXError, cl.Error, RuntimeError, KeyError) as e:
+            # (pyopencl's build failure is a cl.Error, not a RuntimeError)
             print(f"{table:24} {label:36} {getattr(e, 'stage', 'build')} failed")
             out.append({"table": table, "row": row, "error": str(getattr(e, 'log', e))})
             continue

@@ -548,3 +548,35 @@ def test_wgmma_kernels_compile_for_nvptx(params):
     for defines in ((), ("CLNN_CPU",)):
         res = clang_check(source, params["dtype"], defines=defines)
         assert res.returncode == 0, res.stderr + programs.numbered(source)
+
+
+def test_wgmma_rows_build_for_sm_90a_where_the_default_target_fails(monkeypatch):
+    """NVIDIA's compiler may build for sm_90, where wgmma does not exist: a WGMMA row
+    that fails to build is built again with -cl-nv-arch sm_90a where the device takes
+    NVIDIA's compiler options; elsewhere, and for every other row, the error stands."""
+    import importlib
+    import types
+    from clnn.errors import KernelBuildError
+    G = importlib.import_module("clnn.ops.gemm")
+    calls = []
+
+    def fake(dev, stem, entry, prm, options=()):
+        calls.append(tuple(options))
+        if not options:
+            raise KernelBuildError("wgmma.mma_async not supported on .target 'sm_90'")
+        return "built"
+    monkeypatch.setattr(programs, "get_kernel", fake)
+
+    def device(extensions):
+        return types.SimpleNamespace(context=types.SimpleNamespace(
+            devices=[types.SimpleNamespace(extensions=extensions)]))
+    nv = device("cl_khr_fp64 cl_nv_compiler_options cl_nv_device_attribute_query")
+    row = tuning.wgmma_rows("f16")[0]
+    assert G._tiled_kernel(nv, row, {}, "clnn_gemm_tiled") == "built"
+    assert calls == [(), G.WGMMA_ARCH]
+    for dev, r in ((device("cl_khr_fp64"), row), (nv, ENGINES[0]),
+                   (nv, dict(row, EMULATE=True))):
+        calls.clear()
+        with pytest.raises(KernelBuildError):
+            G._tiled_kernel(dev, r, {}, "clnn_gemm_tiled")
+        assert calls == [()]

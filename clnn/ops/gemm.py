@@ -11,7 +11,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import plans, programs, tuning
-from ..errors import ArgumentError, ShapeError
+from ..errors import ArgumentError, KernelBuildError, ShapeError
 from ._args import (INT_MAX, as_array, check, common_device, dev_empty, dev_scratch, done,
                     finite, int4, overlaps, scratch_cap)
 from ._memo import memoized
@@ -307,9 +307,8 @@ def _tiled_launch(dev, dt, rows, M, N, K, nbatch, a, b, c, act, bias_mode, trans
            "vec_c": vwn > 1 and conv in ("none", "wgrad") and
            all(x % vwn == 0 for x in (c.off, c.ld, c.bstride)),
            "partial": plan.splits > 1, "tuning": tuning.template_tuning(p, dt)}
-    kern = programs.get_kernel(dev, "gemm", "clnn_gemm_tiled", prm)
-    red = programs.get_kernel(dev, "gemm", "clnn_gemm_splitk", prm) if plan.splits > 1 \
-        else None
+    kern = _tiled_kernel(dev, p, prm, "clnn_gemm_tiled")
+    red = _tiled_kernel(dev, p, prm, "clnn_gemm_splitk") if plan.splits > 1 else None
     if len(_launches) > 4096:
         _launches.clear()
     _launches[key] = (frozen, plan, kern, red)
@@ -318,6 +317,24 @@ def _tiled_launch(dev, dt, rows, M, N, K, nbatch, a, b, c, act, bias_mode, trans
 
 def clear_launches():
     _launches.clear()
+
+
+# wgmma exists only for the architecture-specific target sm_90a. Where NVIDIA's
+# compiler builds a WGMMA row for plain sm_90 and fails, the row is built again for
+# sm_90a through cl_nv_compiler_options' -cl-nv-arch (not in the extension's text; the
+# driver takes it, as clcc uses it)
+WGMMA_ARCH = ("-cl-nv-arch", "sm_90a")
+
+
+def _tiled_kernel(dev, p, prm, entry):
+    if not p.get("WGMMA") or p.get("EMULATE"):
+        return programs.get_kernel(dev, "gemm", entry, prm)
+    try:
+        return programs.get_kernel(dev, "gemm", entry, prm)
+    except KernelBuildError:
+        if "cl_nv_compiler_options" not in dev.context.devices[0].extensions:
+            raise
+        return programs.get_kernel(dev, "gemm", entry, prm, options=WGMMA_ARCH)
 
 
 # Bound on the packed-panel workspace of one launch: batches are packed in groups and,
