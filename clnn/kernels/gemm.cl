@@ -1188,8 +1188,11 @@ ${matrix_load(f"rb{l}", GVB, "b", "k", "n", "ldb", "kend", "N", guarded, g)}
         # and a warp's copies read 8 rows of 4 neighbouring vectors in global memory
         KC = g["KC"]
         if g["KMA" if X == "A" else "KMB"] and not kfast:
-            # TF32 stored along m (n): a float per copy (GV 1) into the K-major layout
-            x, k = f"(idx % {WX})", f"(idx / {WX})"
+            # TF32 stored along m (n): a float per copy (GV 1) into the K-major layout;
+            # a warp's 32 copies take 8 neighbouring x's (32 bytes of a row in global
+            # memory) of 4 k's, which lie in the 32 different banks of a core matrix
+            x = f"(idx / 32 % {WX // 8} * 8 + idx % 8)"
+            k = f"(idx / 32 / {WX // 8} * 4 + idx / 8 % 4)"
             row, col = f"k0 + {k}", f"{m0} + {x}"
         elif kfast:
             x, k = f"(idx / {8 * per} * 8 + idx % 8)", f"(idx / 8 % {per} * {GV})"
