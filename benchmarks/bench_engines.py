@@ -202,7 +202,8 @@ def wgmma(dev, sizes, repeats, rng):
                             clnn.gemm(A, B, out=C, trans_b=tb)
                     tile = f"{r['MWG']}x{r['NWG']}x{r['KWG']} {r['WM']}x{r['WN']} " \
                         f"x{r['ASYNC']}{' wait 1' if r.get('WGWAIT') else ''}" \
-                        f"{' bands ' + str(r['GROUPM']) if r.get('GROUPM') else ''} " \
+                        f"{' bands ' + str(r['GROUPM']) if r.get('GROUPM') else ''}" \
+                        f"{' swizzled' if r.get('WGSWZ') else ''} " \
                         f"{'NT' if tb else 'NN'}"
                     try:
                         run()

@@ -40,7 +40,7 @@ def rows():
                 "partial": False, "tuning": tuning.template_tuning(row, dtype)}
 
     def label(row):
-        extra = "".join(f" {k}={row[k]}" for k in ("WM", "WN", "LDSM", "ASYNC", "WGWAIT")
+        extra = "".join(f" {k}={row[k]}" for k in ("WM", "WN", "LDSM", "ASYNC", "WGWAIT", "WGSWZ")
                         if k in row)
         return (f"{row['MWG']}x{row['NWG']}x{row['KWG']} {row['MDIMC']}x{row['NDIMC']}"
                 f"{extra}")

@@ -220,17 +220,24 @@ MMA_TABLE = {
 # the GPU first, with the descriptors' two offsets read either way, WGSWAP and
 # WGSWAPT). A warpgroup of 128 work-items per WM x WN block, tiles through a cp.async
 # pipeline of ASYNC stages in the core-matrix layout (gemm.cl), 48 KiB at most; with
-# WGWAIT 1 a step's wgmma's still run while the next step's are issued
+# WGWAIT 1 a step's wgmma's still run while the next step's are issued; with WGSWZ
+# the K-major tiles swizzled (rows of 64 or 128 bytes), as CUTLASS lays them
 WGMMA_CANDIDATES = {
     "f16": [dict(MWG=128, NWG=128, KWG=32, WM=64, WN=128, ASYNC=2),
             dict(MWG=128, NWG=128, KWG=32, WM=64, WN=128, ASYNC=3),
             dict(MWG=128, NWG=256, KWG=32, WM=64, WN=256, ASYNC=2),
             dict(MWG=64, NWG=128, KWG=64, WM=64, WN=128, ASYNC=2),
-            dict(MWG=128, NWG=128, KWG=32, WM=64, WN=128, ASYNC=3, WGWAIT=1)],
+            dict(MWG=128, NWG=128, KWG=32, WM=64, WN=128, ASYNC=3, WGWAIT=1),
+            dict(MWG=128, NWG=128, KWG=32, WM=64, WN=128, ASYNC=2, WGSWZ=True),
+            dict(MWG=128, NWG=128, KWG=32, WM=64, WN=128, ASYNC=3, WGSWZ=True),
+            dict(MWG=64, NWG=128, KWG=64, WM=64, WN=128, ASYNC=2, WGSWZ=True)],
     "tf32": [dict(MWG=128, NWG=128, KWG=16, WM=64, WN=128, ASYNC=2),
              dict(MWG=128, NWG=128, KWG=16, WM=64, WN=128, ASYNC=3),
              dict(MWG=128, NWG=256, KWG=16, WM=64, WN=256, ASYNC=2),
-             dict(MWG=128, NWG=128, KWG=16, WM=64, WN=128, ASYNC=3, WGWAIT=1)],
+             dict(MWG=128, NWG=128, KWG=16, WM=64, WN=128, ASYNC=3, WGWAIT=1),
+             dict(MWG=128, NWG=128, KWG=16, WM=64, WN=128, ASYNC=2, WGSWZ=True),
+             dict(MWG=128, NWG=128, KWG=16, WM=64, WN=128, ASYNC=3, WGSWZ=True),
+             dict(MWG=64, NWG=128, KWG=32, WM=64, WN=64, ASYNC=2, WGSWZ=True)],
 }
 
 
@@ -251,7 +258,7 @@ _KEYS = {"reg": ("MWI", "NWI", "VW", "WGM"),
 _OPTIONAL = {"local": {"VWM": 1, "VWN": 1}}
 # parameters passed to the template only when a row has them
 _EXTRA = {"local": ("MMA", "WM", "WN", "EMULATE", "LDSM", "ASYNC", "WGMMA", "WGSWAP",
-                   "WGSWAPT", "WGWAIT", "EAGER", "GROUPM")}
+                   "WGSWAPT", "WGWAIT", "EAGER", "GROUPM", "WGSWZ")}
 MMA_KINDS = {"tf32": (8, 4), "f16": (16, 2)}      # K of one mma.sync, the item size it serves
 
 
@@ -372,7 +379,7 @@ def _mma_problems(p, facts, itemsize):
     if not (_is_int(wm) and _is_int(wn) and wm > 0 and wn > 0):
         return ["an MMA row needs warp blocks WM and WN"]
     probs = []
-    for flag in ("WGMMA", "WGSWAP", "WGSWAPT", "EAGER"):
+    for flag in ("WGMMA", "WGSWAP", "WGSWAPT", "EAGER", "WGSWZ"):
         if not isinstance(p.get(flag, False), bool):
             probs.append(f"{flag} must be true or false")
     wgmma = p.get("WGMMA") is True
@@ -391,11 +398,14 @@ def _mma_problems(p, facts, itemsize):
                 (p.get("WGWAIT") and _is_int(p.get("ASYNC")) and p["ASYNC"] < 3):
             probs.append("WGWAIT (wgmma batches left in flight) is 0 or 1, and 1 needs "
                          "ASYNC >= 3")
+        if p.get("WGSWZ") is True and p["KWG"] * size not in (32, 64, 128):
+            probs.append("WGSWZ (swizzled K-major tiles) needs rows of KWG elements of "
+                         "32, 64 or 128 bytes")
         if facts is not None and facts.nv_compute_capability < 90 and not p.get("EMULATE"):
             probs.append("wgmma needs an NVIDIA GPU of compute capability 9.0 (Hopper) "
                          "(EMULATE: True runs the kernel with the engine emulated, for tests)")
-    elif p.get("WGSWAP") or p.get("WGSWAPT") or "WGWAIT" in p:
-        probs.append("WGSWAP, WGSWAPT and WGWAIT serve WGMMA rows")
+    elif p.get("WGSWAP") or p.get("WGSWAPT") or "WGWAIT" in p or p.get("WGSWZ"):
+        probs.append("WGSWAP, WGSWAPT, WGWAIT and WGSWZ serve WGMMA rows")
     elif wm % 16 or wn % 8 or p["MWG"] % wm or p["NWG"] % wn:
         probs.append("WM must be a multiple of 16 and WN of 8, dividing MWG and NWG")
     elif p["MDIMC"] * p["NDIMC"] != 32 * (p["MWG"] // wm) * (p["NWG"] // wn):

@@ -436,7 +436,8 @@ def engines():
     for row, dt in runs + [(small, clnn.bfloat16), (tiny, np.float16),
                            (tiny_tf32, np.float32), (wg, np.float16),
                            (wg_tf32, np.float32),
-                           (dict(wg, ASYNC=3, WGWAIT=1), np.float16)]:
+                           (dict(wg, ASYNC=3, WGWAIT=1), np.float16),
+                           (dict(wg_tf32, WGSWZ=True), np.float32)]:
         row = dict(row, EMULATE=True)
         size = np.dtype(dt).itemsize
         if tuning.gemm_problems(row, facts, size) or plans.local_bytes(row, size) > 32768:

@@ -508,7 +508,7 @@ def test_wgmma_rows_fit_an_h100_only():
             assert not any(r.get("WGMMA") for r in tuning.mma_rows(H100, kind))
             assert not any(r.get("WGMMA") for r in tuner.engine_candidates(H100, kind,
                                                                             False))
-    assert any("WGSWAP, WGSWAPT and WGWAIT serve WGMMA" in p for p in
+    assert any("WGSWAP, WGSWAPT, WGWAIT and WGSWZ serve WGMMA" in p for p in
                tuning.gemm_problems(dict(ENGINES[0], WGSWAP=True), H100, 4))
 
 

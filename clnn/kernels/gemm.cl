@@ -662,11 +662,20 @@ ${rb.epilogue(DM, DN, HVW, "c", "m0 + {i} < M", "(m0 + {i}) * ldc + {n}", "m0 + 
         KMB = b_kfast or MMA == "tf32"
         RSA = RSB = 0
         SZA, SZB = MWG * KWG, NWG * KWG
+        # WGSWZ: K-major tiles swizzled instead, as CUTLASS lays them: a row of m (n)
+        # holds the tile's KWG elements, RB = 32, 64 or 128 bytes, 8 rows an atom; the
+        # 16-byte chunk c of a row at byte L moves to c ^ (L / 128 % (RB / 16)) (the
+        # swizzle modes of that width: no bank conflict where 8 rows are read or
+        # written at one chunk). MN-major tiles keep the interleaved layout
+        SWZ = bool(t.get("WGSWZ"))
+        RB = KWG * ITEM
+        if SWZ and RB not in (32, 64, 128):
+            raise ValueError("a swizzled WGMMA tile needs KWG * item bytes of 32, 64 or 128")
     g.update(WGMMA=WGMMA)
     if LDSM or STAGES:
         g.update(RSA=RSA, RSB=RSB, SZA=SZA, SZB=SZB)
     if WGMMA:
-        g.update(KC=KC, KMA=KMA, KMB=KMB)
+        g.update(KC=KC, KMA=KMA, KMB=KMB, SWZ=SWZ, RB=RB)
 %>
 <%include file="_epilogue.cl" args="act=act, bias=bias, width=VWN if VWN > 1 and vec_c and not c_map else 0, aligned=True"/>
 
@@ -863,17 +872,20 @@ inline float clnn_mma_dot(__local const uint *w, const int xr, const int ra, con
 // along n (register 4 j + r: row g + 8 (r / 2), column 8 j + 2 t4 + r % 2). A descriptor
 // is 64 bits: the start address / 16 (bits 0-13), the leading byte offset / 16 (16-29:
 // between core matrices along k), the stride byte offset / 16 (32-45: along m or n),
-// no swizzling (bits 62-63 zero). WGSWAP (K-major tiles) and WGSWAPT (MN-major) swap
+// the swizzling mode (62-63: 0 none, 1, 2, 3 rows of 128, 64, 32 bytes; a swizzled
+// K-major tile's rows hold all of its k, so its leading offset is unused, 16 bytes,
+// and its stride offset is 8 rows). WGSWAP (K-major tiles) and WGSWAPT (MN-major) swap
 // the two offsets' fields: probes of the hardware's reading for a GPU session (the
 // emulation reads them the same way)${": here " + ", ".join(n for n, v in (("WGSWAP", SWAP), ("WGSWAPT", SWAPT)) if v) if SWAP or SWAPT else ""}.
 // The copies that filled the tiles went through the generic proxy; wgmma reads through
 // the async proxy, hence fence.proxy.async before the barrier that publishes them. A
 // batch of wgmma's is fenced, committed and waited for within the step, so the next
 // step's copies never overwrite a tile still being read.${" TF32 operands are the floats' top 19 bits (truncated, not rounded: wgmma reads them from local memory as they are)." if MMA == "tf32" else ""}
-inline ulong clnn_wg_desc(const uint addr, const uint lbo, const uint sbo, const int swap)
+inline ulong clnn_wg_desc(const uint addr, const uint lbo, const uint sbo, const int swap,
+                          const uint mode)
 {
     return (ulong)((addr & 0x3ffffu) >> 4) | ((ulong)((swap ? sbo : lbo) >> 4) << 16) |
-           ((ulong)((swap ? lbo : sbo) >> 4) << 32);
+           ((ulong)((swap ? lbo : sbo) >> 4) << 32) | ((ulong)mode << 62);
 }
 %     if not EMULATE:
 #define CLNN_SMEM_ADDR(p) ((uint)(size_t)(p))
@@ -920,9 +932,17 @@ inline float clnn_wg_at(__local const uchar *smem, const ulong desc, const int x
     const uint f1 = (uint)((desc >> 16) & 0x3fff) << 4, f2 = (uint)((desc >> 32) & 0x3fff) << 4;
     const int swap = kmajor ? ${int(SWAP)} : ${int(SWAPT)};
     const uint lbo = swap ? f2 : f1, sbo = swap ? f1 : f2;
-    const uint off = start + (uint)(x / 8) * sbo +
-        (kmajor ? (uint)(k / ${KC}) * lbo + (uint)(x % 8) * 16 + (uint)(k % ${KC}) * ${ITEM}
-                : (uint)(k / 8) * lbo + (uint)(k % 8) * 16 + (uint)(x % 8) * 2);
+    const uint mode = (uint)(desc >> 62);
+    uint off;
+    if (mode) {             // rows of rb bytes, chunks swizzled by the address's bits 7-9
+        const uint rb = 256u >> mode;
+        off = start + (uint)(x / 8) * sbo + (uint)(x % 8) * rb + (uint)k * ${ITEM};
+        off ^= ((off >> 7) & (rb / 16 - 1)) << 4;
+    } else {
+        off = start + (uint)(x / 8) * sbo +
+            (kmajor ? (uint)(k / ${KC}) * lbo + (uint)(x % 8) * 16 + (uint)(k % ${KC}) * ${ITEM}
+                    : (uint)(k / 8) * lbo + (uint)(k % 8) * 16 + (uint)(x % 8) * 2);
+    }
 %       if MMA == "tf32":
     return as_float(*(__local const uint *)(smem + off) & 0xffffe000u);
 %       else:
@@ -1201,7 +1221,11 @@ ${matrix_load(f"rb{l}", GVB, "b", "k", "n", "ldb", "kend", "N", guarded, g)}
             # float16 stored along m (n): MN-major cores, 8 k's of 8 halves
             k, x = f"(idx / {8 * per} * 8 + idx % 8)", f"(idx / 8 % {per} * {GV})"
             row, col = f"k0 + {k}", f"{m0} + {x}"
-        if g["KMA" if X == "A" else "KMB"]:
+        if g["KMA" if X == "A" else "KMB"] and g["SWZ"]:
+            RB, ITEM = g["RB"], g["ITEM"]
+            L = f"({x} * {RB} + {k} * {ITEM})"
+            dst = f"(({L} ^ (({L} >> 7) & {RB // 16 - 1}) << 4) / {ITEM})"
+        elif g["KMA" if X == "A" else "KMB"]:
             dst = f"({k} / {KC} * {WX // 8} + {x} / 8) * {8 * KC} + {x} % 8 * {KC} + {k} % {KC}"
         else:
             dst = f"({k} / 8 * {WX // 8} + {x} / 8) * 64 + {k} % 8 * 8 + {x} % 8"
@@ -1284,7 +1308,7 @@ void clnn_gemm_tiled(const int M, const int N, const int K, const int splits,
 % if WGMMA:
     // ${NBUF} buffers of each tile in the core-matrix layout, A's then B's, in one array
     // (16-byte aligned, as descriptors need)
-    __local uint4 wg_smem[${NBUF * (SZA + SZB) * ITEM // 16}];
+    __local uint4 wg_smem[${NBUF * (SZA + SZB) * ITEM // 16}]${" __attribute__((aligned(1024)))" if SWZ else ""};
 %   if ITEM == 2:
     __local ushort *a_lmh = (__local ushort *)wg_smem;
     __local ushort *b_lmh = a_lmh + ${NBUF * SZA};
@@ -1450,22 +1474,32 @@ ${load_a(True, g)}
 % if WGMMA:
 <%
     # byte offsets in a buffer: the block's first core matrix along m (n) and the k
-    # step's along k (cores KC or, MN-major, 8 k's deep; WX * 16 bytes per core column)
-    KCA, KCB = (KC if KMA else 8), (KC if KMB else 8)
+    # step's along k (cores KC or, MN-major, 8 k's deep; WX * 16 bytes per core column;
+    # in a swizzled tile, the k step's bytes within its rows)
     # the descriptors' offsets read the other way round (probes, see above)
     SWA = int(bool(t.get("WGSWAP" if KMA else "WGSWAPT")))
     SWB = int(bool(t.get("WGSWAP" if KMB else "WGSWAPT")))
+    MODE = {128: 1, 64: 2, 32: 3}.get(RB, 0) if SWZ else 0
+    def desc(base, X, kk, extra):
+        # (address, leading, stride, swap, mode) of operand X's tile at k step kk
+        km, sw, W = (KMA, SWA, MWG) if X == "A" else (KMB, SWB, NWG)
+        if km and SWZ:
+            return f"clnn_wg_desc({base} + {kk * ITEM + extra // 128 * 8 * RB}, 16, {8 * RB}, 0, {MODE})"
+        kc = KC if km else 8
+        return f"clnn_wg_desc({base} + {kk // kc * W * 16 + extra}, {W * 16}, 128, {sw}, 0)"
     h = "h" if ITEM == 2 else "f"
 %>
         {
             // this step's tiles; the warpgroup's wgmma tiles read them through descriptors
-            const uint a_sa = CLNN_SMEM_ADDR(a_lm${h} + buf * ${SZA}) + (uint)wg_m0 * 16;
-            const uint b_sa = CLNN_SMEM_ADDR(b_lm${h} + buf * ${SZB}) + (uint)wn0 * 16;
+            // (the block's first row of m (n): 16 bytes a row in the interleaved layout,
+            // RB in the swizzled one)
+            const uint a_sa = CLNN_SMEM_ADDR(a_lm${h} + buf * ${SZA}) + (uint)wg_m0 * ${RB if SWZ and KMA else 16};
+            const uint b_sa = CLNN_SMEM_ADDR(b_lm${h} + buf * ${SZB}) + (uint)wn0 * ${RB if SWZ and KMB else 16};
             CLNN_WG_FENCE();
 %   for kk in range(0, KWG, KI):
 %     for i in range(MT):
-            CLNN_WGMMA_${i}(clnn_wg_desc(a_sa + ${kk // KCA * MWG * 16 + 1024 * i}, ${MWG * 16}, 128, ${SWA}),
-                          clnn_wg_desc(b_sa + ${kk // KCB * NWG * 16}, ${NWG * 16}, 128, ${SWB}));
+            CLNN_WGMMA_${i}(${desc("a_sa", "A", kk, 1024 * i)},
+                          ${desc("b_sa", "B", kk, 0)});
 %     endfor
 %   endfor
             CLNN_WG_COMMIT();

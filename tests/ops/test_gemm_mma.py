@@ -346,8 +346,11 @@ def wgmma_rows(dev, kind):
     # and wgmma batches left in flight across a step (WGWAIT 1), with copies that land
     # as late as they may (a tile read before it landed fails) and as early (EAGER: a
     # tile overwritten while a batch still reads it fails)
+    # and K-major tiles swizzled in rows of 64 bytes, and of 128 and 32 (WGSWZ)
     return [small, dict(small, MWG=128, WM=128, ASYNC=2),
-            dict(small, ASYNC=3, WGWAIT=1), dict(small, ASYNC=3, WGWAIT=1, EAGER=True)]
+            dict(small, ASYNC=3, WGWAIT=1), dict(small, ASYNC=3, WGWAIT=1, EAGER=True),
+            dict(small, WGSWZ=True), dict(small, WGSWZ=True, KWG=2 * kwg),
+            dict(small, WGSWZ=True, KWG=kwg // 2, ASYNC=3)]
 
 
 def tiled_params(row, run):
