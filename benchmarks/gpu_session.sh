@@ -80,27 +80,37 @@ run_quick() {
   # (issue 11's TF32 and float16 targets; the mma.sync rows reach 0.3x and 0.37x)
   LIMIT=90 step wgmma "$PY" benchmarks/bench_engines.py --device "$DEVICE" --wgmma-only \
     --sizes 8192 --json "$OUT/bench_engines_wgmma.json"
+  # where a probe passed, the real rows through the tests' awkward sizes, transposes,
+  # split-K and epilogues (in the reading the probes found: WGSWAP=1 and WGSWAPT=1 in
+  # the log mean the rows' defaults are wrong, and these tests then fail)
+  if grep -q "probe NT .*: correct" "$OUT/wgmma.log" 2>/dev/null; then
+    LIMIT=30 step tests-wgmma env CLNN_TEST_DEVICE="$DEVICE" CLNN_TEST_WGMMA=1 "$PY" -m \
+      pytest -q -v -rfE --tb=short -p no:cacheprovider tests/ops/test_gemm_mma.py -k wgmma
+  fi
   local workers=()
   "$PY" -c "import xdist" 2>/dev/null && workers=(-n 12)
   # no -x: every failure is worth knowing when the machine is gone after this command;
+  # the WGMMA rows' tests left to the wgmma step above (emulated, they check nothing
+  # PoCL has not; real, they need CLNN_TEST_WGMMA=1 once the probes pass);
   # -v names each test as it ends (a run cut off by LIMIT still says which failed),
   # -rfE --tb=short gives the failures' reasons
-  LIMIT=180 step tests-gpu env CLNN_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q -v -rfE \
+  LIMIT=170 step tests-gpu env CLNN_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q -v -rfE \
     --tb=short "${workers[@]}" -p no:cacheprovider -W ignore::RuntimeWarning \
     tests/ops/test_gemm_mma.py tests/test_engines.py tests/ops/test_gemm.py \
     tests/ops/test_conv.py tests/ops/test_cast.py tests/ops/test_loss_scale.py \
-    tests/ops/test_elementwise.py tests/ops/test_reduce.py tests/ops/test_memo.py
+    tests/ops/test_elementwise.py tests/ops/test_reduce.py tests/ops/test_memo.py \
+    -k "not wgmma"
   # the float32 table beside cuBLAS, cuDNN and CLBlast (relu and the sums along rows
   # with this session's defaults: the GPU loop unrolled, planned calls)
   if [ -e .gpu/peers.py ] && [ -z "${NO_PEERS:-}" ]; then
-    LIMIT=90 step peers "$PY" .gpu/peers.py --json "$OUT/peers.json"
+    LIMIT=80 step peers "$PY" .gpu/peers.py --json "$OUT/peers.json"
   fi
   # the element-wise GPU loop: one load at a time per work-item against four; the sums
   # along rows with trees of 256 and 64 (call, kernel and host time each)
-  LIMIT=40 bench bench_ops --ops relu,tanh,sum --unroll 1,4 --row-group 256,64 --repeats 9
+  LIMIT=35 bench bench_ops --ops relu,tanh,sum --unroll 1,4 --row-group 256,64 --repeats 9
   # where a float16 LeNet-5 step's time goes against float32's (kernels, idle, launches):
   # issue 11's step target is the one it is furthest from (0.81x, target 1.5x)
-  LIMIT=40 bench profile_step --steps 5 --top 20
+  LIMIT=35 bench profile_step --steps 5 --top 20
   LIMIT=50 bench bench_half --lenet-batches 64,1024
   LIMIT=60 bench bench_engines --each-row --sizes 8192
 }
