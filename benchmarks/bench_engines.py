@@ -79,7 +79,11 @@ EXTRA = {"f16": [dict(MWG=128, NWG=128, KWG=32, WM=64, WN=32, ASYNC=2),
                   dict(MWG=64, NWG=128, KWG=16, WM=32, WN=32, ASYNC=3),
                   dict(MWG=128, NWG=128, KWG=8, WM=64, WN=64, ASYNC=3),
                   dict(MWG=128, NWG=128, KWG=8, WM=64, WN=64, ASYNC=4),
-                  dict(MWG=128, NWG=128, KWG=16, WM=64, WN=64, GROUPM=8)]}
+                  dict(MWG=128, NWG=128, KWG=16, WM=64, WN=64, GROUPM=8),
+                  # the table's first row and its cp.async form without rounding the
+                  # operands to TF32 (TF32T: the engine truncates them)
+                  dict(MWG=128, NWG=128, KWG=16, WM=64, WN=64, TF32T=True),
+                  dict(MWG=128, NWG=128, KWG=16, WM=64, WN=64, ASYNC=2, TF32T=True)]}
 
 
 def extra_rows(facts, kind):
@@ -122,13 +126,15 @@ def each_row(dev, sizes, repeats, rng):
                 tile = f"{r['MWG']}x{r['NWG']}x{r['KWG']} warps {r['WM']}x{r['WN']}" \
                     + (" ldmatrix" if r.get("LDSM") else "") \
                     + (f" cp.async x{r['ASYNC']}" if r.get("ASYNC") else "") \
-                    + (f" bands of {r['GROUPM']}" if r.get("GROUPM") else "")
+                    + (f" bands of {r['GROUPM']}" if r.get("GROUPM") else "") \
+                    + (" truncating" if r.get("TF32T") else "")
                 # a row that fails (the untimed ones have only run emulated) is reported
                 # and left untimed; the other rows are still timed
                 try:
                     run()
                     check("clnn", C.get(), a, b, False, False,
-                          "tf32" if kind == "tf32" else "float16")
+                          "float16" if kind == "f16" else "tf32t" if r.get("TF32T")
+                          else "tf32")
                 except (SystemExit, clnn.ClnnError, cl.Error) as exc:
                     out.append({"shape": f"{n}^3", "row": tile, "format": kind,
                                 "error": str(exc)})

@@ -258,7 +258,7 @@ _KEYS = {"reg": ("MWI", "NWI", "VW", "WGM"),
 _OPTIONAL = {"local": {"VWM": 1, "VWN": 1}}
 # parameters passed to the template only when a row has them
 _EXTRA = {"local": ("MMA", "WM", "WN", "EMULATE", "LDSM", "ASYNC", "WGMMA", "WGSWAP",
-                   "WGSWAPT", "WGWAIT", "EAGER", "GROUPM", "WGSWZ")}
+                   "WGSWAPT", "WGWAIT", "EAGER", "GROUPM", "WGSWZ", "TF32T")}
 MMA_KINDS = {"tf32": (8, 4), "f16": (16, 2)}      # K of one mma.sync, the item size it serves
 
 
@@ -379,7 +379,7 @@ def _mma_problems(p, facts, itemsize):
     if not (_is_int(wm) and _is_int(wn) and wm > 0 and wn > 0):
         return ["an MMA row needs warp blocks WM and WN"]
     probs = []
-    for flag in ("WGMMA", "WGSWAP", "WGSWAPT", "EAGER", "WGSWZ"):
+    for flag in ("WGMMA", "WGSWAP", "WGSWAPT", "EAGER", "WGSWZ", "TF32T"):
         if not isinstance(p.get(flag, False), bool):
             probs.append(f"{flag} must be true or false")
     wgmma = p.get("WGMMA") is True
@@ -424,6 +424,9 @@ def _mma_problems(p, facts, itemsize):
                          not (p.get("LDSM") or kind == "tf32" or wgmma)):
         probs.append("ASYNC (a cp.async pipeline of 2 to 4 tiles) serves TF32 rows, "
                      "float16 rows with LDSM and WGMMA rows")
+    if p.get("TF32T") and (kind != "tf32" or wgmma):
+        probs.append("TF32T (operands truncated to TF32, not rounded) serves mma.sync TF32 "
+                     "rows (WGMMA rows always truncate)")
     if not isinstance(p.get("EMULATE", False), bool):
         probs.append("EMULATE must be true or false")
     elif p.get("EAGER") and not p.get("EMULATE"):

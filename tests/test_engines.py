@@ -220,6 +220,8 @@ def test_a_ten_column_product_keeps_a_tile_that_fits(precision):
 LDSM = dict(ENGINES[5], LDSM=True)
 ASYNC = dict(LDSM, ASYNC=3)
 ASYNC_TF32 = dict(ENGINES[2], ASYNC=3)
+# the same without rounding its operands to TF32 (TF32T: the engine truncates them)
+TF32T = dict(ASYNC_TF32, TF32T=True)
 
 
 def engine_variants(emulate=False):
@@ -238,7 +240,7 @@ def engine_variants(emulate=False):
               "tf32": (("none", False, False, 4, False), ("none", True, True, 4, True),
                        ("none", False, True, 2, False), ("none", True, False, 1, False),
                        ("fwd", False, False, 1, False), ("wgrad", False, False, 1, True))}
-    for i, row in enumerate(ENGINES + [LDSM, ASYNC, ASYNC_TF32]):
+    for i, row in enumerate(ENGINES + [LDSM, ASYNC, ASYNC_TF32, TF32T]):
         row = dict(row, EMULATE=True) if emulate else row
         mine = copies[row["MMA"]] if "ASYNC" in row else cases
         runs = [("float32", mine)] if row["MMA"] == "tf32" else \
@@ -484,7 +486,8 @@ def test_the_tuner_times_bfloat16_engine_rows_under_their_own_key(monkeypatch, d
     ({"WM": 32}, "WM a multiple of 64"), ({"WN": 264}, "out of range"),
     ({"MDIMC": 4}, "128 work-items (a warpgroup)"), ({"LDSM": True}, "not by ldmatrix"),
     ({"ASYNC": None}, "cp.async pipeline (ASYNC)"), ({"WGMMA": 1}, "true or false"),
-    ({"WGSWAP": "yes"}, "true or false")])
+    ({"WGSWAP": "yes"}, "true or false"), ({"TF32T": True}, "TF32T (operands truncated"),
+    ({"WGSWZ": True, "KWG": 48}, "WGSWZ (swizzled K-major tiles)")])
 def test_wgmma_row_constraints(change, why):
     row = dict(tuning.wgmma_rows("f16")[0], **change)
     row = {k: v for k, v in row.items() if v is not None}

@@ -653,7 +653,8 @@ ${rb.epilogue(DM, DN, HVW, "c", "m0 + {i} < M", "(m0 + {i}) * ldc + {n}", "m0 + 
                              "the work-group size")
     g = dict(NT=NT, KWG=KWG, MWG=MWG, NWG=NWG, GVA=GVA, GVB=GVB, LA=LA, LB=LB, TA=TA, TB=TB,
              a_tab=a_tab, b_tab=b_tab, a_kfast=a_kfast, b_kfast=b_kfast, DC=DC, comp=comp,
-             loadv=loadv, vt=vt, MMA=MMA, STAGES=STAGES, ITEM=ITEM)
+             loadv=loadv, vt=vt, MMA=MMA, STAGES=STAGES, ITEM=ITEM,
+             TRUNC=MMA == "tf32" and bool(t.get("TF32T")))
     if WGMMA:
         # the operands' layouts in local memory (see above): K-major unless float16
         # stored along m (n); RS* unused, SZ* a buffer's elements
@@ -840,11 +841,12 @@ inline float clnn_mma_dot(__local const uint *w, const int xr, const int ra, con
     float s = 0.0f;
 %     if MMA == "tf32":
     // A(row, k): lane (row % 8) * 4 + k % 4, register ra + (row >= 8) + 2 (k >= 4);
-    // B(k, col): lane col * 4 + k % 4, register rb + (k >= 4)
+    // B(k, col): lane col * 4 + k % 4, register rb + (k >= 4); the engine reads a
+    // register's top 19 bits (the rows that round leave the others zero)
 #pragma unroll 1
     for (int k = 0; k < 8; ++k)
-        s += as_float(w[((row % 8) * 4 + k % 4) * xr + ra + (row >= 8) + 2 * (k >= 4)]) *
-             as_float(w[(col * 4 + k % 4) * xr + rb + (k >= 4)]);
+        s += as_float(w[((row % 8) * 4 + k % 4) * xr + ra + (row >= 8) + 2 * (k >= 4)] & 0xffffe000u) *
+             as_float(w[(col * 4 + k % 4) * xr + rb + (k >= 4)] & 0xffffe000u);
 %     else:
     // A(row, k): half k % 2 of lane (row % 8) * 4 + k % 8 / 2, register
     // ra + (row >= 8) + 2 (k >= 8); B(k, col): half k % 2 of lane col * 4 + k % 8 / 2,
@@ -1105,7 +1107,8 @@ ${matrix_load(f"rb{l}", GVB, "b", "k", "n", "ldb", "kend", "N", guarded, g)}
 
 <%def name="to_tf32(g)">
 ## TF32 engines: round the registers of the next tiles once, before they go to local memory
-% if g["MMA"] == "tf32":
+## (TF32T rows leave them: the engine reads their top 19 bits)
+% if g["MMA"] == "tf32" and not g["TRUNC"]:
 %   for l in range(g["LA"]):
 %     for c in range(g["GVA"]):
         ${g["comp"](f"ra{l}", g["GVA"], c)} = clnn_tf32(${g["comp"](f"ra{l}", g["GVA"], c)});
@@ -1553,7 +1556,7 @@ ${load_a(True, g)}
     # the lane's g and t4) from rows of k or, on ASYNC rows, rows of m (n) holding k;
     # an ASYNC row rounds them to TF32 here (no register saw its copies)
     RA, RB = (RSA, RSB) if STAGES else ("CLNN_LDA", "CLNN_LDB")
-    tf = "clnn_tf32" if STAGES else ""
+    tf = "clnn_tf32" if STAGES and not g["TRUNC"] else ""
     def at(i, r):
         m, k = 16 * i + 8 * (r % 2), 4 * (r // 2)
         return f"{m} * {RA} + kk + {k}" if STAGES and a_kfast else f"(kk + {k}) * {RA} + {m}"

@@ -120,7 +120,7 @@ def check(dev, kind, row, M, N, K, ta, tb, alpha, beta, bias, act, align=0):
     mask = np.ones(big.shape, bool)
     mask[1:1 + M, 2:2 + N] = False
     assert np.all(got_big[mask] == CANARY), "a canary around out was overwritten"
-    wg = bool(row.get("WGMMA"))
+    wg = bool(row.get("WGMMA") or row.get("TF32T"))
     A64 = as_engine_sees(kind, a.T if ta else a, wg).astype(np.float64)
     B64 = as_engine_sees(kind, b.T if tb else b, wg).astype(np.float64)
     ref = alpha * (A64 @ B64)
@@ -424,3 +424,19 @@ def test_wgmma_rows_in_batches(dev):
     scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64))
     err = np.abs(got[8:-8].reshape(3, 37, 24).astype(np.float64) - ref)
     assert np.all(err <= bound(np.float16, scale, ref, 40))
+
+
+@pytest.mark.parametrize("stages", [0, 2])
+def test_tf32_rows_that_truncate(dev, stages):
+    """TF32T: the mma.sync TF32 rows without their rounding (the engine reads the
+    floats' top 19 bits, as the WGMMA rows' engine does), register-staged and by
+    cp.async, every transpose and split-K, against float64 products of the truncated
+    operands; a row that still rounded fails these."""
+    base = engine_rows(dev, "tf32", every=False)[-1]
+    row = dict(base, TF32T=True, **({"ASYNC": stages} if stages else {}))
+    for ta in (False, True):
+        for tb in (False, True):
+            check(dev, "tf32", row, 37, 45, 75, ta, tb, alpha=1.0 if ta else -0.5,
+                  beta=0.5 if tb else 0.0, bias=ta, act=None, align=4)
+    check(dev, "tf32", dict(row, KSPLIT=3), 33, 17, 301, True, False, alpha=1.0,
+          beta=-1.5, bias=True, act=None)
