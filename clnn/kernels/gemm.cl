@@ -895,6 +895,14 @@ inline ulong clnn_wg_desc(const uint addr, const uint lbo, const uint sbo, const
 #define CLNN_WG_FENCE() __asm__ __volatile__("wgmma.fence.sync.aligned;" ::: "memory")
 #define CLNN_WG_COMMIT() __asm__ __volatile__("wgmma.commit_group.sync.aligned;" ::: "memory")
 #define CLNN_WG_WAIT(n) __asm__ __volatile__("wgmma.wait_group.sync.aligned " #n ";" ::: "memory")
+// after a wait for every batch: the accumulators are written, and no use of them may
+// move above the wait (with a batch left in flight, only after the loop's last wait)
+<% regs = [f"d{i}_{j}_{r}" for i in range(MT) for j in range(NTL) for r in range(4)] %>\
+#define CLNN_WG_DONE() { \
+%       for q in range(0, len(regs), 8):
+    __asm__ __volatile__("" : ${", ".join(f'"+f"({x})' for x in regs[q:q + 8])} :: "memory"); \
+%       endfor
+}
 %       for i in range(MT):
 #define CLNN_WGMMA_${i}(da, db) \
     __asm__ __volatile__("{\n.reg .pred p;\nsetp.ne.b32 p, %${NA + 2}, 0;\n" \
@@ -913,6 +921,7 @@ inline ulong clnn_wg_desc(const uint addr, const uint lbo, const uint sbo, const
 #define CLNN_SMEM_ADDR(p) ((uint)((__local const uchar *)(p) - (__local const uchar *)wg_smem))
 #define CLNN_WG_PROXY()
 #define CLNN_WG_FENCE()
+#define CLNN_WG_DONE()
 #define CLNN_WGQ ${(WGW + 1) * (KWG // KI) * MT}
 #define CLNN_WG_COMMIT() (++wgq_groups)
 #define CLNN_WG_WAIT(n) \
@@ -1507,13 +1516,8 @@ ${load_a(True, g)}
 %   endfor
             CLNN_WG_COMMIT();
             CLNN_WG_WAIT(${WGW});
-%   if not EMULATE and not WGW:
-            // the accumulators are written by now: no use of them moves above the wait
-            // (with a batch left in flight, only after the loop's last wait)
-<% regs = [f"d{i}_{j}_{r}" for i in range(MT) for j in range(NTL) for r in range(4)] %>\
-%     for q in range(0, len(regs), 8):
-            __asm__ __volatile__("" : ${", ".join(f'"+f"({x})' for x in regs[q:q + 8])} :: "memory");
-%     endfor
+%   if not WGW:
+            CLNN_WG_DONE();
 %   endif
         }
 % elif MMA != "none":
@@ -1665,12 +1669,7 @@ ${store_ldsm("(buf ^ 1)", g, "A") + store_ldsm("(buf ^ 1)", g, "B") if LDSM else
     }
 % if WGMMA and WGW:
     CLNN_WG_WAIT(0);                   // the last step's wgmma's
-%   if not EMULATE:
-<% regs = [f"d{i}_{j}_{r}" for i in range(MT) for j in range(NTL) for r in range(4)] %>\
-%     for q in range(0, len(regs), 8):
-    __asm__ __volatile__("" : ${", ".join(f'"+f"({x})' for x in regs[q:q + 8])} :: "memory");
-%     endfor
-%   endif
+    CLNN_WG_DONE();
 % endif
 
 % if partial:

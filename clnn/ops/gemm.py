@@ -289,21 +289,19 @@ def _tiled_launch(dev, dt, rows, M, N, K, nbatch, a, b, c, act, bias_mode, trans
     # (a convolution's gathered operands load element by element); a cp.async row's
     # copies take up to 16 bytes, 8 halves
     vec_ops = [a.off, a.ld, a.bstride] + ([b.off, b.ld, b.bstride] if conv == "none" else [])
-    vwn = p.get("VWN", 1)
-    # (a WGMMA row's copies are 16 bytes at most: 8 halves, 4 floats)
-    widest = 8 if p.get("ASYNC") and (p.get("LDSM") or p.get("WGMMA")) and conv == "none" \
-        and dt.itemsize == 2 else 4
     if p.get("WGMMA") and (conv != "none" or
-                           plans.vector_width(p, vec_ops, widest) * dt.itemsize < 4):
+                           plans.vector_width(p, vec_ops, _widest(p, conv, dt)) *
+                           dt.itemsize < 4):
         # wgmma's tiles arrive by cp.async only: an mma.sync row serves this launch
         fall = plans.freeze((tuning.wgmma_fallback(p),))
         plan = plans.cached_best(dev.facts, fall, M, N, K, nbatch, dt.itemsize,
                                  SPLITK_BYTES // acc.itemsize)
         p = plan.params
-        widest = 8 if p.get("ASYNC") and p.get("LDSM") and conv == "none" else 4
+    vwn = p.get("VWN", 1)
     prm = {"dtype": programs.dtype_name(dt), "variant": "local", "trans_a": trans_a,
            "trans_b": trans_b, "act": act, "bias": bias_mode, "conv": conv,
-           "vec": plans.vector_width(p, vec_ops, widest) if conv in ("none", "fwd") else 1,
+           "vec": plans.vector_width(p, vec_ops, _widest(p, conv, dt))
+           if conv in ("none", "fwd") else 1,
            "vec_c": vwn > 1 and conv in ("none", "wgrad") and
            all(x % vwn == 0 for x in (c.off, c.ld, c.bstride)),
            "partial": plan.splits > 1, "tuning": tuning.template_tuning(p, dt)}
@@ -317,6 +315,14 @@ def _tiled_launch(dev, dt, rows, M, N, K, nbatch, a, b, c, act, bias_mode, trans
 
 def clear_launches():
     _launches.clear()
+
+
+def _widest(p, conv, dt):
+    """The widest vector row ``p`` loads plain operands by: 8 halves for the 16-byte
+    copies of a float16 cp.async row with ldmatrix or wgmma (16 bytes at most: 4
+    floats), else 4."""
+    return 8 if p.get("ASYNC") and (p.get("LDSM") or p.get("WGMMA")) and conv == "none" \
+        and dt.itemsize == 2 else 4
 
 
 # wgmma exists only for the architecture-specific target sm_90a. Where NVIDIA's

@@ -282,19 +282,25 @@ def async_row(dev, kind, stages):
     return dict(base, ASYNC=stages)
 
 
-def vector_widths(row, run):
-    """The vector widths (``vec``) of the tiled GEMM kernels ``run`` builds under
-    ``row``'s override: which of them copy by cp.async (at least 4 bytes a copy)."""
+def tiled_params(row, run):
+    """(vec, tuning) of each tiled GEMM kernel ``run`` builds (under ``row``'s
+    override, which the caller puts in force)."""
     seen = []
     real = programs.get_kernel
 
     def spy(device, stem, entry, params, options=()):
-        if entry == "clnn_gemm_tiled" and dict(params["tuning"]).get("ASYNC"):
-            seen.append(params["vec"])
+        if entry == "clnn_gemm_tiled":
+            seen.append((params["vec"], dict(params["tuning"])))
         return real(device, stem, entry, params, options)
     with mock.patch.object(programs, "get_kernel", spy):
         run()
     return seen
+
+
+def vector_widths(row, run):
+    """The vector widths (``vec``) of the tiled GEMM kernels ``run`` builds under
+    ``row``'s override: which of them copy by cp.async (at least 4 bytes a copy)."""
+    return [v for v, t in tiled_params(row, run) if t.get("ASYNC")]
 
 
 @pytest.mark.parametrize("kind,stages", [("f16", 2), ("f16", 3), ("tf32", 2), ("tf32", 3)])
@@ -351,20 +357,6 @@ def wgmma_rows(dev, kind):
             dict(small, ASYNC=3, WGWAIT=1), dict(small, ASYNC=3, WGWAIT=1, EAGER=True),
             dict(small, WGSWZ=True), dict(small, WGSWZ=True, KWG=2 * kwg),
             dict(small, WGSWZ=True, KWG=kwg // 2, ASYNC=3)]
-
-
-def tiled_params(row, run):
-    """The tuning of each tiled GEMM kernel ``run`` builds under ``row``'s override."""
-    seen = []
-    real = programs.get_kernel
-
-    def spy(device, stem, entry, params, options=()):
-        if entry == "clnn_gemm_tiled":
-            seen.append((params["vec"], dict(params["tuning"])))
-        return real(device, stem, entry, params, options)
-    with mock.patch.object(programs, "get_kernel", spy):
-        run()
-    return seen
 
 
 @pytest.mark.parametrize("kind", ["tf32", "f16", "bf16"])
