@@ -257,6 +257,16 @@ def engine_variants(emulate=False):
                                f"{'-bf16' if dtype == 'bfloat16' else ''}")
 
 
+def nvptx_check(source):
+    """clang's NVPTX target on a rendered engine kernel: OpenCL C 1.2, no fp16
+    extension, no warnings."""
+    cmd = [CLANG, "-x", "cl", "-fsyntax-only", "-target", "nvptx64-nvidia-cuda",
+           "-cl-std=CL1.2", "-cl-no-stdinc", "-Xclang", "-finclude-default-header",
+           "-Xclang", "-cl-ext=-cl_khr_fp64,-cl_khr_fp16", "-Wall", "-Werror", "-"]
+    res = subprocess.run(cmd, input=source, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr + programs.numbered(source)
+
+
 @gate("clang", CLANG is not None)
 @pytest.mark.parametrize("params", list(engine_variants()))
 def test_engine_kernels_compile_for_nvptx(params):
@@ -273,17 +283,19 @@ def test_engine_kernels_compile_for_nvptx(params):
     item = 4 if params["dtype"] == "float32" else 2
     assert ("cp.async.wait_group" in source) == \
         ("ASYNC" in tiles and params["conv"] == "none" and params["vec"] * item >= 4)
-    cmd = [CLANG, "-x", "cl", "-fsyntax-only", "-target", "nvptx64-nvidia-cuda",
-           "-cl-std=CL1.2", "-cl-no-stdinc", "-Xclang", "-finclude-default-header",
-           "-Xclang", "-cl-ext=-cl_khr_fp64,-cl_khr_fp16", "-Wall", "-Werror", "-"]
-    res = subprocess.run(cmd, input=source, capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr + programs.numbered(source)
+    nvptx_check(source)
 
 
 @gate("clang", CLANG is not None)
 @pytest.mark.parametrize("params", list(engine_variants(emulate=True))[::3])
 def test_emulated_engine_kernels_are_portable_opencl_c(params):
     """The emulated engine is plain OpenCL C 1.2 (no PTX): the SPIR gate's checks."""
+    portable_check(params)
+
+
+def portable_check(params):
+    """An emulated engine kernel rendered: no PTX, and the SPIR gate's checks, with and
+    without the CPU defines."""
     from test_kernels_clang import clang_check
     source = programs.render("gemm", params)
     assert "__asm__" not in source
@@ -535,22 +547,12 @@ def wgmma_variants():
 def test_wgmma_kernels_compile_for_nvptx(params):
     """The WGMMA rows as strict as the other engine rows (OpenCL C 1.2, no warnings),
     and, emulated, plain portable OpenCL C: the SPIR gate's checks."""
-    from test_kernels_clang import clang_check
     source = programs.render("gemm", params)
     assert "wgmma.mma_async.sync.aligned" in source and "mma.sync.aligned" not in \
         source.replace("wgmma.mma_async.sync.aligned", "")
-    cmd = [CLANG, "-x", "cl", "-fsyntax-only", "-target", "nvptx64-nvidia-cuda",
-           "-cl-std=CL1.2", "-cl-no-stdinc", "-Xclang", "-finclude-default-header",
-           "-Xclang", "-cl-ext=-cl_khr_fp64,-cl_khr_fp16", "-Wall", "-Werror", "-"]
-    res = subprocess.run(cmd, input=source, capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr + programs.numbered(source)
-    emulated = dict(params, tuning=tuning.template_tuning(
-        dict(dict(params["tuning"]), variant="local", EMULATE=True), params["dtype"]))
-    source = programs.render("gemm", emulated)
-    assert "__asm__" not in source
-    for defines in ((), ("CLNN_CPU",)):
-        res = clang_check(source, params["dtype"], defines=defines)
-        assert res.returncode == 0, res.stderr + programs.numbered(source)
+    nvptx_check(source)
+    portable_check(dict(params, tuning=tuning.template_tuning(
+        dict(dict(params["tuning"]), variant="local", EMULATE=True), params["dtype"])))
 
 
 def test_wgmma_rows_build_for_sm_90a_where_the_default_target_fails(monkeypatch):
