@@ -7,7 +7,6 @@ tests/ops/test_gemm_mma.py (on PoCL with the engine emulated) and under Oclgrind
 
 import dataclasses
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -260,10 +259,8 @@ def engine_variants(emulate=False):
 def nvptx_check(source):
     """clang's NVPTX target on a rendered engine kernel: OpenCL C 1.2, no fp16
     extension, no warnings."""
-    cmd = [CLANG, "-x", "cl", "-fsyntax-only", "-target", "nvptx64-nvidia-cuda",
-           "-cl-std=CL1.2", "-cl-no-stdinc", "-Xclang", "-finclude-default-header",
-           "-Xclang", "-cl-ext=-cl_khr_fp64,-cl_khr_fp16", "-Wall", "-Werror", "-"]
-    res = subprocess.run(cmd, input=source, capture_output=True, text=True, timeout=60)
+    from test_kernels_clang import clang_check
+    res = clang_check(source, "float32", target="nvptx64-nvidia-cuda")
     assert res.returncode == 0, res.stderr + programs.numbered(source)
 
 
@@ -572,9 +569,10 @@ def test_wgmma_rows_build_for_sm_90a_where_the_default_target_fails(monkeypatch)
         return "built"
     monkeypatch.setattr(programs, "get_kernel", fake)
 
-    def device(extensions):
+    def device(extensions, pocl=False):
         return types.SimpleNamespace(context=types.SimpleNamespace(
-            devices=[types.SimpleNamespace(extensions=extensions)]))
+            devices=[types.SimpleNamespace(extensions=extensions)]),
+            facts=types.SimpleNamespace(is_pocl=pocl))
     nv = device("cl_khr_fp64 cl_nv_compiler_options cl_nv_device_attribute_query")
     row = tuning.wgmma_rows("f16")[0]
     assert G._tiled_kernel(nv, row, {}, "clnn_gemm_tiled") == "built"
@@ -585,3 +583,8 @@ def test_wgmma_rows_build_for_sm_90a_where_the_default_target_fails(monkeypatch)
         with pytest.raises(KernelBuildError):
             G._tiled_kernel(dev, r, {}, "clnn_gemm_tiled")
         assert calls == [()]
+    # (an emulated row on PoCL builds unoptimised: its build, not its run, is the cost)
+    calls.clear()
+    assert G._tiled_kernel(device("cl_khr_fp64", pocl=True), dict(row, EMULATE=True), {},
+                           "clnn_gemm_tiled") == "built"
+    assert calls == [G.EMULATED_OPTIONS]
