@@ -38,7 +38,8 @@ def run_battery(tmp_path, which):
 @pytest.mark.parametrize("battery,done", [("ops", "battery passed"),
                                            ("gemm", "checked"),     # every GEMM variant
                                            ("conv", "checked"),     # convolution, pooling
-                                           ("engines", "checked")])  # mma rows, emulated
+                                           ("engines", "checked"),  # mma rows, emulated
+                                           ("wgmma", "checked")])   # and WGMMA rows
 def test_runs_clean_under_oclgrind(tmp_path, battery, done):
     res, log = run_battery(tmp_path, battery)
     assert res.returncode == 0, res.stdout + res.stderr
