@@ -36,6 +36,7 @@ read results back to the host, or take a key that changes every call (dropout), 
 not wrapped.
 """
 
+import collections
 import functools
 import importlib
 import types
@@ -47,8 +48,12 @@ import pyopencl.array as cla
 from .. import programs, tuning
 from ..device import device_of
 
-PLANS = 1024            # keys kept (seen once or planned); more empties the table
-_plans = {}
+# keys kept (seen once or planned), the least recently used given up first: an op
+# called with a new scalar every time (an lr schedule through scale, a weighted loss's
+# 1 / denominator) adds a key a call, and emptying the whole table at the limit made
+# every other op plan again, once per PLANS such calls
+PLANS = 1024
+_plans = collections.OrderedDict()
 _SEEN = object()        # a key's first call: planned on its second
 _NEVER = object()       # a call that cannot be replayed (its result is not its own)
 
@@ -212,9 +217,15 @@ def memoized(fn):
         if key is None:
             return fn(*args, **kwargs)
         plan = _plans.get(key)
+        try:
+            if plan is None:
+                while len(_plans) >= PLANS:
+                    _plans.popitem(last=False)
+            else:
+                _plans.move_to_end(key)
+        except KeyError:          # another thread's call took it (or the last) out first
+            pass
         if plan is None:
-            if len(_plans) >= PLANS:
-                _plans.clear()
             result = fn(*args, **kwargs)
             _plans[key] = _SEEN
             return result

@@ -141,6 +141,27 @@ def test_a_changed_setting_makes_a_new_plan(dev, monkeypatch):
     assert_close(got, ref, np.float32, k=4 * 49, scale=np.abs(ref).max() + 1)
 
 
+def test_fresh_scalars_leave_the_other_plans_alone(dev, monkeypatch):
+    """An op called with a new scalar every time (an lr schedule through scale) adds a
+    key a call: the table gives up its least recently used keys for them, never the
+    plan of an op that runs between them."""
+    monkeypatch.setattr(_memo, "PLANS", 8)
+    a, b = _f32(9, 8), _f32(8, 7)
+    A, Bm = clnn.asarray(a, device=dev), clnn.asarray(b, device=dev)
+    x = clnn.asarray(_f32(5), device=dev)
+    for _ in range(3):
+        out = clnn.gemm(A, Bm)
+    key = next(k for k in _memo._plans if k[0] is clnn.gemm)
+    plan = _memo._plans[key]
+    assert isinstance(plan, _memo._Plan)
+    for i in range(40):
+        y = clnn.scale(1.0 + i / 64, x)
+        out = clnn.gemm(A, Bm)
+        assert _memo._plans.get(key) is plan and len(_memo._plans) <= 8, i
+    assert_close(y.get(), (1.0 + 39 / 64) * x.get().astype(np.float64), np.float32, k=1)
+    assert_close(out.get(), a.astype(np.float64) @ b, np.float32, k=8)
+
+
 def test_overrides_and_precision_are_part_of_the_plan(dev):
     a, b = _f32(9, 8), _f32(8, 7)
     A, Bm = clnn.asarray(a, device=dev), clnn.asarray(b, device=dev)
