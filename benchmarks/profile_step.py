@@ -3,7 +3,7 @@ events, clnn.profile) beside the step's wall time, for LeNet-5 and the MLP of
 bench_half.py, in float32 and in mixed precision (float16), on every device.
 
     python benchmarks/profile_step.py [--device SPEC] [--steps 5] [--mlp-batch 1000]
-                                      [--lenet-batch 64] [--top 12]
+                                      [--lenet-batch 64[,1024]] [--top 12]
 
 Per step: wall time (Python, driver and kernels), span (first kernel's start to the
 last one's end), device time (the kernels' own), idle (span minus device time: the
@@ -60,15 +60,18 @@ def main(argv=None):
     ap = _common.arg_parser(__doc__)
     ap.add_argument("--steps", type=int, default=5, help="steps profiled per case")
     ap.add_argument("--mlp-batch", type=int, default=1000)
-    ap.add_argument("--lenet-batch", type=int, default=64)
+    ap.add_argument("--lenet-batch", default="64",
+                    help="LeNet-5's batch, or batches separated by commas (64,1024: "
+                         "launches against convolutions)")
     ap.add_argument("--top", type=int, default=12, help="kernels shown per case")
     args = ap.parse_args(argv)
     rows = []
     for dev in _common.devices(args.device):
         print(f"# {dev.name}")
-        for name, make, batch, shape in (
-                ("LeNet-5 step", bench_half.lenet, args.lenet_batch, (1, 32, 32)),
-                ("MLP step", bench_half.mlp, args.mlp_batch, (2000,))):
+        lenets = [("LeNet-5 step", bench_half.lenet, int(n), (1, 32, 32))
+                  for n in args.lenet_batch.split(",")]
+        for name, make, batch, shape in lenets + [
+                ("MLP step", bench_half.mlp, args.mlp_batch, (2000,))]:
             for precision, prof in profile_case(dev, make, batch, shape, args.steps).items():
                 per = args.steps
                 print(f"\n## {name}, batch {batch}, {precision}")
