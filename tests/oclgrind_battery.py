@@ -136,6 +136,17 @@ def _loss_scale(x, y):
     _, da = clnn.quadratic_loss(clnn.asarray(x), clnn.asarray(y), grad_scale=0.5,
                                 scale_by=state)
     close(da.get(), (x - y) * 8)
+    # a mixed-precision step's gradient cast, which marks the state (an atomic write
+    # from every work-item that meets an inf): the update reads and clears the mark
+    g = np.tile(y.astype(np.float16).ravel(), 40)
+    g[[3, 2000, len(g) - 1]] = np.inf
+    out = clnn.zeros(g.shape)
+    optim_ops.cast_gradients(clnn.asarray(g), out, state)
+    close(out.get(), g.astype(np.float32), 0)
+    assert state.get()[optim_ops.LS_MARK] == 1.0
+    optim_ops.loss_scale_update(None, state)
+    assert optim_ops.read_loss_scale_state(state.get())[:3] == (8.0, True, 16.0) and \
+        state.get()[optim_ops.LS_MARK] == 0.0
 
 
 def _batch_norm(rng):

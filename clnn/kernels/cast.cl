@@ -1,8 +1,14 @@
 ## cast.cl: an array converted to another floating type on the device.
 ## Parameters:  dtype  the destination's float32 | float64 | float16 | bfloat16
 ##              src    the source's float32 | float64 | float16 | bfloat16
-## Used by clnn/ops/cast.py. Values are rounded once, to nearest even (half through
-## vstore_half_rte, bfloat16 by clnn_f2bf, the others by C's conversion).
+##              mark   1: also mark a loss-scale state where any value is an inf or
+##                     NaN (a mixed-precision step's 16-bit gradients cast to float32):
+##                     optim.cl's CLNN_LS_MARK, set to 1 by whichever work-items meet
+##                     one, the same value from every writer, so the mark is the same
+##                     whatever their order
+## Used by clnn/ops/cast.py and clnn/ops/optim.py. Values are rounded once, to nearest
+## even (half through vstore_half_rte, bfloat16 by clnn_f2bf, the others by C's
+## conversion).
 <%include file="_common.cl"/>
 % if src == "float64" and dtype != "float64":
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
@@ -47,36 +53,60 @@ inline float clnn_d2f_odd(const double d)
     vector = {src, dtype} in ({"float32", "float16"}, {"float32", "bfloat16"})
     loadv = {"float16": "CLNN_HALF_LOADV_AT", "bfloat16": "CLNN_BF16_LOADV_AT"}.get(src)
 %>
+<%
+    # each value as loaded (float, or double from float64); with mark, checked
+    v_t = "double" if src == "float64" else "float"
+    check = "\n        bad |= isinf(v) || isnan(v);" if mark else ""
+%>
 __kernel void clnn_cast(const int n, __global const ${src_t} *x, const int x_off,
-                        __global real_t *out, const int out_off)
+                        __global real_t *out, const int out_off${
+                        ", __global float *mark, const int mark_off" if mark else ""})
 {
+% if mark:
+    int bad = 0;            // an inf or NaN met by this work-item
+% endif
 % if vector:
 #ifdef CLNN_CPU
     CLNN_FOR_EACH(v, n / 8) {
         const int i = v * 8;
 %   if loadv:
-        CLNN_ELEMS_STORE8(float, ${loadv}(__global, 8, x + x_off + i), out + out_off + i);
+        const float8 v8 = ${loadv}(__global, 8, x + x_off + i);
 %   else:
-        CLNN_STOREV(8, CLNN_ELEMS_LOAD8(float, x + x_off + i), out + out_off + i);
+        const float8 v8 = CLNN_ELEMS_LOAD8(float, x + x_off + i);
+%   endif
+%   if mark:
+        bad |= any(isinf(v8) | isnan(v8));
+%   endif
+%   if loadv:
+        CLNN_ELEMS_STORE8(float, v8, out + out_off + i);
+%   else:
+        CLNN_STOREV(8, v8, out + out_off + i);
 %   endif
     }
-    for (int i = n / 8 * 8 + (int)get_global_id(0); i < n; i += (int)get_global_size(0))
-        CLNN_STORE(CLNN_SRC(x, x_off + i), out, out_off + i);
+    for (int i = n / 8 * 8 + (int)get_global_id(0); i < n; i += (int)get_global_size(0)) {
+        const float v = CLNN_SRC(x, x_off + i);${check}
+        CLNN_STORE(v, out, out_off + i);
+    }
 #else
 % endif
     CLNN_FOR_EACH(i, n) {
+        const ${v_t} v = CLNN_SRC(x, x_off + i);${check}
 % if dtype == "float16" and src == "float64":
         // rounded once, to nearest, from double (through float it would round twice)
-        vstore_half_rte(CLNN_SRC(x, x_off + i), out_off + i, out);
+        vstore_half_rte(v, out_off + i, out);
 % elif dtype == "bfloat16" and src == "float64":
-        CLNN_STORE(clnn_d2f_odd(CLNN_SRC(x, x_off + i)), out, out_off + i);
+        CLNN_STORE(clnn_d2f_odd(v), out, out_off + i);
 % elif storage_only:
-        CLNN_STORE(CLNN_SRC(x, x_off + i), out, out_off + i);
+        CLNN_STORE(v, out, out_off + i);
 % else:
-        out[out_off + i] = (real_t)CLNN_SRC(x, x_off + i);
+        out[out_off + i] = (real_t)v;
 % endif
     }
 % if vector:
 #endif
+% endif
+% if mark:
+    if (bad)        // 1.0f's bits, by an integer atomic (no floating-point atomics)
+        atomic_xchg((volatile __global int *)(mark + mark_off), as_int(1.0f));
 % endif
 }

@@ -16,8 +16,9 @@ autocast + GradScaler).
 
 Where nothing on the host needs the step's gradients (no hook, a plain loss) and the
 optimizer can be gated (SGD, Adam, AdamW), S lives on the device
-(GradScaler.device_state): the loss kernel reads it, a kernel counts the gradients'
-infs and NaNs and updates S, and the optimizer's kernel reads whether to skip and what
+(GradScaler.device_state): the loss kernel reads it, the gradients' cast marks the
+state where it meets an inf or NaN, a kernel updates S from that mark, and the
+optimizer's kernel reads whether to skip and what
 S to divide by (Adam its step count too, which the update kernel keeps on the device).
 The host then waits for no step (PyTorch's GradScaler reads its inf check back every
 step unless the optimizer is fused); reading ``scaler.scale`` or ``skipped`` (fit does
@@ -106,7 +107,8 @@ class GradScaler:
 
     def device_update(self, grads, count):
         """The step's check and update on the device (from device_state's array): the
-        ``grads`` (float32, or the step's 16-bit ones) all finite or not, as update()
+        ``grads`` (float32, or the step's 16-bit ones; None: the mark that
+        clnn.ops.optim.cast_gradients left in the state) all finite or not, as update()
         would do it; ``count`` (an optimizer's device_count) counts the step unless it
         is skipped."""
         optim_ops.loss_scale_update(grads, self._state.array, count=count,

@@ -29,7 +29,7 @@ from ..device import device as _device, is_floating
 from ..ops.xent import cross_entropy_parts
 from .. import optim
 from ..errors import ArgumentError, CheckpointError, ShapeError
-from ..ops import _memo
+from ..ops import _memo, optim as optim_ops
 from ..ops._args import INT_MAX, dev_empty
 from ..ops.dropout import dropout_key, dropout_key_at
 from . import amp
@@ -748,18 +748,20 @@ class Sequential:
         value, grad_scale = self._forward_backward(ws, x, y, loss, grads, scale, layer_hook,
                                                    example_offset, half, gate)
         if half:
-            if self.flat_parameters is not None and layer_hook is None:
-                # (with a layer hook, each layer's were cast as they came)
-                clnn.cast(self._half.grads, self.dtype, out=self.flat_gradients)
             if value.dtype != self.dtype:       # (the plain losses' is already float32,
                 value = clnn.cast(value, self.dtype)    # as PyTorch's autocast has it)
             if gate is not None:
-                # last: the one kernel here that changes what the step keeps (S, the
-                # count), enqueued after everything that could run out of memory, so
-                # that _replayed may run the passes again after a failed capture
-                # (counted in the 16-bit gradients: the same infs and NaNs as their
-                # float32 copy, at half the bytes)
-                self.scaler.device_update(self._half.grads, count)
+                # last: the two kernels here that change what the step keeps (the
+                # state's mark of an inf or NaN, then S and the count), enqueued after
+                # everything that could run out of memory, so that _replayed may run
+                # the passes again after a failed capture. The cast marks the state as
+                # it reads the 16-bit gradients: one pass and launch for the cast and
+                # the check
+                optim_ops.cast_gradients(self._half.grads, self.flat_gradients, gate)
+                self.scaler.device_update(None, count)
+            elif self.flat_parameters is not None and layer_hook is None:
+                # (with a layer hook, each layer's were cast as they came)
+                clnn.cast(self._half.grads, self.dtype, out=self.flat_gradients)
         return value, grad_scale
 
     def _forward_backward(self, ws, x, y, loss, grads, scale, layer_hook, example_offset,

@@ -6,8 +6,10 @@ import numpy as np
 from .. import programs
 from ._args import check, check_out, common_device, done, launch, offset
 
-programs.register("cast", {"src": "float32"},
-                  lambda: [{"src": s} for s in ("float32", "float64", "float16", "bfloat16")])
+# (mark: the checked cast of a mixed-precision step's gradients, clnn/ops/optim.py)
+programs.register("cast", {"src": "float32", "mark": 0},
+                  lambda: [{"src": s} for s in ("float32", "float64", "float16", "bfloat16")] +
+                  [{"src": s, "mark": 1} for s in ("float16", "bfloat16")])
 
 
 def cast(x, dtype, out=None):

@@ -20,9 +20,10 @@ from .reduce import reduce3
 
 programs.register("optim", {"gated": 0}, lambda: [{"gated": 0}, {"gated": 1}])
 
-# clnn_loss_scale_update's state: five float32s, S, found, S used, good steps and
-# skipped steps, the last two holding int32 bits (clnn/kernels/optim.cl)
-LOSS_SCALE_STATE = 5
+# clnn_loss_scale_update's state: six float32s, S, found, S used, good steps and
+# skipped steps (int32 bits), and the mark of cast_gradients (clnn/kernels/optim.cl)
+LOSS_SCALE_STATE = 6
+LS_MARK = 5
 
 
 def _buffers(weight, grad, states):
@@ -53,8 +54,8 @@ def _state(state, dev, name="state"):
 def loss_scale_state(scale, good_steps=0, skipped=0):
     """The host values of a loss-scale state: S, found 0, S used (S), and the two
     counts as int32 bits."""
-    host = np.array([scale, 0.0, scale, 0.0, 0.0], np.float32)
-    host.view(np.int32)[3:] = good_steps, skipped
+    host = np.array([scale, 0.0, scale, 0.0, 0.0, 0.0], np.float32)
+    host.view(np.int32)[3:5] = good_steps, skipped
     return host
 
 
@@ -100,21 +101,45 @@ class DeviceCopy:
         return self.array
 
 
+def cast_gradients(grads, out, state):
+    """A mixed-precision step's 16-bit gradients ``grads`` cast to float32 into ``out``
+    (as clnn.cast), marking ``state`` (see loss_scale_state) where any is an inf or
+    NaN, for loss_scale_update(None, state) to read: one pass over the gradients and
+    one launch, where the cast and a count of the non-finite values took two passes
+    and, on GPUs, three launches. Returns out."""
+    dev = common_device(grads=grads, out=out, state=state)
+    gdt = check(grads, "grads", dev)
+    if gdt not in (np.float16, BFLOAT16):
+        raise DTypeError(f"grads has dtype {gdt}: cast_gradients takes float16 or "
+                         f"bfloat16 gradients")
+    check(out, "out", dev, dtype=np.float32, shape=grads.shape)
+    _state(state, dev)
+    if overlaps(out, state):
+        raise ShapeError("out overlaps state; each needs its own buffer")
+    kern = programs.get_kernel(dev, "cast", "clnn_cast", {
+        "dtype": "float32", "src": programs.dtype_name(gdt), "mark": 1})
+    return done(out, launch(kern, dev, grads.size, x=grads, x_off=offset(grads), out=out,
+                            out_off=offset(out), mark=state,
+                            mark_off=offset(state) + LS_MARK))
+
+
 def loss_scale_update(grads, state, *, count=None, growth_factor=2.0, backoff_factor=0.5,
                       growth_interval=2000):
     """PyTorch's GradScaler update, on the device and without reading anything back:
     count ``grads``' (a float32, float16 or bfloat16 array's: the 16-bit gradients of a
-    mixed-precision step, read at half the bytes of their float32 copy) infs and NaNs
-    and update ``state`` (see loss_scale_state): a step with any is marked found (a
-    gated sgd_step or adam_step then changes nothing) and S times ``backoff_factor``;
-    after ``growth_interval`` good steps in a row S times ``growth_factor``.
-    ``count`` (an int32 device array of one, an optimizer's count of the updates
-    applied) goes up by one unless the step is skipped. Returns state."""
+    mixed-precision step, read at half the bytes of their float32 copy) infs and NaNs,
+    or with ``grads`` None read the mark cast_gradients left in ``state``, and update
+    ``state`` (see loss_scale_state): a step with any is marked found (a gated
+    sgd_step or adam_step then changes nothing) and S times ``backoff_factor``; after
+    ``growth_interval`` good steps in a row S times ``growth_factor``; the mark is
+    cleared. ``count`` (an int32 device array of one, an optimizer's count of the
+    updates applied) goes up by one unless the step is skipped. Returns state."""
     dev = common_device(grads=grads, state=state, count=count)
-    gdt = check(grads, "grads", dev)
-    if gdt not in (np.float32, np.float16, BFLOAT16):
-        raise DTypeError(f"grads has dtype {gdt}: the loss scale checks float32, float16 "
-                         f"or bfloat16 gradients")
+    if grads is not None:
+        gdt = check(grads, "grads", dev)
+        if gdt not in (np.float32, np.float16, BFLOAT16):
+            raise DTypeError(f"grads has dtype {gdt}: the loss scale checks float32, "
+                             f"float16 or bfloat16 gradients")
     _state(state, dev)
     if count is not None:
         check_ints(count, "count", dev, shape=(1,))
@@ -127,17 +152,20 @@ def loss_scale_update(grads, state, *, count=None, growth_factor=2.0, backoff_fa
             0 < growth_interval < 2 ** 31:
         raise ArgumentError(f"growth_interval must be a positive int, got "
                             f"{growth_interval!r}")
-    bad = dev_empty(dev, (), np.float32)
     if count is None:
         count = dev_empty(dev, (1,), np.int32)        # counted, and never read
-    if grads.size:
-        reduce3(dev, gdt, grads, (1, grads.size, 1), bad, map="bad", outp="acc")
+    if grads is None:
+        bad, bad_off = state, offset(state) + LS_MARK
     else:
-        fill(bad, 0.0)
+        bad, bad_off = dev_empty(dev, (), np.float32), 0
+        if grads.size:
+            reduce3(dev, gdt, grads, (1, grads.size, 1), bad, map="bad", outp="acc")
+        else:
+            fill(bad, 0.0)
     kern = _kernel(dev, np.dtype(np.float32), "clnn_loss_scale_update")
-    return done(state, kern((1,), (1,), bad=bad, state=state, st_off=offset(state),
-                            count=count, count_off=offset(count), growth=growth,
-                            backoff=backoff, interval=int(growth_interval)))
+    return done(state, kern((1,), (1,), bad=bad, bad_off=bad_off, state=state,
+                            st_off=offset(state), count=count, count_off=offset(count),
+                            growth=growth, backoff=backoff, interval=int(growth_interval)))
 
 
 def sgd_step(weight, grad, buf, *, lr, momentum=0.0, weight_decay=0.0, nesterov=False,

@@ -12,6 +12,7 @@ import pytest
 
 import clnn
 from clnn import nn, optim, programs, tuning
+from clnn.ops import optim as optim_ops
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from conftest import race  # noqa: E402
@@ -205,9 +206,12 @@ def test_float16_steps_replay_across_loss_scales(dev, monkeypatch, where):
     real = programs.replay
     monkeypatch.setattr(programs, "replay", lambda launches: replays.append(1) or
                         real(launches))
-    real_cast = clnn.cast
-    monkeypatch.setattr(clnn, "cast", lambda *a, **kw: casts.append(1) or
-                        real_cast(*a, **kw))
+    # (the gradients' cast, where the scale lives on the device, is cast_gradients,
+    # which marks the state)
+    for module, name in ((clnn, "cast"), (optim_ops, "cast_gradients")):
+        monkeypatch.setattr(module, name, functools.partial(
+            lambda real, *a, **kw: casts.append(1) or real(*a, **kw),
+            getattr(module, name)))
     per_step = []
     x, y = data(dev, 6, (2, 13, 13), 7)
     nets = [lenet(dev), lenet(dev)]

@@ -50,6 +50,62 @@ def test_the_device_update_is_the_host_scalers(dev, n, dtype):
     assert host.skipped == 3 and host.scale == 2.0 ** 11
 
 
+@pytest.mark.parametrize("n", [1, 7, 9, 4099, 100003])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_gradients_cast_marks_what_the_count_finds(dev, n, dtype):
+    """cast_gradients (a mixed-precision step's one pass over its 16-bit gradients):
+    float32 exactly as the conversion gives, canaries around the output untouched; the
+    state marked where any is an inf or NaN (first, last or inside: in the CPU loop's
+    vectors of 8 and the elements after them), nothing else of it written; then
+    loss_scale_update(None, state) updates as GradScaler.update does from that mark,
+    and clears it."""
+    dt = np.dtype(clnn.bfloat16 if dtype == "bfloat16" else dtype)
+    host = nn.GradScaler(init_scale=2.0 ** 12, growth_interval=3)
+    st = state_on(dev, host.scale)
+    cases = [None, 0, None, n - 1, None, None, n // 2, None, None, None]
+    bads = [np.nan, np.inf, -np.inf]
+    for i, at in enumerate(cases):
+        g = gradients(n, at, bads[i % 3]).astype(dt)
+        out = Guarded(dev, (n,), np.float32)
+        before = st.check().view(np.int32)
+        optim_ops.cast_gradients(guarded_input(dev, g), out.view, st.view)
+        assert np.array_equal(out.check(), g.astype(np.float32), equal_nan=True), i
+        marked = st.check()
+        assert marked[optim_ops.LS_MARK] == (0.0 if at is None else 1.0), i
+        assert np.array_equal(marked.view(np.int32)[:optim_ops.LS_MARK],
+                              before[:optim_ops.LS_MARK]), i
+        used = host.scale
+        optim_ops.loss_scale_update(None, st.view, growth_interval=3)
+        host.update(at is None)
+        after = st.check()
+        assert optim_ops.read_loss_scale_state(after) == \
+            (host.scale, at is not None, used, host.good_steps, host.skipped), i
+        assert after[optim_ops.LS_MARK] == 0.0, i
+    assert host.skipped == 3
+
+
+def test_the_gradients_cast_refuses_what_it_cannot_mark(dev):
+    """Bad arguments to cast_gradients: a typed error, nothing written."""
+    st = state_on(dev, 8.0)
+    out = Guarded(dev, (5,), np.float32, fill=np.full(5, 3.0))
+    g = clnn.asarray(np.full(5, np.inf, np.float16), device=dev)
+    for args, err in (((clnn.asarray(np.ones(5, np.float32), device=dev), out.view, st.view),
+                       clnn.DTypeError),
+                      ((g, clnn.zeros((5,), np.float16, device=dev), st.view), clnn.DTypeError),
+                      ((g, clnn.zeros((4,), device=dev), st.view), clnn.ShapeError),
+                      ((g, out.view, clnn.zeros((5,), device=dev)), clnn.ShapeError),
+                      ((g, out.view, np.zeros(6, np.float32)), clnn.ArgumentError)):
+        with pytest.raises(err):
+            optim_ops.cast_gradients(*args)
+    whole = clnn.asarray(optim_ops.loss_scale_state(8.0), device=dev)
+    with pytest.raises(clnn.ShapeError):            # out overlapping the state
+        optim_ops.cast_gradients(clnn.asarray(np.ones(6, np.float16), device=dev), whole,
+                                 whole)
+    assert np.all(out.check() == 3.0)
+    assert np.array_equal(st.check(), optim_ops.loss_scale_state(8.0))
+    assert np.array_equal(whole.get(), optim_ops.loss_scale_state(8.0))
+
+
 def test_growth_and_backoff_factors_other_than_two(dev):
     """Any factors, rounded to float32 as PyTorch's float32 scale is."""
     st = state_on(dev, 1000.0)
