@@ -18,8 +18,8 @@ Where nothing on the host needs the step's gradients (no hook, a plain loss) and
 optimizer can be gated (SGD, Adam, AdamW), S lives on the device
 (GradScaler.device_state): the loss kernel reads it, the gradients' cast marks the
 state where it meets an inf or NaN, a kernel updates S from that mark, and the
-optimizer's kernel reads whether to skip and what
-S to divide by (Adam its step count too, which the update kernel keeps on the device).
+optimizer's kernel reads whether to skip and what S to divide by (Adam its step count
+too, which the update kernel keeps on the device).
 The host then waits for no step (PyTorch's GradScaler reads its inf check back every
 step unless the optimizer is fused); reading ``scaler.scale`` or ``skipped`` (fit does
 at each epoch's end), or ``optimizer.steps``, reads the state back once.
