@@ -88,17 +88,22 @@ def candidates(facts, quick):
 def engine_candidates(facts, kind, quick):
     """Matrix-engine rows of ``kind`` ("tf32", "f16") that fit the device: tiles of 64
     to 256, warp blocks of 32x32 to 64x64, 4 to 16 warps a work-group (cf. MMA_TABLE,
-    whose rows came from such a search on an H100)."""
+    whose rows came from such a search on an H100), and narrow tiles for products with
+    few rows (16 x 128 in warp blocks of 16 x 32; the full search also 16 x 256 and
+    32 x 128)."""
     itemsize = tuning.MMA_KINDS[kind][1]
     if quick:
         tiles = ((128, 128), (64, 128), (128, 256), (64, 64))
         blocks, depths = ((64, 64), (32, 64), (32, 32)), (16,) if kind == "tf32" else (16, 32)
+        narrow = (((16, 128), (16, 32)),)
     else:
         tiles = ((128, 128), (64, 128), (128, 64), (128, 256), (256, 128), (64, 64))
         blocks = ((64, 64), (32, 64), (64, 32), (32, 32))
         depths = (8, 16, 32) if kind == "tf32" else (16, 32)
+        narrow = (((16, 128), (16, 32)), ((16, 256), (16, 64)), ((32, 128), (32, 32)))
+    shapes = list(itertools.product(tiles, blocks)) + list(narrow)
     out = []
-    for (mwg, nwg), (wm, wn), kwg in itertools.product(tiles, blocks, depths):
+    for ((mwg, nwg), (wm, wn)), kwg in itertools.product(shapes, depths):
         if mwg % wm or nwg % wn:
             continue
         threads = 32 * (mwg // wm) * (nwg // wn)

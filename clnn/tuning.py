@@ -190,6 +190,16 @@ MMA_TABLE = {
          "MDIMC": 8, "NDIMC": 16, "WM": 64, "WN": 64, "speed": 2.0, "tuned": True},
         {"variant": "local", "MMA": "f16", "MWG": 64, "NWG": 64, "KWG": 32,
          "MDIMC": 8, "NDIMC": 16, "WM": 32, "WN": 32, "speed": 1.5, "tuned": True},
+        # untuned (written 2026-11-27 without a GPU, checked emulated and by ptxas): a
+        # narrow tile for narrow products, one warp row of m16 fragments, 4 warps of
+        # 16x32. LeNet's float16 convolutions multiply 6 or 16 filters (and 6 channels
+        # in a data gradient) by 10^5-10^6 columns; the 64-row tiles discard 90% (75%)
+        # of their engine work on them, this one 60% (none). Its speed is an estimate:
+        # the 64x64x32 row's 3.6 halved, for 1.5x the ldmatrix per mma.sync (3 per 4
+        # against 4 per 8) and 2.25x the local traffic per multiply-add
+        {"variant": "local", "MMA": "f16", "MWG": 16, "NWG": 128, "KWG": 32,
+         "MDIMC": 8, "NDIMC": 16, "WM": 16, "WN": 32, "LDSM": True, "ASYNC": 3,
+         "speed": 1.8, "tuned": False},
         # measured on an H200 (driver 580.159.04, 2026-11-27, kernel times of square
         # GEMMs at 4096 and 8192, benchmarks/bench_engines.py --each-row): the same
         # float16 tiles with ldmatrix fragments (LDSM) and cp.async tile pipelines

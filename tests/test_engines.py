@@ -83,10 +83,35 @@ def test_ldmatrix_rows_fit_and_take_their_local_memory():
     ldsm = [r for r in tuner.engine_candidates(H100, "f16", False) if r.get("LDSM")]
     assert ldsm and all(plans.local_bytes(r, 2) <= H100.local_mem_size for r in ldsm)
     assert not any(r.get("LDSM") for r in tuner.engine_candidates(H100, "tf32", False))
-    # the table's LDSM rows are timed ones (tuning.py says where), each with its
-    # cp.async pipeline, and they fit an H100
-    assert all(r.get("ASYNC") and r.get("tuned") and not tuning.gemm_problems(r, H100, 2)
+    # the table's LDSM rows each have their cp.async pipeline and fit an H100; they are
+    # timed ones (tuning.py says where) but for the narrow tile, which awaits a GPU
+    assert all(r.get("ASYNC") and not tuning.gemm_problems(r, H100, 2)
                for r in ENGINES if r.get("LDSM"))
+    assert [r for r in ENGINES if not r["tuned"]] == [NARROW]
+
+
+# the narrow float16 tile (one warp row of m16 fragments), untimed
+NARROW = next(r for r in ENGINES if r["MWG"] == 16)
+
+
+@pytest.mark.parametrize("batch", [64, 1024])
+def test_narrow_products_take_the_narrow_engine_tile(batch):
+    """LeNet-5's float16 convolutions: C3's forward (16 filters) and data gradient (6
+    channels) as implicit GEMMs of batch * 10^2 columns take the narrow tile, where a
+    64-row tile discards 75% or 90% of its engine work; C1's weight gradient (6 x 25,
+    K = batch * 784) too, split along K. Square products and a batch of dense rows keep
+    the 64-row tiles or wider, and the smallest tile WGMMA rows fall back to is not the
+    narrow one."""
+    rows = tuning.conv_rows(H100, 2, np.float16)
+    for M, N, K in ((16, batch * 100, 150), (6, batch * 196, 400), (6, 25, batch * 784)):
+        plan = plans.best(H100, rows, M, N, K, itemsize=2)
+        assert plan.params == NARROW, (M, N, K, plan.params)
+    assert plans.best(H100, rows, 6, 25, batch * 784, itemsize=2).splits > 1
+    dense = tuning.gemm_rows(H100, 2, np.float16)
+    for M, N, K in ((4096, 4096, 4096), (1024, 1024, 1024), (batch * 32, 1000, 1000)):
+        plan = plans.best(H100, dense, M, N, K, itemsize=2)
+        assert plan.params.get("MMA") == "f16" and plan.params["MWG"] >= 64, (M, N, K)
+    assert tuning.wgmma_fallback(tuning.wgmma_rows("f16")[0])["MWG"] == 64
 
 
 @pytest.mark.parametrize("stages,ok", [(2, True), (3, True), (4, True), (1, False),

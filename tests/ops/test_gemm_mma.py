@@ -249,6 +249,31 @@ def check_conv(dev, kind, row, geom):
         assert np.all(err <= bd), f"{kind} {name} {geom}: max error/bound {np.max(err / bd):.3g}"
 
 
+def narrow_row(dev):
+    """The table's narrow float16 tile (16 x 128, warp blocks of 16 x 32: products with
+    few rows), real where the device has the engines, emulated elsewhere."""
+    row = next(r for r in tuning.MMA_TABLE[("nvidia", "GPU")] if r["MWG"] == 16)
+    return row if tuning.mma_rows(dev.facts, "f16") else dict(row, EMULATE=True)
+
+
+@pytest.mark.parametrize("kind", ["f16", "bf16"])
+def test_narrow_rows(dev, kind):
+    """Products of 1 to 33 rows (one tile row and a bit of the next, the four
+    transposes, cp.async copies of 16 bytes and register loads, split-K) and LeNet-5's
+    convolutions of 6 and 16 filters and channels, which the planner gives this tile."""
+    row = narrow_row(dev)
+    for i, (M, N, K, ta, tb, align) in enumerate((
+            (1, 131, 40, False, False, 8), (6, 300, 75, True, False, 8),
+            (16, 129, 33, False, True, 0), (17, 45, 70, True, True, 8),
+            (33, 257, 96, False, False, 0))):
+        check(dev, kind, row, M, N, K, ta, tb, alpha=1.0 if i % 2 else -0.5,
+              beta=0.5 if tb else 0.0, bias=ta, act="relu" if i % 2 else None, align=align)
+    check(dev, kind, dict(row, KSPLIT=3), 6, 25, 301, True, False, alpha=1.0, beta=-1.5,
+          bias=True, act=None)
+    for geom in ((3, 1, 12, 13, 6, 5, 1, 0), (2, 6, 9, 11, 16, 5, 1, 0)):
+        check_conv(dev, kind, row, geom)
+
+
 def ldsm_row(dev):
     """A float16 row with ldmatrix and tiles of plain halves (LDSM): not in the table
     (not yet timed on a GPU; the tuner searches such rows), real where the device has
