@@ -3,7 +3,7 @@ MLP and LeNet-5 in mixed precision (clnn/nn/amp.py) against the same step in flo
 every device.
 
     python benchmarks/bench_half.py [--device SPEC] [--repeats 5] [--sizes 512,1024]
-                                    [--lenet-batches 64,1024]
+                                    [--lenet-batches 64,1024] [--engine-rows all,tuned]
 
 Each 16-bit GEMM is checked first against numpy's float64 product of the same 16-bit
 operands (bound: one rounding to the format plus float32 accumulation); each 16-bit
@@ -12,8 +12,13 @@ bfloat16's 8-bit mantissas). Then the three are timed alternately (warm-up, repe
 medians) and each format's speed printed as float32's time over its own: above 1
 where moving half the bytes pays. Steps are timed plain and replayed as fit runs them
 ("replayed" rows: the batch kept in the step's format, the kernels captured once).
+With ``--engine-rows all,tuned`` every case runs again with the matrix-engine rows
+that no GPU has timed yet (clnn.tuning.MMA_TABLE's "tuned": False) set aside, the
+rows marked "[tuned engine rows]": what those rows change, in the same run.
 Writes benchmarks/results/bench_half.json.
 """
+
+import contextlib
 
 import os
 import sys
@@ -25,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common  # noqa: E402
 
 import clnn  # noqa: E402
-from clnn import nn, optim  # noqa: E402
+from clnn import nn, optim, tuning  # noqa: E402
 
 DENSE = [("dense fwd X.W^T", 1000, 5000, 2000, False, True),
          ("dense dW = dY^T.X", 5000, 2000, 1000, True, False)]
@@ -109,6 +114,27 @@ def step_case(dev, make, batch, in_shape, repeats, replay=False):
     return {p: float(np.median(s)) for p, s in samples.items()}
 
 
+@contextlib.contextmanager
+def tuned_engines_only():
+    """MMA_TABLE without its untuned rows inside the block (the caches emptied on the
+    way in and out, so that the planner sees the change)."""
+    saved = {key: list(rows) for key, rows in tuning.MMA_TABLE.items()}
+    try:
+        for rows in tuning.MMA_TABLE.values():
+            rows[:] = [r for r in rows if r.get("tuned")]
+        clnn.clear_caches()
+        yield
+    finally:
+        for key, rows in tuning.MMA_TABLE.items():
+            rows[:] = saved[key]
+        clnn.clear_caches()
+
+
+def untuned_engine_rows(dev):
+    return [r for kind in tuning.MMA_KINDS for r in tuning.mma_rows(dev.facts, kind)
+            if not r.get("tuned")]
+
+
 def _row(dev, case, t):
     return {"device": dev.name, "case": case, **t,
             **{f"float32_over_{f}": t["float32"] / t[f] for f in FORMATS}}
@@ -121,23 +147,38 @@ def main(argv=None):
                     help="LeNet-5's batch sizes (at 64 a GPU's step is bound by its "
                          "launches, which mixed precision adds; a larger batch shows "
                          "where the 16-bit convolutions pay)")
+    ap.add_argument("--engine-rows", default="all",
+                    help="'all' (the table as it is), or 'all,tuned': every case also "
+                         "with the untimed matrix-engine rows set aside")
     args = ap.parse_args(argv)
+    passes = args.engine_rows.split(",")
+    if not passes or set(passes) - {"all", "tuned"}:
+        ap.error("--engine-rows takes 'all', 'tuned' or both")
     rows = []
     for dev in _common.devices(args.device):
         print(f"# {dev.name}")
         cases = [(f"GEMM {n}^3", n, n, n, False, False) for n in map(int, args.sizes.split(","))]
-        for name, M, N, K, ta, tb in cases + DENSE:
-            rows.append(_row(dev, name, gemm_case(dev, M, N, K, ta, tb, args.repeats)))
         steps = [("MLP step (batch 1000)", mlp, 1000, (2000,))] + \
             [(f"LeNet-5 step (batch {n})", lenet, n, (1, 32, 32))
              for n in map(int, args.lenet_batches.split(","))]
-        for name, make, batch, shape in steps:
-            rows.append(_row(dev, name, step_case(dev, make, batch, shape, args.repeats)))
-            rows.append(_row(dev, name.replace("step", "replayed"),
-                             step_case(dev, make, batch, shape, args.repeats, replay=True)))
+        for which in passes:
+            if which == "tuned" and not untuned_engine_rows(dev):
+                print(f"(no untimed engine rows fit {dev.name}: nothing to set aside)")
+                continue
+            mark = " [tuned engine rows]" if which == "tuned" else ""
+            with tuned_engines_only() if which == "tuned" else contextlib.nullcontext():
+                for name, M, N, K, ta, tb in cases + DENSE:
+                    rows.append(_row(dev, name + mark,
+                                     gemm_case(dev, M, N, K, ta, tb, args.repeats)))
+                for name, make, batch, shape in steps:
+                    rows.append(_row(dev, name + mark,
+                                     step_case(dev, make, batch, shape, args.repeats)))
+                    rows.append(_row(dev, name.replace("step", "replayed") + mark,
+                                     step_case(dev, make, batch, shape, args.repeats,
+                                               replay=True)))
         for r in rows:
             if r["device"] == dev.name:
-                print(f"{r['case']:28s} " + "   ".join(
+                print(f"{r['case']:48s} " + "   ".join(
                     f"{f} {1e3 * r[f]:8.2f} ms ({r['float32_over_' + f]:.2f}x float32's speed)"
                     for f in FORMATS) + f"   float32 {1e3 * r['float32']:8.2f} ms")
     print(f"results: {_common.write_json('bench_half', {'rows': rows}, args.json)}")

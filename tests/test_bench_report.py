@@ -68,3 +68,26 @@ def test_the_gpu_session_script_names_scripts_and_options_that_exist():
             capture_output=True, text=True, timeout=120).stdout
         for opt in re.findall(r"--[\w-]+", rest) + ["--device", "--json"]:
             assert opt in help_text, (script, opt)
+
+
+def test_bench_half_sets_the_untimed_engine_rows_aside_and_back():
+    """bench_half.py --engine-rows all,tuned: inside tuned_engines_only the planner's
+    rows for an H100 lack the untimed ones (the narrow float16 tile), and after it the
+    table and the rows are what they were."""
+    import dataclasses
+    import types
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
+    import bench_half
+    from clnn import tuning
+    from test_plans import H100
+    dev = types.SimpleNamespace(facts=dataclasses.replace(H100, nv_compute_capability=90))
+    before = tuning.mma_rows(dev.facts, "f16")
+    untimed = bench_half.untuned_engine_rows(dev)
+    assert untimed and all(r in before and r["MMA"] == "f16" for r in untimed)
+    table = {k: list(v) for k, v in tuning.MMA_TABLE.items()}
+    with bench_half.tuned_engines_only():
+        inside = tuning.mma_rows(dev.facts, "f16")
+        assert inside and all(r.get("tuned") for r in inside)
+        assert len(inside) == len(before) - len(untimed)
+        assert bench_half.untuned_engine_rows(dev) == []
+    assert tuning.MMA_TABLE == table and tuning.mma_rows(dev.facts, "f16") == before
