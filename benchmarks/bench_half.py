@@ -19,7 +19,6 @@ Writes benchmarks/results/bench_half.json.
 """
 
 import contextlib
-
 import os
 import sys
 
