@@ -511,7 +511,8 @@ def mma_rows(facts, kind):
 def wgmma_fallback(p):
     """The mma.sync row that serves a launch a WGMMA row cannot (a convolution's
     gathered operands, 16-bit operands too unaligned for 4-byte copies): the table's
-    smallest tile of the same kind, emulated where ``p`` is."""
+    last row of the same kind (a timed 64x64 tile; the narrow 16-row tile, smaller,
+    sits before it), emulated where ``p`` is."""
     row = [r for r in MMA_TABLE[("nvidia", "GPU")] if r["MMA"] == p["MMA"]][-1]
     return dict(row, EMULATE=True) if p.get("EMULATE") else dict(row)
 
