@@ -100,8 +100,8 @@ def test_narrow_products_take_the_narrow_engine_tile(batch):
     channels) as implicit GEMMs of batch * 10^2 columns take the narrow tile, where a
     64-row tile discards 75% or 90% of its engine work; C1's weight gradient (6 x 25,
     K = batch * 784) too, split along K. Square products and a batch of dense rows keep
-    the 64-row tiles or wider, and the smallest tile WGMMA rows fall back to is not the
-    narrow one."""
+    the 64-row tiles or wider, and the row WGMMA rows fall back to is the 64x64 tile,
+    not the narrow one."""
     rows = tuning.conv_rows(H100, 2, np.float16)
     for M, N, K in ((16, batch * 100, 150), (6, batch * 196, 400), (6, 25, batch * 784)):
         plan = plans.best(H100, rows, M, N, K, itemsize=2)

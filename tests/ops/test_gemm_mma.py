@@ -48,7 +48,7 @@ SIZES = [(1, 1, 1), (17, 13, 29), (129, 257, 33), (300, 200, 100), (64, 8, 1000)
 
 def engine_rows(dev, kind, every=True):
     """The device's engine rows of ``kind``; where it has none, the table's rows with the
-    engine emulated (only the smallest tile unless ``every``)."""
+    engine emulated (only the last, a 64x64 tile, unless ``every``)."""
     rows = tuning.mma_rows(dev.facts, ROWS[kind])
     if rows:
         return rows
