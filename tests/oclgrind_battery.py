@@ -81,6 +81,17 @@ def _ops():
     _loss_scale(x, y)
     close(clnn.bias_add(X, clnn.asarray(x[0])).get(), x + x[0])
     close(clnn.bias_grad(X).get(), x.sum(0))
+    # an activation's backward pass with its bias gradient: dense, and images whose
+    # sums over H*W run in chunks (one pass on the GPUs' kernel, in place)
+    for shape in ((7, 13), (2, 3, 60, 80)):
+        d = rng.standard_normal(shape).astype(np.float32)
+        a = np.abs(rng.standard_normal(shape)).astype(np.float32) * (d > 0)
+        D = clnn.asarray(d)
+        _, db = clnn.activation_bias_backward("relu", D, clnn.zeros(shape[1]), a=clnn.asarray(a),
+                                              out=D)
+        dz = d * (a > 0)
+        close(D.get(), dz)
+        close(db.get(), dz.sum((0,) + tuple(range(2, len(shape)))), 1e-4)
     long = rng.standard_normal(5003).astype(np.float32)
     close(clnn.sum(clnn.asarray(long)).get(), long.sum(), 1e-4)
     close(clnn.max(X, axis=1).get(), x.max(1))

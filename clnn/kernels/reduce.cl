@@ -2,6 +2,11 @@
 ## Parameters:  dtype  float32 | float64 | float16 | bfloat16
 ##              map    "x" | "xy" (x*y, for dot) | "sq" (x*x, for nrm2)
 ##                     | "xv" (x[o, r, i] * v[r], for gemv)
+##                     | "dact" (GPU form only: x * f'(y) for activation ACT, its
+##                       derivative from SRC, y's "a" or "z"; each value also stored
+##                       to z, as rounded there, and summed so: an activation's
+##                       backward pass and its bias gradient in one pass)
+##              act, src  (map "dact") the activation and where its derivative is taken
 ##              op     "sum" | "max"
 ##              final  "none" | "scale" (times post) | "sqrt" (sqrt of times post)
 ##                     | "axpby" (post * result + beta * out, for gemv)
@@ -22,6 +27,8 @@
 ## and, on GPUs, clnn/ops/gemm.py (gemv).
 <%include file="_common.cl"/>
 <%
+    if map == "dact" and (not wg or inp != "real"):
+        raise ValueError("map dact: the GPU form (wg) over real_t inputs only")
     in_t = "real_t" if inp == "real" else "acc_t"
     out_t = "real_t" if outp == "real" else "acc_t"
 %>
@@ -123,6 +130,9 @@ clnn_bad8(CLNN_INV(x, x_off + ${k}))\
         out[out_off + ${w}] = ${acc};
 % endif
 </%def>
+% if map == "dact":
+<%include file="_activation.cl" args="act=act, derivative_from=src"/>
+% endif
 % if map == "sq":
 inline acc_t clnn_sq(const acc_t v) { return v * v; }
 %   if vec_loads:
@@ -343,7 +353,10 @@ void clnn_reduce_wg(const int outer, const int R, const int inner, const int os,
                     const acc_t post, const acc_t beta,
                     __global const ${in_t} *x, const int x_off,
                     __global const ${in_t} *y, const int y_off,
-                    __global ${out_t} *out, const int out_off)
+                    __global ${out_t} *out, const int out_off${"," if map == "dact" else ")"}
+% if map == "dact":
+                    const acc_t p, const acc_t q, __global real_t *z, const int z_off)
+% endif
 {
     __local acc_t part[${LY}][${LX}];
     const int lx = (int)get_local_id(0), ly = (int)get_local_id(1);
@@ -354,7 +367,16 @@ void clnn_reduce_wg(const int outer, const int R, const int inner, const int os,
     if (i < inner) {
         for (int r = r0 + ly; r < r1; r += ${LY}) {
             const int k = o * os + r * rs + i;
+% if map == "dact":
+            // x * f'(y) stored to z (x itself where the pass runs in place: each
+            // element is read and written by this work-item alone), and summed as
+            // stored, rounded to the storage type: what a sum of z would read
+            CLNN_STORE(CLNN_IN(x, x_off + k) * clnn_df(CLNN_IN(y, y_off + k), p, q), z,
+                       z_off + k);
+            const acc_t v = CLNN_LOAD(z, z_off + k);
+% else:
             const acc_t v = ${mapped("k", "r")};
+% endif
             acc = CLNN_OP(acc, v);
         }
     }

@@ -783,6 +783,7 @@ class Sequential:
             layer.forward(inputs[i], ws.a[i], logits=xent and i == L - 1, training=True,
                           key=keys[i])
         grad_scale = 1.0 / batch
+        fused = [False] * L       # whose bias gradient backward_activation summed
         if options is not None:
             # the sum and its gradient, over the labels' total weight D (from the
             # kernel): the mean PyTorch takes, with the network's unscaled deltas
@@ -803,16 +804,19 @@ class Sequential:
         else:
             value, _ = clnn.quadratic_loss(ws.a[-1], y, da=ws.delta[-1], grad_scale=scale,
                                            scale_by=gate, loss_dtype=self.dtype)
-            self.layers[-1].backward_activation(ws.delta[-1], ws.a[-1])
+            fused[-1] = self.layers[-1].backward_activation(ws.delta[-1], ws.a[-1],
+                                                            grads[-1] or None)
         for i in range(L - 1, -1, -1):
             # below the first layer with parameters no delta is needed
             need_dx = i - 1 >= self._first_trainable
             if need_dx or grads[i]:
+                # (a bias gradient its activation's backward pass summed: left out)
                 self.layers[i].backward(ws.delta[i], inputs[i],
                                         ws.delta[i - 1] if need_dx else None,
-                                        grads[i], ws.ones)
+                                        grads[i][:1] if fused[i] else grads[i], ws.ones)
             if need_dx:
-                self.layers[i - 1].backward_activation(ws.delta[i - 1], inputs[i])
+                fused[i - 1] = self.layers[i - 1].backward_activation(
+                    ws.delta[i - 1], inputs[i], grads[i - 1] or None)
             if layer_hook is not None and grads[i]:
                 if half:          # this layer's gradients, float32, for the hook to copy
                     lo, hi = self.gradient_range(i)

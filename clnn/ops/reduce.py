@@ -22,10 +22,15 @@ _MIN_CHUNK = 256     # below this, a second launch costs more than it saves
 _LANES = 8           # partial results side by side along a contiguous row (CPUs)
 _ROW_LANES = 32      # the same for float32: four vectors of 8
 
-programs.register(
-    "reduce", {"map": "x", "op": "sum", "final": "none", "inp": "real", "outp": "real",
-               "wg": 0, "lanes": 1, "span": 1, "stream": False},
-    lambda: [{"map": m, "op": o, "final": f, "inp": i, "outp": p, "wg": wg,
+# the activations whose backward pass a GPU fuses with the bias gradient (map "dact"),
+# and where their derivatives are taken: from the output a, as the layers have them,
+# and from z (softplus below its default threshold needs it)
+DACT = [(a, "a") for a in ("identity", "sigmoid", "tanh", "relu", "leaky_relu", "elu",
+                           "softplus")] + [("softplus", "z"), ("tanh", "z")]
+
+
+def _variants():
+    plain = [{"map": m, "op": o, "final": f, "inp": i, "outp": p, "wg": wg,
               "lanes": lanes, "span": span, "stream": stream}
              for wg, lanes, span, stream in ((0, 1, 1, False), (0, _LANES, 1, False),
                                              (0, _ROW_LANES, 1, False),
@@ -53,8 +58,19 @@ programs.register(
                                    ("bad", "sum", "none", "real", "real"),
                                    ("bad", "sum", "none", "real", "acc")]
              # (the streaming form only makes a first stage's partial results)
-             if not stream or (p == "acc" and f == "none")])
+             if not stream or (p == "acc" and f == "none")]
+    # an activation's backward pass with the bias gradient: the GPU form only, whole
+    # or as a first stage, rows (images' sums over H*W) and columns (dense layers)
+    fused = [{"map": "dact", "op": "sum", "final": "none", "inp": "real", "outp": p,
+              "wg": wg, "act": a, "src": s}
+             for wg in ((1, 256), (32, 8)) for p in ("real", "acc") for a, s in DACT]
+    return plain + fused
 
+
+programs.register(
+    "reduce", {"map": "x", "op": "sum", "final": "none", "inp": "real", "outp": "real",
+               "wg": 0, "lanes": 1, "span": 1, "stream": False, "act": "none", "src": "a"},
+    _variants)
 
 def _chunks(dev, outputs, R):
     """How many chunks to split each length-R reduction into (CPU kernel)."""
@@ -78,7 +94,7 @@ def _wg_shape(dev, inner, forced=None):
 
 
 def reduce3(dev, dt, x, shape3, out, *, op="sum", map="x", final="none", post=1.0, y=None,
-            inp="real", strides=None, beta=0.0, wg=None, outp="real"):
+            inp="real", strides=None, beta=0.0, wg=None, outp="real", dact=None):
     """Reduce ``x`` viewed as (outer, R, inner) along R into ``out`` (outer, inner).
 
     ``dt`` is the storage dtype of ``out``; ``inp="acc"`` says ``x`` holds partial
@@ -86,7 +102,11 @@ def reduce3(dev, dt, x, shape3, out, *, op="sum", map="x", final="none", post=1.
     ``outp="acc"`` that ``out`` does (a count of a 16-bit array's elements).
     ``strides`` (os, rs) place element (o, r, i) of x at o * os + r * rs + i (default:
     contiguous); map "xv" multiplies it by y[r], final "axpby" writes post * result +
-    beta * out (gemv). ``wg`` forces the GPU (True) or CPU (False) kernel.
+    beta * out (gemv). ``wg`` forces the GPU (True) or CPU (False) kernel. ``dact``
+    (act, src, p, q, z) makes the GPU kernel's map x * f'(y) for activation ``act``
+    (its derivative from y, ``src`` "a" or "z", parameters p and q), each value stored
+    to the array ``z`` laid out as x and summed as stored (map "dact"): an activation's
+    backward pass and the bias gradient in one pass.
     On CPUs a work-item sums each output (or chunk of one); on GPUs a work-group does,
     with a tree in local memory (clnn_reduce_wg). Both split long reductions into
     chunks whose partial results a second launch reduces; the split depends only on
@@ -109,11 +129,18 @@ def reduce3(dev, dt, x, shape3, out, *, op="sum", map="x", final="none", post=1.
     # and the streaming form's work-groups of one would each cost a dispatch)
     stream = span > 1 and R >= 2 * _MIN_CHUNK and outer < 8 * dev.facts.compute_units
 
+    if dact is not None and not gpu:
+        raise ValueError("map dact runs on the GPU kernel only")
+
     def run(params, n_chunks, chunk_len, R_, src, src_y, dst, post_, strides_):
         common = dict(outer=outer, R=R_, inner=inner, os=strides_[0], rs=strides_[1],
                       chunks=n_chunks, chunk_len=chunk_len, post=post_, beta=beta,
                       x=src, x_off=offset(src), y=src_y, y_off=offset(src_y), out=dst,
                       out_off=offset(dst))
+        if params["map"] == "dact":
+            act, src_kind, p, q, z = dact
+            params = dict(params, act=act, src=src_kind)
+            common.update(p=p, q=q, z=z, z_off=offset(z))
         if gpu:
             lx, ly = _wg_shape(dev, inner, forced)
             kern = programs.get_kernel(dev, "reduce", "clnn_reduce_wg",
@@ -158,6 +185,8 @@ def reduce3(dev, dt, x, shape3, out, *, op="sum", map="x", final="none", post=1.
                                               R // _MIN_CHUNK))
     else:
         chunks = _chunks(dev, outer * -(-inner // span), R)
+    if dact is not None:
+        map = "dact"
     if chunks == 1:
         evt = run({"map": map, "op": op, "final": final, "inp": inp, "outp": outp},
                   1, builtins.max(R, 1), R, x, y, out, post, (os_, rs_))
@@ -165,11 +194,15 @@ def reduce3(dev, dt, x, shape3, out, *, op="sum", map="x", final="none", post=1.
         chunk_len = -(-R // chunks)
         chunks = -(-R // chunk_len)
         part = dev_scratch(dev, outer * chunks * inner, programs.acc_dtype(dt))
-        run({"map": map, "op": op, "final": "none", "inp": inp, "outp": "acc",
-             **({"stream": True} if stream else {})},
-            chunks, chunk_len, R, x, y, part, 1.0, (os_, rs_))
+        first = run({"map": map, "op": op, "final": "none", "inp": inp, "outp": "acc",
+                     **({"stream": True} if stream else {})},
+                    chunks, chunk_len, R, x, y, part, 1.0, (os_, rs_))
         evt = run({"map": "x", "op": op, "final": final, "inp": "acc", "outp": outp},
                   1, chunks, chunks, part, part, out, post, (chunks * inner, inner))
+        if dact is not None:
+            done(dact[4], first)
+    if dact is not None and chunks == 1:
+        done(dact[4], evt)
     return done(out, evt)
 
 

@@ -539,3 +539,35 @@ def test_a_training_step_never_waits_for_the_device(dev, monkeypatch, precision,
         assert waits == [], (replay, waits)
     assert np.all(np.isfinite(net.flat_parameters.get()))
     assert net.optimizer.steps == 10 - (net.scaler.skipped if net.scaler else 0)
+
+
+@pytest.mark.parametrize("loss,last", [("cross_entropy", "softmax"), ("quadratic", "sigmoid")])
+def test_bias_gradients_come_with_the_activations_backward_pass(dev, monkeypatch, loss, last):
+    """Dense and Conv2d layers with a bias and an activation sum the bias gradient in
+    their activation's backward pass (clnn.activation_bias_backward, one pass on GPUs:
+    forced here): a step's gradients are bit for bit those of the two ops in turn, with
+    a launch fewer per such layer (the quadratic loss's output layer too)."""
+    from clnn import optim, programs, tuning
+    from clnn.nn import layers
+
+    def net():
+        return nn.Sequential([nn.Conv2d(4, 3, activation="relu"), nn.MaxPool2d(2),
+                              nn.Conv2d(5, 3, padding=1, activation="tanh"),
+                              nn.AvgPool2d(2), nn.Flatten(), nn.Dense(11, "elu"),
+                              nn.Dense(7, last)], in_shape=(2, 13, 13), seed=5, device=dev)
+    x = clnn.asarray(RNG.standard_normal((6, 2, 13, 13)).astype(np.float32), device=dev)
+    y = clnn.asarray(np.eye(7, dtype=np.float32)[RNG.integers(0, 7, 6)], device=dev)
+    got = {}
+    for fuse in (True, False):
+        if not fuse:
+            for cls in (layers.Dense, layers.Conv2d):
+                monkeypatch.setattr(cls, "fuses_bias", False)
+        n = net()
+        n.optimizer = optim.SGD(lr=0.0)
+        with tuning.override("reduce", {"wg": True}):
+            n.train_step(x, y, loss=loss)
+            with programs.captured() as launches:
+                n.train_step(x, y, loss=loss, replay=False)
+        got[fuse] = (n.flat_gradients.get(), len(launches))
+    assert np.array_equal(got[True][0], got[False][0])
+    assert got[True][1] == got[False][1] - (4 if last == "sigmoid" else 3)
