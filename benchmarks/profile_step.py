@@ -3,7 +3,7 @@ events, clnn.profile) beside the step's wall time, for LeNet-5 and the MLP of
 bench_half.py, in float32 and in mixed precision (float16), on every device.
 
     python benchmarks/profile_step.py [--device SPEC] [--steps 5] [--mlp-batch 1000]
-                                      [--lenet-batch 64[,1024]] [--top 12]
+                                      [--lenet-batch 64[,1024]] [--top 12] [--as-gpu]
 
 Per step: wall time (Python, driver and kernels), span (first kernel's start to the
 last one's end), device time (the kernels' own), idle (span minus device time: the
@@ -11,9 +11,13 @@ device waiting for the host to launch the next kernel), launches; then the kerne
 the most time first. A step where idle is most of the span is bound by host time per
 launch; one where device time is close to wall time is bound by its kernels. The
 float16 step is validated first against the float32 step from the same weights (loss
-to 1%), as bench_half.py does. Writes benchmarks/results/profile_step.json.
+to 1%), as bench_half.py does. ``--as-gpu`` gives the device an H100's facts (132
+units, 48 KiB of local memory, a GPU: its kernels and launch plans; no matrix
+engines), so that a CPU device counts the launches a GPU's step makes; its times then
+say nothing about a GPU. Writes benchmarks/results/profile_step.json.
 """
 
+import dataclasses
 import os
 import sys
 
@@ -56,22 +60,37 @@ def profile_case(dev, make, batch, in_shape, steps):
     return out
 
 
+def as_gpu(dev):
+    """Give ``dev`` an H100's facts (without its engines, which only NVIDIA's compiler
+    builds), keeping its platform and work-group limits so that its kernels run."""
+    dev.facts = dataclasses.replace(
+        dev.facts, name="NVIDIA H100 80GB HBM3", vendor="NVIDIA Corporation", type="GPU",
+        compute_units=132, local_mem_size=49152, nv_compute_capability=0, cache_size=0,
+        float_lanes=0)
+    clnn.clear_caches()
+
+
 def main(argv=None):
     ap = _common.arg_parser(__doc__)
     ap.add_argument("--steps", type=int, default=5, help="steps profiled per case")
-    ap.add_argument("--mlp-batch", type=int, default=1000)
+    ap.add_argument("--mlp-batch", type=int, default=1000, help="0: no MLP step")
     ap.add_argument("--lenet-batch", default="64",
                     help="LeNet-5's batch, or batches separated by commas (64,1024: "
                          "launches against convolutions)")
     ap.add_argument("--top", type=int, default=12, help="kernels shown per case")
+    ap.add_argument("--as-gpu", action="store_true",
+                    help="run an H100's kernels and plans on the device (launch counts "
+                         "as a GPU's; times meaningless on a CPU)")
     args = ap.parse_args(argv)
     rows = []
     for dev in _common.devices(args.device):
-        print(f"# {dev.name}")
+        print(f"# {dev.name}" + (", with an H100's facts" if args.as_gpu else ""))
+        if args.as_gpu:
+            as_gpu(dev)
         lenets = [("LeNet-5 step", bench_half.lenet, int(n), (1, 32, 32))
                   for n in args.lenet_batch.split(",")]
-        for name, make, batch, shape in lenets + [
-                ("MLP step", bench_half.mlp, args.mlp_batch, (2000,))]:
+        mlps = [("MLP step", bench_half.mlp, args.mlp_batch, (2000,))] * (args.mlp_batch > 0)
+        for name, make, batch, shape in lenets + mlps:
             for precision, prof in profile_case(dev, make, batch, shape, args.steps).items():
                 per = args.steps
                 print(f"\n## {name}, batch {batch}, {precision}")
