@@ -8,13 +8,12 @@ shape (F,), an image batch (N, C, H, W) one of shape (C,).
 
 import math
 
-from .. import tuning
 from ._args import (check, check_out, common_device, dev_empty, done, finite, launch,
                     offset)
 from ._memo import memoized
 from .elementwise import (_check_source, _source, activation_backward,
                           activation_parameter, elementwise_kernel, inplace)
-from .reduce import reduce3
+from .reduce import on_work_groups, reduce3
 from ..errors import ArgumentError, ShapeError
 
 
@@ -89,7 +88,7 @@ def activation_bias_backward(name, dy, db, *, z=None, a=None, out=None, param=No
         raise ArgumentError("db (the bias gradient's array) is required")
     db = check_out(db, (channels,), dt, dev, inputs=(dy, x, out), name="db",
                    allow_alias=False)
-    if dev.facts.is_cpu and not (tuning.forced("reduce") or {}).get("wg"):
+    if not on_work_groups(dev):
         # (the ops themselves, unplanned: this call's plan holds their launches)
         activation_backward.unplanned(name, dy, **{src: x}, out=out, param=param)
         bias_grad.unplanned(out, out=db)

@@ -16,7 +16,7 @@ from ._args import (INT_MAX, as_array, check, common_device, dev_empty, dev_scra
                     finite, int4, overlaps, scratch_cap)
 from ._memo import memoized
 from .elementwise import ACTIVATIONS, activation_parameter
-from .reduce import reduce3
+from .reduce import on_work_groups, reduce3
 
 programs.register(
     "gemm",
@@ -621,7 +621,7 @@ def gemv(a, x, y=None, *, alpha=1.0, beta=0.0, trans_a=False):
                 raise ShapeError(f"y overlaps {n}")
     if M == 0:
         return y
-    if not dev.facts.is_cpu or (tuning.forced("reduce") or {}).get("wg"):
+    if on_work_groups(dev):
         # GPUs: a deterministic work-group reduction (reduce.cl) over the rows of A, or
         # down its columns for A^T x (the bias gradient of a dense layer, summed over
         # the batch): one work-item per output would leave most of the device idle

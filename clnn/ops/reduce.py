@@ -72,6 +72,14 @@ programs.register(
                "wg": 0, "lanes": 1, "span": 1, "stream": False, "act": "none", "src": "a"},
     _variants)
 
+
+def on_work_groups(dev):
+    """Whether routines with a work-group form for GPUs (gemv, activation_bias_backward)
+    take it on ``dev``: on GPUs, and wherever a test or benchmark forces the GPUs'
+    reductions (tuning.override("reduce", {"wg": True}))."""
+    return not dev.facts.is_cpu or bool((tuning.forced("reduce") or {}).get("wg"))
+
+
 def _chunks(dev, outputs, R):
     """How many chunks to split each length-R reduction into (CPU kernel)."""
     target = dev.facts.compute_units * 32
