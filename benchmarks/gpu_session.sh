@@ -12,12 +12,13 @@
 #                                           # registers per row; the wgmma rows' probes
 #                                           # and times; the GEMM, engine,
 #                                           # convolution, cast, loss-scale, element-wise,
-#                                           # reduction and plan tests on the GPU;
+#                                           # reduction, plan and bias tests on the GPU;
 #                                           # peers.py (NO_PEERS=1 leaves it out); relu
 #                                           # and tanh with their loop unrolled and not,
 #                                           # sums along rows with two work-group sizes;
 #                                           # the float16 and float32 steps' kernel
-#                                           # profiles; 16-bit steps; every engine row
+#                                           # profiles; 16-bit steps with and without the
+#                                           # untimed engine rows; every engine row
 #                                           # against cuBLAS at 8192^3
 #   bash benchmarks/gpu_session.sh tests    # the suite on the GPU (about 3 minutes)
 #   bash benchmarks/gpu_session.sh gemm     # GEMMs with cuBLAS/CLBlast, engines per row,
@@ -93,12 +94,16 @@ run_quick() {
   # the WGMMA rows' tests left to the wgmma step above (emulated, they check nothing
   # PoCL has not; real, they need CLNN_TEST_WGMMA=1 once the probes pass);
   # -v names each test as it ends (a run cut off by LIMIT still says which failed),
-  # -rfE --tb=short gives the failures' reasons
+  # -rfE --tb=short gives the failures' reasons; the bias tests and the network's
+  # check the activation's backward pass fused with the bias gradient (reduce.cl's
+  # map "dact"), which only a GPU runs unforced
   LIMIT=170 step tests-gpu env CLNN_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q -v -rfE \
     --tb=short "${workers[@]}" -p no:cacheprovider -W ignore::RuntimeWarning \
     tests/ops/test_gemm_mma.py tests/test_engines.py tests/ops/test_gemm.py \
     tests/ops/test_conv.py tests/ops/test_cast.py tests/ops/test_loss_scale.py \
     tests/ops/test_elementwise.py tests/ops/test_reduce.py tests/ops/test_memo.py \
+    tests/ops/test_bias.py \
+    "tests/nn/test_network.py::test_bias_gradients_come_with_the_activations_backward_pass" \
     -k "not wgmma"
   # the float32 table beside cuBLAS, cuDNN and CLBlast (relu and the sums along rows
   # with this session's defaults: the GPU loop unrolled, planned calls)
