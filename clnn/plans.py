@@ -164,7 +164,9 @@ def plan(facts, p, M, N, K, batch=1, itemsize=4, max_workspace=1 << 24, split=Tr
 
 
 def best(facts, rows, M, N, K, batch=1, itemsize=4, max_workspace=1 << 24):
-    """The cheapest plan over the tile rows ``rows`` (each already fits the device)."""
+    """The cheapest plan over the tile rows ``rows`` (each already fits the device); a
+    row with "MAXM" competes only for products of at most that many rows M."""
+    rows = [p for p in rows if M <= p.get("MAXM", M)] or rows
     plans = [plan(facts, p, M, N, K, batch, itemsize, max_workspace) for p in rows]
     return min(plans, key=lambda pl: pl.cost)
 

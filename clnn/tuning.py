@@ -196,10 +196,13 @@ MMA_TABLE = {
         # in a data gradient) by 10^5-10^6 columns; the 64-row tiles discard 90% (75%)
         # of their engine work on them, this one 60% (none). Its speed is an estimate:
         # the 64x64x32 row's 3.6 halved, for 1.5x the ldmatrix per mma.sync (3 per 4
-        # against 4 per 8) and 2.25x the local traffic per multiply-add
+        # against 4 per 8) and 2.25x the local traffic per multiply-add. Until a GPU has
+        # timed it, it serves only the products it was written for, of at most 32 rows
+        # (MAXM: the planner's model also gave it middling ones, 256^3 or a dense layer
+        # at batch 64, for its greater number of work-groups, on that estimate)
         {"variant": "local", "MMA": "f16", "MWG": 16, "NWG": 128, "KWG": 32,
          "MDIMC": 8, "NDIMC": 16, "WM": 16, "WN": 32, "LDSM": True, "ASYNC": 3,
-         "speed": 1.8, "tuned": False},
+         "speed": 1.8, "MAXM": 32, "tuned": False},
         # measured on an H200 (driver 580.159.04, 2026-11-27, kernel times of square
         # GEMMs at 4096 and 8192, benchmarks/bench_engines.py --each-row): the same
         # float16 tiles with ldmatrix fragments (LDSM) and cp.async tile pipelines
@@ -277,7 +280,8 @@ MMA_KINDS = {"tf32": (8, 4), "f16": (16, 2)}      # K of one mma.sync, the item 
 # or override with one is refused up front.
 _RANGES = {"MWI": 32, "NWI": 128, "VW": 16, "WG": 1024, "WGM": 1024, "MWG": 256,
            "NWG": 256, "KWG": 64, "MDIMC": 64, "NDIMC": 64, "VWM": 4, "VWN": 4,
-           "KSPLIT": 64, "GROUPM": 64, "WM": 128, "WN": 256, "REGS": 64, "QV": 4, "MB": 16}
+           "KSPLIT": 64, "GROUPM": 64, "WM": 128, "WN": 256, "REGS": 64, "QV": 4, "MB": 16,
+           "MAXM": 1 << 30}
 
 
 def _is_int(v):

@@ -108,10 +108,29 @@ def test_narrow_products_take_the_narrow_engine_tile(batch):
         assert plan.params == NARROW, (M, N, K, plan.params)
     assert plans.best(H100, rows, 6, 25, batch * 784, itemsize=2).splits > 1
     dense = tuning.gemm_rows(H100, 2, np.float16)
-    for M, N, K in ((4096, 4096, 4096), (1024, 1024, 1024), (batch * 32, 1000, 1000)):
+    for M, N, K in ((4096, 4096, 4096), (1024, 1024, 1024), (batch * 32, 1000, 1000),
+                    (256, 256, 256), (batch, 120, 400), (33, 300, 75)):
         plan = plans.best(H100, dense, M, N, K, itemsize=2)
         assert plan.params.get("MMA") == "f16" and plan.params["MWG"] >= 64, (M, N, K)
     assert tuning.wgmma_fallback(tuning.wgmma_rows("f16")[0])["MWG"] == 64
+
+
+def test_an_untimed_narrow_tile_serves_narrow_products_only():
+    """The narrow row's MAXM (32) keeps it from the products the model would also give
+    it on an estimated speed (256^3, a dense layer at batch 64: more work-groups); a
+    row set whose every row has a MAXM below M is costed whole."""
+    assert NARROW["MAXM"] == 32 and tuning.gemm_problems(NARROW, H100, 2) == []
+    assert any("MAXM" in p for p in tuning.gemm_problems(dict(NARROW, MAXM=0), H100, 2))
+    free = dict(NARROW)
+    del free["MAXM"]
+    rows = list(tuning.gemm_rows(H100, 2, np.float16))
+    for M, N, K in ((256, 256, 256), (64, 120, 400)):
+        with_free = [free if r is NARROW else r for r in rows]
+        assert plans.best(H100, with_free, M, N, K, itemsize=2).params == free
+        assert plans.best(H100, rows, M, N, K, itemsize=2).params["MWG"] >= 64
+    for M in (1, 16, 32):
+        assert plans.best(H100, rows, M, 1 << 16, 400, itemsize=2).params == NARROW
+    assert plans.best(H100, [NARROW], 64, 1 << 16, 400, itemsize=2).params == NARROW
 
 
 @pytest.mark.parametrize("stages,ok", [(2, True), (3, True), (4, True), (1, False),
@@ -359,7 +378,9 @@ def test_the_tuner_searches_engine_rows_where_the_device_has_them():
         # the shipped rows are among the candidates: tuning can only match or beat them
         for row in ENGINES:
             if row["MMA"] == kind:
-                assert {k: v for k, v in row.items() if k not in ("speed", "tuned")} in quick
+                # (less what only the planner reads: speed, MAXM)
+                assert {k: v for k, v in row.items()
+                        if k not in ("speed", "tuned", "MAXM")} in quick
         assert tuner.engine_candidates(TURING, kind, False) == []
         # a unit with less local memory gets only the tiles that fit it
         small = dataclasses.replace(A100, local_mem_size=32 << 10)
