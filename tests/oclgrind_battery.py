@@ -158,6 +158,18 @@ def _loss_scale(x, y):
     optim_ops.loss_scale_update(None, state)
     assert optim_ops.read_loss_scale_state(state.get())[:3] == (8.0, True, 16.0) and \
         state.get()[optim_ops.LS_MARK] == 0.0
+    # the same cast applying the update itself: its work-groups count themselves (an
+    # atomic each, after a barrier) and the last one updates the state, which no other
+    # group reads
+    optim_ops.cast_gradients(clnn.asarray(g), out, state, update=True, count=count)
+    assert optim_ops.read_loss_scale_state(state.get()) == (4.0, True, 8.0, 0, 2)
+    assert state.get().view(np.int32)[optim_ops.LS_MARK:].tolist() == [0, 0]
+    g[[3, 2000, len(g) - 1]] = 1.0
+    optim_ops.cast_gradients(clnn.asarray(g), out, state, update=True, count=count,
+                             growth_interval=1)
+    close(out.get(), g.astype(np.float32), 0)
+    assert optim_ops.read_loss_scale_state(state.get()) == (8.0, False, 4.0, 0, 2)
+    assert count.get()[0] == 2
 
 
 def _batch_norm(rng):

@@ -6,10 +6,16 @@
 ##                     optim.cl's CLNN_LS_MARK, set to 1 by whichever work-items meet
 ##                     one, the same value from every writer, so the mark is the same
 ##                     whatever their order
+##                     2: mark so, and the last work-group to finish applies the
+##                     loss-scale update from the mark (_lossscale.cl; clnn_loss_scale_
+##                     update's work, without its launch)
 ## Used by clnn/ops/cast.py and clnn/ops/optim.py. Values are rounded once, to nearest
 ## even (half through vstore_half_rte, bfloat16 by clnn_f2bf, the others by C's
 ## conversion).
 <%include file="_common.cl"/>
+% if mark == 2:
+<%include file="_lossscale.cl"/>
+% endif
 % if src == "float64" and dtype != "float64":
 #pragma OPENCL EXTENSION cl_khr_fp64 : enable
 % endif
@@ -59,8 +65,17 @@ inline float clnn_d2f_odd(const double d)
     check = "\n        bad |= isinf(v) || isnan(v);" if mark else ""
 %>
 __kernel void clnn_cast(const int n, __global const ${src_t} *x, const int x_off,
-                        __global real_t *out, const int out_off${
-                        ", __global float *mark, const int mark_off" if mark else ""})
+% if mark == 2:
+                        __global real_t *out, const int out_off,
+                        __global float *mark, const int mark_off,
+                        __global int *count, const int count_off,
+                        const float growth, const float backoff, const int interval)
+% elif mark:
+                        __global real_t *out, const int out_off,
+                        __global float *mark, const int mark_off)
+% else:
+                        __global real_t *out, const int out_off)
+% endif
 {
 % if mark:
     int bad = 0;            // an inf or NaN met by this work-item
@@ -116,5 +131,26 @@ __kernel void clnn_cast(const int n, __global const ${src_t} *x, const int x_off
 % if mark:
     if (bad)        // 1.0f's bits, by an integer atomic (no floating-point atomics)
         atomic_xchg((volatile __global int *)(mark + mark_off), as_int(1.0f));
+% endif
+% if mark == 2:
+    // The last work-group to finish applies the loss-scale update. Every work-item's
+    // mark is in memory before its group's barrier, and each group counts itself
+    // after it (an integer atomic), so the group that counts last sees every mark; it
+    // reads and clears the mark and the count atomically, and alone writes the rest
+    // of the state, which no other group reads. The result does not depend on which
+    // group is last.
+    barrier(CLK_GLOBAL_MEM_FENCE);
+    if (get_local_id(0) == 0) {
+        __global float *state = mark + mark_off - CLNN_LS_MARK;
+        volatile __global int *done = (volatile __global int *)(state + CLNN_LS_DONE);
+        mem_fence(CLK_GLOBAL_MEM_FENCE);
+        if (atomic_inc(done) == (int)get_num_groups(0) - 1) {
+            mem_fence(CLK_GLOBAL_MEM_FENCE);
+            const int found = atomic_xchg((volatile __global int *)(mark + mark_off), 0);
+            atomic_xchg(done, 0);
+            clnn_loss_scale_apply(state, found != 0, count + count_off, growth, backoff,
+                                  interval);
+        }
+    }
 % endif
 }

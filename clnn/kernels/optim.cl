@@ -7,21 +7,13 @@
 ## step by step, so results match it to rounding.
 <%include file="_common.cl"/>
 
-// ---- Dynamic loss scaling on the device (clnn/nn/amp.py's GradScaler, whose
-// semantics are PyTorch's): six floats, two of them holding ints' bits,
-#define CLNN_LS_SCALE 0     // S, the loss scale of the next step
-#define CLNN_LS_FOUND 1     // 1 when this step's gradients held an inf or NaN, else 0
-#define CLNN_LS_USED 2      // the S this step's gradients were computed with
-#define CLNN_LS_GOOD 3      // good steps in a row (int)
-#define CLNN_LS_SKIPPED 4   // steps skipped so far (int)
-#define CLNN_LS_MARK 5      // 1 where cast.cl's checked cast met an inf or NaN, else 0
-// updated by one work-item after each step from bad[bad_off]: the count of its
-// non-finite gradients (a reduction's), or the state's own CLNN_LS_MARK, which a
-// mixed-precision step's gradient cast sets; either is 0 again afterwards. A step
-// that overflowed is skipped and S times backoff; after ``interval`` good steps in a
-// row, S times growth. ``count``, the optimizer's count of the updates applied (Adam's
-// t), goes up by one for a step that is not skipped. The host reads none of it during
-// training.
+<%include file="_lossscale.cl"/>
+
+// ---- Dynamic loss scaling on the device (_lossscale.cl has the state): updated by
+// one work-item after each step from bad[bad_off], the count of its non-finite
+// gradients (a reduction's), or the state's own CLNN_LS_MARK, which a mixed-precision
+// step's gradient cast sets; either is 0 again afterwards. (cast.cl's checked cast can
+// apply the same update itself, in its last work-group: one launch fewer.)
 __kernel void clnn_loss_scale_update(__global float *bad, const int bad_off,
                                      __global float *state, const int st_off,
                                      __global int *count, const int count_off,
@@ -32,24 +24,8 @@ __kernel void clnn_loss_scale_update(__global float *bad, const int bad_off,
         return;
     const float found = bad[bad_off];
     bad[bad_off] = 0.0f;
-    state += st_off;
-    const float s = state[CLNN_LS_SCALE];
-    state[CLNN_LS_USED] = s;
-    if (found == 0.0f) {
-        int good = as_int(state[CLNN_LS_GOOD]) + 1;
-        state[CLNN_LS_FOUND] = 0.0f;
-        if (good >= interval) {
-            state[CLNN_LS_SCALE] = s * growth;
-            good = 0;
-        }
-        state[CLNN_LS_GOOD] = as_float(good);
-        count[count_off] += 1;
-    } else {
-        state[CLNN_LS_FOUND] = 1.0f;
-        state[CLNN_LS_SCALE] = s * backoff;
-        state[CLNN_LS_GOOD] = as_float(0);
-        state[CLNN_LS_SKIPPED] = as_float(as_int(state[CLNN_LS_SKIPPED]) + 1);
-    }
+    clnn_loss_scale_apply(state + st_off, found != 0.0f, count + count_off, growth,
+                          backoff, interval);
 }
 
 ## gs, the gradient's factor, and the gated kernels' skip (clnn_sgd_step's comment)

@@ -17,9 +17,9 @@ autocast + GradScaler).
 Where nothing on the host needs the step's gradients (no hook, a plain loss) and the
 optimizer can be gated (SGD, Adam, AdamW), S lives on the device
 (GradScaler.device_state): the loss kernel reads it, the gradients' cast marks the
-state where it meets an inf or NaN, a kernel updates S from that mark, and the
-optimizer's kernel reads whether to skip and what S to divide by (Adam its step count
-too, which the update kernel keeps on the device).
+state where it meets an inf or NaN, its last work-group updates S from that mark (in
+the same launch), and the optimizer's kernel reads whether to skip and what S to divide
+by (Adam its step count too, which the update keeps on the device).
 The host then waits for no step (PyTorch's GradScaler reads its inf check back every
 step unless the optimizer is fused); reading ``scaler.scale`` or ``skipped`` (fit does
 at each epoch's end), or ``optimizer.steps``, reads the state back once.
@@ -115,6 +115,15 @@ class GradScaler:
                                     growth_factor=self.growth_factor,
                                     backoff_factor=self.backoff_factor,
                                     growth_interval=self.growth_interval)
+
+    def device_cast_update(self, grads, out, count):
+        """device_update from a mixed-precision step's 16-bit ``grads``, cast to float32
+        into ``out`` in the same pass (clnn.ops.optim.cast_gradients with update): one
+        launch for the cast, the check and the update."""
+        optim_ops.cast_gradients(grads, out, self._state.array, update=True, count=count,
+                                 growth_factor=self.growth_factor,
+                                 backoff_factor=self.backoff_factor,
+                                 growth_interval=self.growth_interval)
 
     def config(self):
         return {"scale": self.scale, "growth_factor": self.growth_factor,

@@ -755,10 +755,10 @@ class Sequential:
                 # state's mark of an inf or NaN, then S and the count), enqueued after
                 # everything that could run out of memory, so that _replayed may run
                 # the passes again after a failed capture. The cast marks the state as
-                # it reads the 16-bit gradients: one pass and launch for the cast and
-                # the check
-                optim_ops.cast_gradients(self._half.grads, self.flat_gradients, gate)
-                self.scaler.device_update(None, count)
+                # it reads the 16-bit gradients, and its last work-group updates S and
+                # the count: one pass and launch for the cast, the check and the update
+                self.scaler.device_cast_update(self._half.grads, self.flat_gradients,
+                                               count)
             elif self.flat_parameters is not None and layer_hook is None:
                 # (with a layer hook, each layer's were cast as they came)
                 clnn.cast(self._half.grads, self.dtype, out=self.flat_gradients)

@@ -6,10 +6,11 @@ import numpy as np
 from .. import programs
 from ._args import check, check_out, common_device, done, launch, offset
 
-# (mark: the checked cast of a mixed-precision step's gradients, clnn/ops/optim.py)
+# (mark: the checked cast of a mixed-precision step's gradients, 2 with the loss-scale
+# update, clnn/ops/optim.py)
 programs.register("cast", {"src": "float32", "mark": 0},
                   lambda: [{"src": s} for s in ("float32", "float64", "float16", "bfloat16")] +
-                  [{"src": s, "mark": 1} for s in ("float16", "bfloat16")])
+                  [{"src": s, "mark": m} for s in ("float16", "bfloat16") for m in (1, 2)])
 
 
 def cast(x, dtype, out=None):

@@ -20,9 +20,10 @@ from .reduce import reduce3
 
 programs.register("optim", {"gated": 0}, lambda: [{"gated": 0}, {"gated": 1}])
 
-# clnn_loss_scale_update's state: six float32s, S, found, S used, good steps and
-# skipped steps (int32 bits), and the mark of cast_gradients (clnn/kernels/optim.cl)
-LOSS_SCALE_STATE = 6
+# clnn_loss_scale_update's state: seven float32s, S, found, S used, good steps and
+# skipped steps (int32 bits), the mark of cast_gradients and its count of finished
+# work-groups (int32 bits, 0 between launches; clnn/kernels/_lossscale.cl)
+LOSS_SCALE_STATE = 7
 LS_MARK = 5
 
 
@@ -54,7 +55,7 @@ def _state(state, dev, name="state"):
 def loss_scale_state(scale, good_steps=0, skipped=0):
     """The host values of a loss-scale state: S, found 0, S used (S), and the two
     counts as int32 bits."""
-    host = np.array([scale, 0.0, scale, 0.0, 0.0, 0.0], np.float32)
+    host = np.array([scale, 0.0, scale, 0.0, 0.0, 0.0, 0.0], np.float32)
     host.view(np.int32)[3:5] = good_steps, skipped
     return host
 
@@ -101,13 +102,16 @@ class DeviceCopy:
         return self.array
 
 
-def cast_gradients(grads, out, state):
+def cast_gradients(grads, out, state, *, update=False, count=None, growth_factor=2.0,
+                   backoff_factor=0.5, growth_interval=2000):
     """A mixed-precision step's 16-bit gradients ``grads`` cast to float32 into ``out``
     (as clnn.cast), marking ``state`` (see loss_scale_state) where any is an inf or
     NaN, for loss_scale_update(None, state) to read: one pass over the gradients and
     one launch, where the cast and a count of the non-finite values took two passes
-    and, on GPUs, three launches. Returns out."""
-    dev = common_device(grads=grads, out=out, state=state)
+    and, on GPUs, three launches. ``update``: the kernel's last work-group then
+    applies loss_scale_update(None, state, count=..., the factors) itself, one launch
+    fewer a step; the results are the same. Returns out."""
+    dev = common_device(grads=grads, out=out, state=state, count=count)
     gdt = check(grads, "grads", dev)
     if gdt not in (np.float16, BFLOAT16):
         raise DTypeError(f"grads has dtype {gdt}: cast_gradients takes float16 or "
@@ -116,11 +120,45 @@ def cast_gradients(grads, out, state):
     _state(state, dev)
     if overlaps(out, state):
         raise ShapeError("out overlaps state; each needs its own buffer")
+    if not update:
+        if count is not None:
+            raise ArgumentError("count is for update=True")
+        factors = {}
+    else:
+        growth, backoff, interval = _factors(growth_factor, backoff_factor, growth_interval)
+        if count is None:
+            count = dev_empty(dev, (1,), np.int32)        # counted, and never read
+        check_ints(count, "count", dev, shape=(1,))
+        if overlaps(count, state) or overlaps(count, out):
+            raise ShapeError("count overlaps state or out; each needs its own buffer")
+        factors = dict(count=count, count_off=offset(count), growth=growth,
+                       backoff=backoff, interval=interval)
+    if not grads.size:          # no work-group to apply the update: the kernel's
+        if update:
+            loss_scale_update(None, state, count=count, growth_factor=growth_factor,
+                              backoff_factor=backoff_factor,
+                              growth_interval=growth_interval)
+        return out
     kern = programs.get_kernel(dev, "cast", "clnn_cast", {
-        "dtype": "float32", "src": programs.dtype_name(gdt), "mark": 1})
+        "dtype": "float32", "src": programs.dtype_name(gdt), "mark": 2 if update else 1})
     return done(out, launch(kern, dev, grads.size, x=grads, x_off=offset(grads), out=out,
                             out_off=offset(out), mark=state,
-                            mark_off=offset(state) + LS_MARK))
+                            mark_off=offset(state) + LS_MARK, **factors))
+
+
+def _factors(growth_factor, backoff_factor, growth_interval):
+    """A loss-scale update's factors as its kernels take them, checked."""
+    growth = finite(growth_factor, "growth_factor", np.float32)
+    backoff = finite(backoff_factor, "backoff_factor", np.float32)
+    if not (growth > 1 and 0 < backoff < 1):
+        raise ArgumentError(f"growth_factor must be > 1 and backoff_factor in (0, 1), "
+                            f"got {growth_factor!r} and {backoff_factor!r}")
+    if not isinstance(growth_interval, (int, np.integer)) or \
+            isinstance(growth_interval, (bool, np.bool_)) or \
+            not 0 < growth_interval < 2 ** 31:
+        raise ArgumentError(f"growth_interval must be a positive int, got "
+                            f"{growth_interval!r}")
+    return growth, backoff, int(growth_interval)
 
 
 def loss_scale_update(grads, state, *, count=None, growth_factor=2.0, backoff_factor=0.5,
@@ -143,15 +181,7 @@ def loss_scale_update(grads, state, *, count=None, growth_factor=2.0, backoff_fa
     _state(state, dev)
     if count is not None:
         check_ints(count, "count", dev, shape=(1,))
-    growth = finite(growth_factor, "growth_factor", np.float32)
-    backoff = finite(backoff_factor, "backoff_factor", np.float32)
-    if not (growth > 1 and 0 < backoff < 1):
-        raise ArgumentError(f"growth_factor must be > 1 and backoff_factor in (0, 1), "
-                            f"got {growth_factor!r} and {backoff_factor!r}")
-    if not isinstance(growth_interval, (int, np.integer)) or not \
-            0 < growth_interval < 2 ** 31:
-        raise ArgumentError(f"growth_interval must be a positive int, got "
-                            f"{growth_interval!r}")
+    growth, backoff, interval = _factors(growth_factor, backoff_factor, growth_interval)
     if count is None:
         count = dev_empty(dev, (1,), np.int32)        # counted, and never read
     if grads is None:
@@ -165,7 +195,7 @@ def loss_scale_update(grads, state, *, count=None, growth_factor=2.0, backoff_fa
     kern = _kernel(dev, np.dtype(np.float32), "clnn_loss_scale_update")
     return done(state, kern((1,), (1,), bad=bad, bad_off=bad_off, state=state,
                             st_off=offset(state), count=count, count_off=offset(count),
-                            growth=growth, backoff=backoff, interval=int(growth_interval)))
+                            growth=growth, backoff=backoff, interval=interval))
 
 
 def sgd_step(weight, grad, buf, *, lr, momentum=0.0, weight_decay=0.0, nesterov=False,

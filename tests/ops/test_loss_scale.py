@@ -2,6 +2,8 @@
 state update against the host's GradScaler, SGD gated by it, the losses' gradients
 scaled by a factor they read on the device, and bad arguments."""
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -84,6 +86,44 @@ def test_the_gradients_cast_marks_what_the_count_finds(dev, n, dtype):
     assert host.skipped == 3
 
 
+@pytest.mark.parametrize("n", [1, 7, 9, 4099, 100003])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("groups", ["device", "gpu-like"])
+def test_the_gradients_cast_applies_the_update_in_its_last_work_group(dev, n, dtype,
+                                                                      groups):
+    """cast_gradients with update=True (a float16 step's one launch for the cast, the
+    check and the loss-scale update): the float32 gradients exactly, canaries around
+    the output, the state and the count untouched; after every step the state and the
+    count are GradScaler.update's (and the mark and the work-group count 0 again),
+    whichever of the kernel's work-groups met the inf or NaN; with the device's launch
+    and with 256-wide groups, up to 391 of them (a GPU's shape)."""
+    from unittest import mock
+    from clnn.ops import _args
+    dt = np.dtype(clnn.bfloat16 if dtype == "bfloat16" else dtype)
+    host = nn.GradScaler(init_scale=2.0 ** 12, growth_interval=3)
+    st = state_on(dev, host.scale)
+    count = Guarded(dev, (1,), np.int32, fill=[5])
+    cases = [None, 0, None, n - 1, None, None, n // 2, None, None, None]
+    bads = [np.nan, np.inf, -np.inf]
+    gpu_like = (lambda d, m, wg=None: ((-(-m // 256) * 256,), (256,)))
+    with mock.patch.object(_args, "launch_size", gpu_like) if groups == "gpu-like" \
+            else contextlib.nullcontext():
+        for i, at in enumerate(cases):
+            g = gradients(n, at, bads[i % 3]).astype(dt)
+            out = Guarded(dev, (n,), np.float32)
+            used = host.scale
+            optim_ops.cast_gradients(guarded_input(dev, g), out.view, st.view, update=True,
+                                     count=count.view, growth_interval=3)
+            host.update(at is None)
+            assert np.array_equal(out.check(), g.astype(np.float32), equal_nan=True), i
+            after = st.check()
+            assert optim_ops.read_loss_scale_state(after) == \
+                (host.scale, at is not None, used, host.good_steps, host.skipped), i
+            assert after[optim_ops.LS_MARK] == 0.0 and after.view(np.int32)[6] == 0, i
+            assert count.check()[0] == 5 + i + 1 - host.skipped, i
+    assert host.skipped == 3
+
+
 def test_the_gradients_cast_refuses_what_it_cannot_mark(dev):
     """Bad arguments to cast_gradients: a typed error, nothing written."""
     st = state_on(dev, 8.0)
@@ -101,7 +141,18 @@ def test_the_gradients_cast_refuses_what_it_cannot_mark(dev):
     with pytest.raises(clnn.ShapeError):            # out overlapping the state
         optim_ops.cast_gradients(clnn.asarray(np.ones(6, np.float16), device=dev), whole,
                                  whole)
+    count = Guarded(dev, (1,), np.int32, fill=[4])
+    for kw, err in ((dict(count=count.view), clnn.ArgumentError),   # a count: update's
+                    (dict(update=True, growth_factor=1.0), clnn.ArgumentError),
+                    (dict(update=True, backoff_factor=0.0), clnn.ArgumentError),
+                    (dict(update=True, growth_interval=0), clnn.ArgumentError),
+                    (dict(update=True, growth_interval=True), clnn.ArgumentError),
+                    (dict(update=True, count=clnn.zeros((1,))), clnn.DTypeError),
+                    (dict(update=True, count=st.view[:1].view(np.int32)), clnn.ShapeError)):
+        with pytest.raises(err):
+            optim_ops.cast_gradients(g, out.view, st.view, **kw)
     assert np.all(out.check() == 3.0)
+    assert count.check()[0] == 4
     assert np.array_equal(st.check(), optim_ops.loss_scale_state(8.0))
     assert np.array_equal(whole.get(), optim_ops.loss_scale_state(8.0))
 
