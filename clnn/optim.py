@@ -70,11 +70,12 @@ class Optimizer:
             self.state = [[clnn.zeros(p.shape, p.dtype, clnn.device_of(p))
                            for _ in self.buffers()] for p in params]
 
-    def step(self, params, grads, grad_scale=1.0, gate=None):
+    def step(self, params, grads, grad_scale=1.0, gate=None, copies=None):
         """Update every parameter from its gradient (times ``grad_scale``). With a
         ``gate`` (see clnn.ops.optim.sgd_step) the device decides whether the update
         applies, and counts it in device_count's array, which loss_scale_update
-        must have been given for this step."""
+        must have been given for this step. ``copies``: per parameter, a 16-bit copy
+        (or None) that the update's kernel also writes (sgd_step's ``copy``)."""
         if gate is not None and not self.gated:
             raise ArgumentError(f"{self.kind or type(self).__name__} takes no gate")
         if gate is not None and not self._count.device_newer:
@@ -83,11 +84,8 @@ class Optimizer:
         self.prepare(params)
         if gate is None:
             self.steps += 1
-        for p, g, s in zip(params, grads, self.state):
-            if gate is None:
-                self._update(p, g, s, grad_scale)
-            else:
-                self._update(p, g, s, grad_scale, gate)
+        for p, g, s, c in zip(params, grads, self.state, copies or [None] * len(params)):
+            self._update(p, g, s, grad_scale, gate, c)
 
     # persistence: a JSON-able config and the state's arrays
     def config(self):
@@ -122,10 +120,10 @@ class SGD(Optimizer):
     def buffers(self):
         return ("momentum_buffer",)
 
-    def _update(self, p, g, s, grad_scale, gate=None):
+    def _update(self, p, g, s, grad_scale, gate=None, copy=None):
         clnn.sgd_step(p, g, s[0], lr=self.lr, momentum=self.momentum,
                       weight_decay=self.weight_decay, nesterov=self.nesterov,
-                      grad_scale=grad_scale, gate=gate)
+                      grad_scale=grad_scale, gate=gate, copy=copy)
 
     def config(self):
         return {"type": self.kind, "lr": self.lr, "momentum": self.momentum,
@@ -155,13 +153,13 @@ class Adam(Optimizer):
     def buffers(self):
         return ("exp_avg", "exp_avg_sq")
 
-    def _update(self, p, g, s, grad_scale, gate=None):
+    def _update(self, p, g, s, grad_scale, gate=None, copy=None):
         # gated: t is the device's count, which the loss-scale update just moved
         clnn.adam_step(p, g, s[0], s[1],
                        step=self.steps if gate is None else self._count.array,
                        lr=self.lr, betas=self.betas, eps=self.eps,
                        weight_decay=self.weight_decay, decoupled=self.decoupled,
-                       grad_scale=grad_scale, gate=gate)
+                       grad_scale=grad_scale, gate=gate, copy=copy)
 
     def config(self):
         return {"type": self.kind, "lr": self.lr, "betas": list(self.betas),

@@ -139,6 +139,11 @@ def _loss_scale(x, y):
                    gate=state)
     close(W.get(), x - 0.01 * y / (np.abs(y) + 1e-8), 1e-4)
     assert count.get()[0] == 1
+    # an update that also keeps a float16 copy of the weights
+    W, H = clnn.asarray(x), clnn.zeros((7, 13), np.float16)
+    clnn.sgd_step(W, clnn.asarray(y), clnn.zeros((7, 13)), lr=0.5, grad_scale=4.0,
+                  gate=state, copy=H)
+    close(H.get(), (x - 0.25 * y).astype(np.float16), 1e-3)
     t = np.eye(13, dtype=np.float32)[[1, 5, 2, 0, 12, 3, 3]]
     _, dz = clnn.softmax_cross_entropy(clnn.asarray(x), clnn.asarray(t), grad_scale=0.5,
                                        scale_by=state)

@@ -3,9 +3,42 @@
 ##              gated  1: SGD and Adam read a mixed-precision step's loss-scale state on
 ##                     the device (below) and skip or unscale by it; Adam its step count
 ##                     there too
+##              copy   none | float16 | bfloat16: the kernel also stores each updated
+##                     weight in a 16-bit copy, rounded as clnn.cast rounds it (a
+##                     mixed-precision step's weights for its next step, without the
+##                     cast's launch and pass); a skipped step leaves the copy as it was
 ## Used by clnn/ops/optim.py. The arithmetic follows torch.optim's single-tensor code
 ## step by step, so results match it to rounding.
 <%include file="_common.cl"/>
+% if copy == "float16":
+<%include file="_half.cl"/>
+% elif copy == "bfloat16":
+<%include file="_bf16.cl"/>
+% endif
+<%
+    copy_t = {"float16": "half", "bfloat16": "ushort"}.get(copy)
+%>
+## the kernel's arguments for the copy, and the store of an updated weight to it
+<%def name="copy_args()">\
+% if copy_t:
+                            __global ${copy_t} *wc, const int wc_off,
+% endif
+</%def>
+<%def name="store(v, i)">\
+% if copy_t:
+        {
+            const acc_t wn = ${v};       // computed once: the copy is the stored weight's
+            CLNN_STORE(wn, w, w_off + ${i});
+%   if copy == "float16":
+            CLNN_HALF_STORE(wn, wc, wc_off + ${i});
+%   else:
+            CLNN_BF16_STORE_AT(__global, wn, wc, wc_off + ${i});
+%   endif
+        }
+% else:
+        CLNN_STORE(${v}, w, w_off + ${i});
+% endif
+</%def>
 
 <%include file="_lossscale.cl"/>
 
@@ -50,6 +83,7 @@ __kernel void clnn_sgd_step(const int n, const acc_t lr, const acc_t momentum,
 % endif
                             __global const real_t *grad, const int g_off,
                             __global real_t *buf, const int b_off,
+${copy_args()}\
                             __global real_t *w, const int w_off)
 {
 ${gate_scale()}\
@@ -61,7 +95,7 @@ ${gate_scale()}\
         const acc_t b = momentum * CLNN_LOAD(buf, b_off + i) + g;
         CLNN_STORE(b, buf, b_off + i);
         const acc_t d = nesterov ? g + momentum * b : b;
-        CLNN_STORE(wi - lr * d, w, w_off + i);
+${store("wi - lr * d", "i")}\
     }
 }
 
@@ -86,6 +120,7 @@ __kernel void clnn_adam_step(const int n, const acc_t lr, const acc_t beta1,
                              __global const real_t *grad, const int g_off,
                              __global real_t *m, const int m_off,
                              __global real_t *v, const int v_off,
+${copy_args()}\
                              __global real_t *w, const int w_off)
 {
 ${gate_scale()}\
@@ -109,6 +144,6 @@ ${gate_scale()}\
         CLNN_STORE(mi, m, m_off + i);
         CLNN_STORE(vi, v, v_off + i);
         const acc_t denom = sqrt(vi) / bc2_sqrt + eps;
-        CLNN_STORE(wi - step_size * (mi / denom), w, w_off + i);
+${store("wi - step_size * (mi / denom)", "i")}\
     }
 }

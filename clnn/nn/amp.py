@@ -5,7 +5,9 @@ autocast + GradScaler).
 ``net.fit(..., precision="float16")`` (``train_step`` takes it too) runs each step as:
 
 1. the float32 master parameters are cast to a float16 copy (one kernel for all of
-   them: they live in one flat buffer) and the batch to float16;
+   them: they live in one flat buffer) and the batch to float16; within an epoch of
+   ``fit`` (no hook) the optimizer's kernel writes that copy as it updates the masters
+   (``copy=`` of clnn.sgd_step and clnn.adam_step), so only an epoch's first step casts;
 2. forward and backward run in float16 storage (every kernel computes in float32 and
    rounds once on store), the loss gradient multiplied by the scale S so small
    gradients do not flush to zero in half;

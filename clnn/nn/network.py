@@ -180,6 +180,7 @@ class Sequential:
         self.optimizer = None       # a clnn.optim optimizer, set by fit or train_step
         self.scaler = None          # the GradScaler of float16 steps (amp.py)
         self._half = None           # their float16 parameters and gradients
+        self._half_fresh = None     # the fit epoch whose last update wrote _half.params
         self._replays = {}          # replay key -> _Replay (train_step(replay=True))
         self._stages = {}           # fit's fixed batch buffers, for replayed steps
 
@@ -506,7 +507,7 @@ class Sequential:
     @_locked
     def train_step(self, x, y, lr=None, momentum=None, loss=None, hook=None,
                    layer_hook=None, example_offset=0, precision=None, global_batch=None,
-                   replay=False):
+                   replay=False, _half_epoch=None):
         """One gradient step on the batch (x, y), both device arrays already checked.
 
         The network's optimizer (``self.optimizer``; SGD when it has none) applies the
@@ -546,6 +547,13 @@ class Sequential:
 
         Returns the batch loss of the forward pass (a 0-d device array). Allocates
         nothing once the workspace for this batch size exists.
+
+        ``_half_epoch`` (fit's, one object per epoch): in mixed precision without hooks,
+        the optimizer's kernel writes the 16-bit copy of the weights as it updates the
+        masters, and the next step of the same epoch uses that copy instead of casting
+        the masters again (a launch and a pass fewer a step). Only fit passes it: no
+        code of the user's runs between the steps of an epoch, so nothing else can
+        change the masters there.
         """
         loss = self.loss_for(loss)
         low = amp.check_precision(precision, self)      # float16, bfloat16 or None
@@ -573,11 +581,21 @@ class Sequential:
                 (global_batch or batch)
             half_copy = self._half_buffers(low)
             grads, views = half_copy.grad_lists, half_copy.views
-        key = self._replay_key(x, y, loss, batch, low, scale, gate, count) if replay and \
-            layer_hook is None else None
+        # fit's steps keep the 16-bit weights current in the optimizer's kernel (see
+        # above); the copy is made outside the passes (and their capture) when the last
+        # update of this epoch did not write it
+        keep = half and _half_epoch is not None and hook is None and \
+            layer_hook is None and bool(flat)
+        fresh = keep and self._half_fresh is _half_epoch
+        self._half_fresh = None         # until this step's update has written it
+        if keep and not fresh:
+            self._half_copy(low)
+        key = self._replay_key(x, y, loss, batch, low, scale, gate, count, keep) \
+            if replay and layer_hook is None else None
         with self._bound(views):
             value, grad_scale = self._replayed(key, ws, x, y, loss, grads, scale,
-                                               layer_hook, example_offset, low, gate, count)
+                                               layer_hook, example_offset, low, gate, count,
+                                               not keep)
         # Every gradient exists; only now does anything the step keeps change. The
         # optimizer's state is allocated before its first write and its updates
         # allocate nothing, so a step that runs out of memory (or fails in any op
@@ -586,7 +604,9 @@ class Sequential:
                             grad_scale / scale, self.flat_parameters, self.flat_gradients)
         if hook is not None:
             hook(info)
-        self._finish_step(info, amp.scaled(low), gate)
+        self._finish_step(info, amp.scaled(low), gate, self._half.params if keep else None)
+        if keep:
+            self._half_fresh = _half_epoch
         return value
 
     def _replayable(self, loss):
@@ -595,12 +615,14 @@ class Sequential:
         return isinstance(loss, str) and self.flat_parameters is not None and \
             all(layer.capturable for layer in self.layers)
 
-    def _replay_key(self, x, y, loss, batch, low=None, scale=1.0, gate=None, count=None):
+    def _replay_key(self, x, y, loss, batch, low=None, scale=1.0, gate=None, count=None,
+                    keep=False):
         """What must match for a step to replay a captured one, or None where replay
         does not apply (see train_step). A float16 step's loss scale is part of it (the
         loss kernel takes it; a new scale captures anew), or where it lives on the
         device, the arrays that hold it and the optimizer's count, and the scaler's
-        factors (the update kernel's arguments)."""
+        factors (the update kernel's arguments), and whether the passes cast the
+        masters to 16 bits (``keep``: fit's steps, whose optimizer keeps the copy)."""
         settings = _memo.settings(self.device)
         if not self._replayable(loss) or settings is None:
             return None
@@ -608,12 +630,12 @@ class Sequential:
                      self.scaler.backoff_factor, self.scaler.growth_interval) \
             if gate is not None else None
         halves = (low.name, scale, _ident(self._half.params), _ident(self._half.grads),
-                  on_device) if low is not None else None
+                  on_device, keep) if low is not None else None
         return (batch, loss, _ident(x), _ident(y), _ident(self.flat_parameters),
                 _ident(self.flat_gradients), halves, settings)
 
     def _replayed(self, key, ws, x, y, loss, grads, scale, layer_hook, example_offset,
-                  low=None, gate=None, count=None):
+                  low=None, gate=None, count=None, cast=True):
         """_passes, captured and replayed under ``key`` (None: just run)."""
         from .. import programs
         rep = self._replays.get(key) if key is not None else None
@@ -626,7 +648,8 @@ class Sequential:
             for layer, state in zip(self.layers, rep.states):
                 layer.restore_step_state(state)     # what after_step needs (BatchNorm)
             return rep.value, rep.grad_scale
-        args = (ws, x, y, loss, grads, scale, layer_hook, example_offset, low, gate, count)
+        args = (ws, x, y, loss, grads, scale, layer_hook, example_offset, low, gate, count,
+                cast)
         if rep is None and key is not None:     # seen once: captured next time
             while len(self._replays) >= REPLAYS:
                 self._replays.pop(next(iter(self._replays)))
@@ -672,11 +695,12 @@ class Sequential:
             patches.append((j, arg, layer_of[values[arg]]))
         return patches
 
-    def _finish_step(self, info, scaled, gate=None):
+    def _finish_step(self, info, scaled, gate=None, copy=None):
         """After the hook: the loss scale's check on the host (``scaled``: float16
         steps; with a ``gate`` the passes checked on the device, and the optimizer
-        reads the gate), the update, the layers' after-step work (BatchNorm's running
-        statistics)."""
+        reads the gate), the update (which also writes the 16-bit ``copy`` of the
+        parameters where one is given), the layers' after-step work (BatchNorm's
+        running statistics)."""
         if not np.isfinite(info.grad_scale):
             info.skip = True              # every label ignored: nothing to learn from
         if scaled and not info.skip and gate is None:
@@ -687,7 +711,7 @@ class Sequential:
             # one kernel for every parameter (and the padding between them, whose
             # zero gradients leave it 0)
             self._optimizer().step([self.flat_parameters], [self.flat_gradients],
-                                   info.grad_scale, gate=gate)
+                                   info.grad_scale, gate=gate, copies=[copy])
         for layer in self.layers:          # BatchNorm's running statistics
             layer.after_step()
         self.steps += 1
@@ -730,16 +754,18 @@ class Sequential:
                 setattr(layer, name, v)
 
     def _passes(self, ws, x, y, loss, grads, scale, layer_hook, example_offset, low=None,
-                gate=None, count=None):
+                gate=None, count=None, cast=True):
         """Everything a step enqueues before its hook and update, which a replay
         repeats as one capture: in mixed precision (``low``, the 16-bit dtype) the
-        masters' 16-bit copy and the batch's cast, the passes, the gradients cast
+        masters' 16-bit copy (with ``cast``; fit's steps make it before) and the batch's
+        cast, the passes, the gradients cast
         to the float32 flat buffer and the loss to float32, and with a ``gate`` the
         loss-scale update and the step's ``count``. Returns (loss, 1 / the loss's
         denominator)."""
         half = low is not None
         if half:
-            self._half_copy(low)
+            if cast:
+                self._half_copy(low)
             # (fit keeps its data in the 16-bit dtype: nothing to cast)
             if x.dtype != low:
                 x = self._cast_batch(ws, "x", x, low)
@@ -975,13 +1001,17 @@ class Sequential:
                 # of a small network's step time); the bar reads it now and then
                 total = clnn.zeros((), self.dtype, self.device)
                 seen, shown = 0, time.perf_counter()
+                # its steps keep the 16-bit weights current (train_step's _half_epoch);
+                # the callback and the schedule between epochs may change the masters
+                epoch_token = object()
                 for start in range(0, n, batch_size):
                     stop = min(n, start + batch_size)
                     xb, yb = xd[start:stop], yd[start:stop]
                     if stage:
                         xb, yb = self._staged("x", xb), self._staged("y", yb)
                     value = self.train_step(xb, yb, loss=loss, hook=hook,
-                                            precision=precision, replay=replay)
+                                            precision=precision, replay=replay,
+                                            _half_epoch=epoch_token)
                     clnn.axpy(float(stop - start), value, total)
                     seen += stop - start
                     if bar is not None:

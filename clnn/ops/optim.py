@@ -18,7 +18,9 @@ from ._args import (check, check_ints, common_device, dev_empty, done, finite, l
 from .elementwise import fill
 from .reduce import reduce3
 
-programs.register("optim", {"gated": 0}, lambda: [{"gated": 0}, {"gated": 1}])
+programs.register("optim", {"gated": 0, "copy": "none"},
+                  lambda: [{"gated": g, "copy": c} for g in (0, 1)
+                           for c in ("none", "float16", "bfloat16")])
 
 # clnn_loss_scale_update's state: seven float32s, S, found, S used, good steps and
 # skipped steps (int32 bits), the mark of cast_gradients and its count of finished
@@ -41,9 +43,27 @@ def _buffers(weight, grad, states):
     return dev, dt
 
 
-def _kernel(dev, dt, entry, gated=False):
-    return programs.get_kernel(dev, "optim", entry, {"dtype": programs.dtype_name(dt),
-                                                     "gated": int(gated)})
+def _kernel(dev, dt, entry, gated=False, copy=None):
+    return programs.get_kernel(dev, "optim", entry, {
+        "dtype": programs.dtype_name(dt), "gated": int(gated),
+        "copy": "none" if copy is None else programs.dtype_name(copy.dtype)})
+
+
+def _copy_args(copy, weight, dt, others):
+    """The kernel arguments of an update's 16-bit ``copy`` of ``weight`` (checked: a
+    float16 or bfloat16 array of its shape for float32 weights, overlapping none of
+    ``others``), or none."""
+    if copy is None:
+        return {}
+    dev = common_device(weight=weight, copy=copy)
+    cdt = check(copy, "copy", dev, shape=weight.shape)
+    if dt != np.float32 or cdt not in (np.float16, BFLOAT16):
+        raise DTypeError(f"copy takes a float16 or bfloat16 copy of float32 weights, "
+                         f"got {cdt} for {dt}")
+    for name, a in others.items():
+        if a is not None and overlaps(copy, a):
+            raise ShapeError(f"copy overlaps {name}; each needs its own buffer")
+    return {"wc": copy, "wc_off": offset(copy)}
 
 
 def _state(state, dev, name="state"):
@@ -199,25 +219,28 @@ def loss_scale_update(grads, state, *, count=None, growth_factor=2.0, backoff_fa
 
 
 def sgd_step(weight, grad, buf, *, lr, momentum=0.0, weight_decay=0.0, nesterov=False,
-             grad_scale=1.0, gate=None):
+             grad_scale=1.0, gate=None, copy=None):
     """torch.optim.SGD's step (dampening 0) in place: g = grad_scale * grad +
     weight_decay * weight; buf = momentum * buf + g; weight -= lr * (g + momentum * buf
     if nesterov else buf). ``buf`` starts at zero. ``gate``: a loss-scale state
     (loss_scale_update's) that the kernel reads: nothing changes where it marks the
     step's gradients non-finite, else grad_scale is divided by the S they were computed
-    with. Returns weight."""
+    with. ``copy``: a float16 or bfloat16 array of float32 ``weight``'s shape that the
+    kernel also stores the updated weights in, bitwise clnn.cast's (a skipped step
+    leaves it as it was: a copy that held the weights still does). Returns weight."""
     dev, dt = _buffers(weight, grad, {"buf": buf})
-    extra = {}
+    extra = _copy_args(copy, weight, dt, {"weight": weight, "grad": grad, "buf": buf,
+                                          "gate": gate})
     if gate is not None:
         common_device(weight=weight, gate=gate)
-        extra = {"state": _state(gate, dev, "gate"), "st_off": offset(gate)}
+        extra.update(state=_state(gate, dev, "gate"), st_off=offset(gate))
     lr, momentum = finite(lr, "lr", dt), finite(momentum, "momentum", dt)
     wd, scale = finite(weight_decay, "weight_decay", dt), finite(grad_scale, "grad_scale", dt)
     if lr < 0 or momentum < 0 or wd < 0:
         raise ArgumentError("lr, momentum and weight_decay must be >= 0")
     if nesterov and momentum == 0:
         raise ArgumentError("nesterov momentum needs momentum > 0")
-    evt = launch(_kernel(dev, dt, "clnn_sgd_step", gate is not None), dev, weight.size,
+    evt = launch(_kernel(dev, dt, "clnn_sgd_step", gate is not None, copy), dev, weight.size,
                  lr=lr, momentum=momentum, wd=wd, scale=scale, nesterov=int(bool(nesterov)),
                  grad=grad, g_off=offset(grad), buf=buf, b_off=offset(buf), w=weight,
                  w_off=offset(weight), **extra)
@@ -225,14 +248,17 @@ def sgd_step(weight, grad, buf, *, lr, momentum=0.0, weight_decay=0.0, nesterov=
 
 
 def adam_step(weight, grad, m, v, *, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
-              weight_decay=0.0, decoupled=False, grad_scale=1.0, gate=None):
+              weight_decay=0.0, decoupled=False, grad_scale=1.0, gate=None, copy=None):
     """torch.optim.Adam's step number ``step`` (1, 2, ...) in place, or AdamW's with
     ``decoupled`` (weight decay applied to the weight, not added to the gradient).
     ``m`` and ``v`` (first and second moments) start at zero. ``gate``: a loss-scale
     state, as for sgd_step; ``step`` is then an int32 device array of one that holds
     the step number (the count loss_scale_update keeps), read by the kernel, which
-    computes the bias corrections itself. Returns weight."""
+    computes the bias corrections itself. ``copy``: a 16-bit copy of the weights kept
+    so, as for sgd_step. Returns weight."""
     dev, dt = _buffers(weight, grad, {"m": m, "v": v})
+    copied = _copy_args(copy, weight, dt, {"weight": weight, "grad": grad, "m": m, "v": v,
+                                           "gate": gate})
     if gate is not None:
         common_device(weight=weight, gate=gate, step=step)
         _state(gate, dev, "gate")
@@ -255,9 +281,9 @@ def adam_step(weight, grad, m, v, *, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8
         extra = dict(log_beta1=math.log(b1) if b1 else -math.inf,
                      log_beta2=math.log(b2) if b2 else -math.inf, state=gate,
                      st_off=offset(gate), count=step, count_off=offset(step))
-    evt = launch(_kernel(dev, dt, "clnn_adam_step", gate is not None), dev, weight.size,
-                 lr=lr, beta1=b1, beta2=b2, eps=eps, wd=wd, scale=scale,
+    evt = launch(_kernel(dev, dt, "clnn_adam_step", gate is not None, copy), dev,
+                 weight.size, lr=lr, beta1=b1, beta2=b2, eps=eps, wd=wd, scale=scale,
                  decoupled=int(bool(decoupled)), grad=grad, g_off=offset(grad), m=m,
                  m_off=offset(m), v=v, v_off=offset(v), w=weight, w_off=offset(weight),
-                 **extra)
+                 **extra, **copied)
     return done(weight, evt)

@@ -315,3 +315,58 @@ def test_float16_steps_check_on_the_device_as_the_host_would(monkeypatch, make_o
     assert nets[0].scaler.config() == nets[1].scaler.config()
     assert nets[0].scaler.scale == 2.0 ** 8 and nets[0].scaler.good_steps == 1
     assert same(nets[0].flat_parameters, nets[1].flat_parameters)
+
+
+@pytest.mark.parametrize("precision", ["float16", "bfloat16"])
+@pytest.mark.parametrize("make,shape,make_opt", [
+    (mlp, (13,), lambda: optim.SGD(lr=0.1, momentum=0.9)),
+    (lenet_like, (2, 9, 9), lambda: optim.Adam(lr=1e-2))], ids=["mlp-sgd", "lenet-adam"])
+@pytest.mark.parametrize("replay", [True, False], ids=["replayed", "plain"])
+def test_fit_keeps_the_16_bit_weights_in_the_optimizers_kernel(monkeypatch, precision,
+                                                               make, shape, make_opt,
+                                                               replay):
+    """fit's mixed-precision steps cast the masters to 16 bits once an epoch: the
+    optimizer's kernel writes the copy as it updates them, and the next step uses it.
+    The weights, optimizer state, scale history and losses are bitwise those of fit
+    with a cast every step, over overflows and skipped steps (S starts too large for
+    float16), Dropout and BatchNorm; a callback that changes the masters between
+    epochs is seen by the next epoch; and the casts of the masters are one an epoch."""
+    x, y = data(40, shape, 6 if make is lenet_like else 5, rng=np.random.default_rng(8))
+
+    def shrink(epoch, hist, nets=[]):
+        net = nets[-1]
+        clnn.scale(0.5, net.flat_parameters, out=net.flat_parameters)
+
+    def run(keep):
+        net = make(seed=3)
+        net.scaler = nn.GradScaler(init_scale=2.0 ** 30, growth_interval=3)
+        shrink.__defaults__[0][:] = [net]
+        casts = []
+        real_step, real_copy = nn.Sequential.train_step, nn.Sequential._half_copy
+
+        def step(self, *args, _half_epoch=None, **kw):
+            return real_step(self, *args, _half_epoch=_half_epoch if keep else None, **kw)
+
+        def copy(self, *args, **kw):
+            casts.append(self.steps)
+            return real_copy(self, *args, **kw)
+        with monkeypatch.context() as m:
+            m.setattr(nn.Sequential, "train_step", step)
+            m.setattr(nn.Sequential, "_half_copy", copy)
+            hist = net.fit(x, y, "cross_entropy", epochs=3, batch_size=8, seed=4,
+                           optimizer=make_opt(), precision=precision, progress=False,
+                           callback=shrink, replay=replay)
+        return net, hist, casts
+
+    kept, hist, casts = run(True)
+    every, hist_every, casts_every = run(False)
+    # (a replayed step casting every step does so inside its capture, out of sight)
+    assert casts == [0, 5, 10] and casts_every == list(range(2 if replay else 15))
+    assert hist["loss"] == hist_every["loss"]
+    assert hist.get("skipped_steps") == hist_every.get("skipped_steps")
+    if precision == "float16":
+        assert sum(hist["skipped_steps"]) > 0 and kept.scaler.config() == every.scaler.config()
+    assert np.array_equal(kept.flat_parameters.get(), every.flat_parameters.get())
+    assert all(np.array_equal(a.get(), b.get())
+               for a, b in zip(kept.optimizer.state[0], every.optimizer.state[0]))
+    assert kept.optimizer.steps == every.optimizer.steps > 0

@@ -80,6 +80,73 @@ def test_100_steps_match_torch_optim(dev, dtype, n, kind):
                                atol=tol(dtype) * np.abs(want).max())
 
 
+@pytest.mark.parametrize("copy_dt", [np.float16, clnn.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("n", [1, 7, 1031, 100003], ids=lambda n: f"n{n}")
+@pytest.mark.parametrize("kind", ["sgd", "nesterov-wd", "adam-wd", "adamw"])
+def test_the_update_keeps_a_16_bit_copy(dev, copy_dt, n, kind):
+    """``copy=`` (a mixed-precision step's 16-bit weights, written by the update's
+    kernel): after every step the copy is bitwise clnn.cast of the updated float32
+    weights, which are bitwise those of the update without a copy; canaries around
+    the copy; a gated step that is skipped leaves the weights and the copy as they
+    were."""
+    from clnn.ops import optim as optim_ops
+    w0 = (RNG.standard_normal(n) * 3).astype(np.float32)
+    W, R = Guarded(dev, (n,), np.float32, fill=w0), clnn.asarray(w0, device=dev)
+    C = Guarded(dev, (n,), copy_dt, fill=w0.astype(copy_dt))
+    S, T = ([clnn.zeros((n,), device=dev) for _ in range(2)] for _ in range(2))
+    G = clnn.asarray(np.zeros(n, np.float32), device=dev)
+    gate = clnn.asarray(optim_ops.loss_scale_state(1.0), device=dev)
+    count = clnn.asarray(np.zeros(1, np.int32), device=dev)
+
+    def step(w, s, t, **kw):
+        if kind.startswith("adam"):
+            clnn.adam_step(w, G, s[0], s[1], step=t, lr=0.01, betas=(0.9, 0.99),
+                           weight_decay=0.1 if kind == "adamw" else 0.01,
+                           decoupled=kind == "adamw", grad_scale=0.5, **kw)
+        else:
+            clnn.sgd_step(w, G, s[0], lr=0.05, momentum=0.9 if kind == "sgd" else 0.8,
+                          nesterov=kind != "sgd", weight_decay=0.0 if kind == "sgd" else 0.01,
+                          grad_scale=0.5, **kw)
+    for t in range(1, 6):
+        G.set(RNG.standard_normal(n).astype(np.float32))
+        step(W.view, S, t, copy=C.view)
+        step(R, T, t)
+        w = W.check()
+        assert np.array_equal(w, R.get()), t
+        assert np.array_equal(C.check().view(np.uint16),
+                              clnn.cast(R, copy_dt).get().view(np.uint16)), t
+    # skipped under a gate: neither the weights nor the copy change
+    g = RNG.standard_normal(n).astype(np.float32)
+    g[n // 2] = np.inf
+    G.set(g)
+    optim_ops.loss_scale_update(G, gate, count=count)
+    before = C.check().copy()
+    step(W.view, S, count, copy=C.view, gate=gate)
+    assert np.array_equal(W.check(), w)
+    assert np.array_equal(C.check().view(np.uint16), before.view(np.uint16))
+
+
+def test_a_copy_that_cannot_be_kept_is_refused(dev):
+    """Bad copies: a typed error before anything is written."""
+    w = Guarded(dev, (6,), np.float32, fill=np.ones(6))
+    g, b = clnn.asarray(np.ones(6, np.float32), device=dev), clnn.zeros((6,), device=dev)
+    half = clnn.zeros((6,), np.float16, device=dev)
+    for copy, err in ((clnn.zeros((6,), device=dev), clnn.DTypeError),    # not 16-bit
+                      (clnn.zeros((5,), np.float16, device=dev), clnn.ShapeError),
+                      (np.zeros(6, np.float16), clnn.ArgumentError),
+                      (b.view(np.float16)[:6], clnn.ShapeError)):         # overlaps buf
+        with pytest.raises(err):
+            clnn.sgd_step(w.view, g, b, lr=0.1, copy=copy)
+        with pytest.raises(err):
+            clnn.adam_step(w.view, g, b, clnn.zeros((6,), device=dev), step=1, copy=copy)
+    if dev.supports(np.float64):                      # float64 weights: no copy
+        w64 = clnn.zeros((6,), np.float64, device=dev)
+        with pytest.raises(clnn.DTypeError):
+            clnn.sgd_step(w64, clnn.zeros((6,), np.float64, device=dev),
+                          clnn.zeros((6,), np.float64, device=dev), lr=0.1, copy=half)
+    assert np.all(w.check() == 1) and np.all(b.get() == 0) and np.all(half.get() == 0)
+
+
 def test_adam_and_adamw_match_torch_itself(dev):
     torch = pytest.importorskip("torch")
     w0 = RNG.standard_normal((13, 5)).astype(np.float32)
