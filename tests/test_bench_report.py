@@ -68,6 +68,15 @@ def test_the_gpu_session_script_names_scripts_and_options_that_exist():
             capture_output=True, text=True, timeout=120).stdout
         for opt in re.findall(r"--[\w-]+", rest) + ["--device", "--json"]:
             assert opt in help_text, (script, opt)
+    # and every test file and test it names exists (pytest stops at a missing one)
+    root = os.path.dirname(HERE)
+    nodes = re.findall(r"(tests/[\w/]+\.py)(?:::(\w+))?", text)
+    assert len(nodes) >= 10
+    for file, test in nodes:
+        assert os.path.exists(os.path.join(root, file)), file
+        if test:
+            assert re.search(rf"^def {test}\(", open(os.path.join(root, file)).read(),
+                             re.M), (file, test)
 
 
 def test_bench_half_sets_the_untimed_engine_rows_aside_and_back():
