@@ -103,6 +103,18 @@ def _ops():
     close(loss.get(), -(t * np.log(p)).sum() / 7)
     loss, da = clnn.quadratic_loss(X, Y)
     close(loss.get(), ((x - y) ** 2).sum() / 14, 1e-4)
+    # a batch of 300 (work-items of the loss's one group take one or two rows each),
+    # its mean loss and the gradient's column sums (each work-item's own rows, then a tree)
+    zb = rng.standard_normal((300, 10)).astype(np.float32)
+    tb = np.eye(10, dtype=np.float32)[rng.integers(0, 10, 300)]
+    db = clnn.zeros(10)
+    loss, dz = clnn.softmax_cross_entropy(clnn.asarray(zb), clnn.asarray(tb), db=db)
+    pb = np.exp(zb) / np.exp(zb).sum(1, keepdims=True)
+    close(dz.get(), (pb - tb) / 300)
+    close(db.get(), ((pb - tb) / 300).sum(0), 1e-4)
+    close(loss.get(), -(tb * np.log(pb)).sum() / 300, 1e-4)
+    loss, _ = clnn.quadratic_loss(clnn.asarray(zb), clnn.asarray(tb))
+    close(loss.get(), ((zb - tb) ** 2).sum() / 600, 1e-4)
     # cross-entropy with class indices over (N, C, S), an ignored target, weights
     zz = rng.standard_normal((3, 4, 5)).astype(np.float32)
     tt = rng.integers(0, 4, (3, 5)).astype(np.int32)

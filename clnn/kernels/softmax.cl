@@ -4,6 +4,9 @@
 ##                     WG: a work-group of WG work-items per row (GPUs), entries *_wg
 ##              dscale 1: the cross-entropy's gradient also times scale_by[sb_off], a float
 ##                     on the device (a mixed-precision step's loss scale, nn/amp.py)
+##              head   0, or WG: also clnn_softmax_xent_head, a small batch's cross-entropy
+##                     in one work-group of WG (_head.cl); lossout acc | real, the type
+##                     its mean loss is stored in
 ## Used by clnn/ops/softmax.py.
 <%include file="_common.cl"/>
 //
@@ -107,6 +110,20 @@ ${rowwise("clnn_log_softmax", "v - m - lse")}
 // (grad_scale is 1/batch for a mean). sum(y[r]) is 1 for a distribution, but targets
 // need not be one (PyTorch takes any); without it dz is not the loss's gradient.
 // The routine sums loss_row (kept in acc_t) into the mean loss.
+<%def name="xent_row()">\
+        acc_t m, lse;
+        clnn_row_stats(z, z_off + r * cols, cols, 1, &m, &lse);
+        acc_t loss_r = (acc_t)0, sy = (acc_t)0;
+        for (int j = 0; j < cols; ++j)
+            sy += CLNN_LOAD(y, y_off + r * cols + j);
+        for (int j = 0; j < cols; ++j) {
+            const acc_t zj = CLNN_LOAD(z, z_off + r * cols + j) - m - lse;
+            const acc_t yj = CLNN_LOAD(y, y_off + r * cols + j);
+            // 0 * log(0) is 0 for a target that puts no mass on j
+            loss_r -= yj != (acc_t)0 ? yj * zj : (acc_t)0;
+            CLNN_STORE((exp(zj) * sy - yj) * gs, dz, dz_off + r * cols + j);
+        }
+</%def>
 __kernel void clnn_softmax_xent(const int rows, const int cols, const acc_t grad_scale,
 % if dscale:
                                 __global const float *scale_by, const int sb_off,
@@ -118,21 +135,17 @@ __kernel void clnn_softmax_xent(const int rows, const int cols, const acc_t grad
 {
     const acc_t gs = grad_scale${" * (acc_t)scale_by[sb_off]" if dscale else ""};
     CLNN_FOR_EACH_ROW(r, rows) {
-        acc_t m, lse;
-        clnn_row_stats(z, z_off + r * cols, cols, 1, &m, &lse);
-        acc_t loss = (acc_t)0, sy = (acc_t)0;
-        for (int j = 0; j < cols; ++j)
-            sy += CLNN_LOAD(y, y_off + r * cols + j);
-        for (int j = 0; j < cols; ++j) {
-            const acc_t zj = CLNN_LOAD(z, z_off + r * cols + j) - m - lse;
-            const acc_t yj = CLNN_LOAD(y, y_off + r * cols + j);
-            // 0 * log(0) is 0 for a target that puts no mass on j
-            loss -= yj != (acc_t)0 ? yj * zj : (acc_t)0;
-            CLNN_STORE((exp(zj) * sy - yj) * gs, dz, dz_off + r * cols + j);
-        }
-        loss_row[r] = loss;
+${xent_row()}\
+        loss_row[r] = loss_r;
     }
 }
+% if head:
+
+// ---- a small batch: the rows, the mean loss and the bias gradient in one launch
+<%include file="_wg.cl" args="wg=head"/>
+<%namespace name="hd" file="_head.cl"/>
+${hd.head_kernel("clnn_softmax_xent", "z", "dz", xent_row)}
+% endif
 % if wg:
 
 // ---- GPUs: a work-group of ${wg} per row. Each work-item strides over the row (so

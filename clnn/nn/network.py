@@ -824,9 +824,15 @@ class Sequential:
             else:
                 clnn.fill(value, float("nan"))     # a mean over nothing, as PyTorch
         elif xent:
+            # a dense output layer's bias gradient comes with the loss's (for a small
+            # batch in the same launch: loss.py's HEAD_ROWS)
+            last = self.layers[-1]
+            db = grads[-1][1] if last.fuses_bias and ws.delta[-1].ndim == 2 and \
+                len(grads[-1] or ()) == 2 else None
             value, _ = clnn.softmax_cross_entropy(ws.a[-1], y, dz=ws.delta[-1],
                                                   grad_scale=scale, scale_by=gate,
-                                                  loss_dtype=self.dtype)
+                                                  loss_dtype=self.dtype, db=db)
+            fused[-1] = db is not None
         else:
             value, _ = clnn.quadratic_loss(ws.a[-1], y, da=ws.delta[-1], grad_scale=scale,
                                            scale_by=gate, loss_dtype=self.dtype)

@@ -7,13 +7,26 @@ import numpy as np
 
 from .. import programs, tuning
 from ..errors import DTypeError, ShapeError
-from ._args import check, check_out, common_device, dev_empty, done, finite, offset
+from ._args import (check, check_out, common_device, dev_empty, done, finite, offset,
+                    overlaps)
 from .reduce import reduce3
 
-programs.register("loss", {"wg": 0, "dscale": 0},
+programs.register("loss", {"wg": 0, "dscale": 0, "head": 0, "lossout": "acc"},
                   lambda: [{"wg": 0, "dscale": 0}, {"wg": 64, "dscale": 0},
                            {"wg": 256, "dscale": 0}, {"wg": 0, "dscale": 1},
-                           {"wg": 64, "dscale": 1}])
+                           {"wg": 64, "dscale": 1}] + HEAD_VARIANTS)
+
+# A batch of at most HEAD_ROWS rows short enough for a work-item each (row_groups None:
+# fewer than 32 classes, or a CPU) takes the *_head kernels: one work-group of up to
+# HEAD_WG work-items for the rows, the mean loss and (the softmax cross-entropy's) the
+# column sums of the gradient, in one launch where the row kernel, the loss's reduction
+# and the output layer's bias_grad took three (kernels/_head.cl). A classifier's step
+# on a GPU is bound by its launches (about 19 us each replayed on an H200); one group
+# walks 1024 rows of 10 classes in a few.
+HEAD_ROWS = 1024
+HEAD_WG = 256
+HEAD_VARIANTS = [{"head": HEAD_WG, "dscale": d, "lossout": o}
+                 for d in (0, 1) for o in ("acc", "real")]
 
 
 def row_groups(dev, rows, cols):
@@ -29,17 +42,32 @@ def row_groups(dev, rows, cols):
     return (groups * wg,), (wg,)
 
 
+def head_group(dev, rows, cols):
+    """The work-group size of the *_head kernels for a batch of ``rows`` x ``cols``,
+    or 0 where the row kernels take it (HEAD_ROWS above)."""
+    forced = tuning.forced("loss")
+    if forced and "head" in forced:
+        if not forced["head"]:
+            return 0
+    elif rows > HEAD_ROWS or row_groups(dev, rows, cols) is not None:
+        return 0
+    wg = min(HEAD_WG, dev.facts.max_work_group_size)
+    return 1 << (wg.bit_length() - 1)            # the tree needs a power of two
+
+
 def fused_loss(stem, entry, pred, y, grad, grad_scale, names, scale_by=None,
-               loss_dtype=None):
+               loss_dtype=None, db=None):
     """Run a loss kernel that writes each row's loss and the gradient in one pass, then
     average the rows: returns (0-d loss, grad). ``names`` are the kernel's names for
     the prediction and the gradient, e.g. ("a", "da"). ``scale_by``: a float32 device
     array whose first element also multiplies the gradient, read by the kernel (a
     loss scale that lives on the device, clnn/nn/amp.py). ``loss_dtype``: the loss's
     dtype, the inputs' (default) or the type they are computed in (float32 for 16-bit
-    inputs, as PyTorch's autocast computes its losses)."""
+    inputs, as PyTorch's autocast computes its losses). ``db``: also the gradient's
+    column sums, as stored (bias_grad's), into this array of grad's dtype. A small
+    batch (head_group) takes one launch for all of it."""
     p, g = names
-    dev = common_device(**{p: pred, "y": y, g: grad, "scale_by": scale_by})
+    dev = common_device(**{p: pred, "y": y, g: grad, "scale_by": scale_by, "db": db})
     dt = check(pred, p, dev, ndim=2)
     check(y, "y", dev, dtype=dt, shape=pred.shape)
     if scale_by is not None:
@@ -55,12 +83,30 @@ def fused_loss(stem, entry, pred, y, grad, grad_scale, names, scale_by=None,
     if rows == 0:
         raise ShapeError("a loss over an empty batch is undefined")
     grad = check_out(grad, pred.shape, dt, dev, inputs=(pred, y))
+    if db is not None:
+        check(db, "db", dev, dtype=dt, shape=(cols,))
+        for name, a in ((p, pred), ("y", y), (g, grad), ("scale_by", scale_by)):
+            if a is not None and overlaps(db, a):
+                raise ShapeError(f"db overlaps {name}; each needs its own buffer")
     gs = 1.0 / rows if grad_scale is None else finite(grad_scale, "grad_scale", dt)
-    loss_rows = dev_empty(dev, (rows,), acc)
-    groups = row_groups(dev, rows, cols)
     params = {"dtype": programs.dtype_name(dt), "dscale": int(scale_by is not None)}
     extra = {"scale_by": scale_by, "sb_off": offset(scale_by)} if scale_by is not None \
         else {}
+    loss = dev_empty(dev, (), out_dt)
+    head = head_group(dev, rows, cols)
+    if head:
+        kern = programs.get_kernel(dev, stem, entry + "_head", dict(
+            params, head=head, lossout="acc" if out_dt == acc else "real"))
+        evt = kern((head,), (head,), rows=rows, cols=cols, grad_scale=gs, y=y,
+                   y_off=offset(y), post=1.0 / rows, loss=loss, loss_off=offset(loss),
+                   with_db=int(db is not None), db=db if db is not None else loss,
+                   db_off=offset(db) if db is not None else 0, **extra,
+                   **{p: pred, p + "_off": offset(pred), g: grad, g + "_off": offset(grad)})
+        if db is not None:
+            done(db, evt)
+        return done(loss, evt), done(grad, evt)
+    loss_rows = dev_empty(dev, (rows,), acc)
+    groups = row_groups(dev, rows, cols)
     if groups:
         kern = programs.get_kernel(dev, stem, entry + "_wg", dict(params, wg=groups[1][0]))
     else:
@@ -72,9 +118,12 @@ def fused_loss(stem, entry, pred, y, grad, grad_scale, names, scale_by=None,
                         **{p: pred, p + "_off": offset(pred), g: grad,
                            g + "_off": offset(grad)}))
     # the mean over the batch of the per-row losses, kept in the arithmetic type
-    loss = dev_empty(dev, (), out_dt)
-    return reduce3(dev, dt, loss_rows, (1, rows, 1), loss, final="scale", post=1.0 / rows,
-                   inp="acc", outp="acc" if out_dt != dt else "real"), grad
+    reduce3(dev, dt, loss_rows, (1, rows, 1), loss, final="scale", post=1.0 / rows,
+            inp="acc", outp="acc" if out_dt != dt else "real")
+    if db is not None:
+        from .bias import bias_grad
+        bias_grad(grad, out=db)
+    return loss, grad
 
 
 def quadratic_loss(a, y, *, da=None, grad_scale=None, scale_by=None, loss_dtype=None):

@@ -9,12 +9,12 @@ import numpy as np
 from .. import programs
 from ._args import check, check_out, common_device, done, launch_size, normalize_axis, offset
 from ._memo import memoized
-from .loss import fused_loss, row_groups
+from .loss import HEAD_VARIANTS, fused_loss, row_groups
 
-programs.register("softmax", {"wg": 0, "dscale": 0},
+programs.register("softmax", {"wg": 0, "dscale": 0, "head": 0, "lossout": "acc"},
                   lambda: [{"wg": 0, "dscale": 0}, {"wg": 64, "dscale": 0},
                            {"wg": 256, "dscale": 0}, {"wg": 0, "dscale": 1},
-                           {"wg": 64, "dscale": 1}])
+                           {"wg": 64, "dscale": 1}] + HEAD_VARIANTS)
 
 
 def _rowwise(entry, x, axis, out):
@@ -66,7 +66,7 @@ def log_softmax(x, axis=-1, out=None, dtype=None):
 
 
 def softmax_cross_entropy(z, y, *, dz=None, grad_scale=None, scale_by=None,
-                          loss_dtype=None):
+                          loss_dtype=None, db=None):
     """(L, dL/dz) for the mean softmax cross-entropy of logits z against targets y.
 
     z and y are (batch, classes); y holds targets, usually distributions (one-hot rows
@@ -75,7 +75,10 @@ def softmax_cross_entropy(z, y, *, dz=None, grad_scale=None, scale_by=None,
     batch per row (softmax(z) - y for distributions) goes to ``dz`` (allocated when
     None; may be z);
     ``grad_scale`` replaces its 1/batch, ``scale_by`` also multiplies it; ``loss_dtype``
-    float32 gives a 16-bit input's loss in float32 (see quadratic_loss).
+    float32 gives a 16-bit input's loss in float32 (see quadratic_loss). ``db`` (an
+    array of z's dtype, (classes,)): also dz summed over the batch as stored, a dense
+    output layer's bias gradient (bias_grad(dz)). A batch of up to 1024 rows of fewer
+    than 32 classes takes one launch for all of it (loss.py's HEAD_ROWS).
     """
     return fused_loss("softmax", "clnn_softmax_xent", z, y, dz, grad_scale, ("z", "dz"),
-                      scale_by, loss_dtype)
+                      scale_by, loss_dtype, db)

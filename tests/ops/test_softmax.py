@@ -145,3 +145,72 @@ def test_cross_entropy_bad_input(dev):
         clnn.softmax_cross_entropy(clnn.zeros((0, 4)), clnn.zeros((0, 4)))
     with pytest.raises(clnn.ShapeError):
         clnn.softmax_cross_entropy(clnn.zeros(4), clnn.zeros(4))
+
+
+@DTYPES
+@pytest.mark.parametrize("shape", [(1, 1), (7, 10), (64, 10), (1024, 31), (1025, 10),
+                                   (200, 40)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("which", ["cross_entropy", "quadratic"])
+def test_a_small_batchs_loss_comes_in_one_launch(dev, shape, dtype, which, kernels):
+    """Up to 1024 rows short enough for a work-item each (fewer than 32 classes, or a
+    CPU): the rows, the mean loss and (cross-entropy's ``db``) the gradient's column
+    sums as stored, in one launch of one work-group (kernels/_head.cl), where the row
+    kernel, the loss's reduction and bias_grad took three. Against float64 and against
+    the row kernels (forced): the gradient bitwise theirs, the loss and db to rounding;
+    canaries around the gradient and db; with a device loss scale and a float32 loss."""
+    from clnn import programs, tuning
+    n, k = shape
+    z = (RNG.standard_normal(shape) * 3).astype(dtype)
+    y = np.eye(k, dtype=dtype)[RNG.integers(0, k, n)]
+    y64 = y.astype(np.float64)
+    S = 2.0 ** 5
+    sb = clnn.asarray(np.float32([S]), device=dev)
+    if which == "cross_entropy":
+        ls = log_softmax_ref(z)
+        ref_loss = -(y64 * ls).sum() / n
+        ref_grad = (np.exp(ls) - y64) * S / n
+        fn = clnn.softmax_cross_entropy
+    else:
+        d = z.astype(np.float64) - y64
+        ref_loss, ref_grad = (d ** 2).sum() / (2 * n), d * S / n
+        fn = clnn.quadratic_loss
+    loss_dt = np.float32 if dtype != np.float64 else None
+    got = {}
+    for head in (True, False):
+        grad = Guarded(dev, shape, dtype)
+        db = Guarded(dev, (k,), dtype) if which == "cross_entropy" else None
+        kw = {"dz" if which == "cross_entropy" else "da": grad.view}
+        if db is not None:
+            kw["db"] = db.view
+        with tuning.override("loss", {} if head else {"head": 0}), \
+                programs.captured() as launches:
+            loss, _ = fn(guarded_input(dev, z), guarded_input(dev, y), scale_by=sb,
+                         loss_dtype=loss_dt, **kw)
+        g = grad.check()
+        got[head] = (float(loss.get()), g, db.check() if db is not None else None,
+                     len(launches))
+        assert_close(loss.get(), ref_loss, dtype, k=n * k, scale=max(abs(ref_loss), 1))
+        assert_close(g, ref_grad, dtype, k=k, scale=np.maximum(np.abs(ref_grad), S / n))
+        if db is not None:      # the column sums of the gradient as stored
+            assert_close(db.check(), g.astype(np.float64).sum(0), dtype, k=n,
+                         scale=np.abs(g.astype(np.float64)).sum(0) + S / n)
+    small = n <= 1024 and (k < 32 or (dev.facts.is_cpu and kernels == "device"))
+    assert got[True][3] == (1 if small else got[False][3])
+    assert np.array_equal(got[True][1], got[False][1])
+    if not small:           # the row kernels either way: the same bits
+        assert got[True][0] == got[False][0]
+        if which == "cross_entropy":
+            assert np.array_equal(got[True][2], got[False][2])
+
+
+def test_a_bias_gradient_that_cannot_be_summed_is_refused(dev):
+    """Bad db: a typed error before anything is written."""
+    z, y = clnn.zeros((4, 5)), clnn.zeros((4, 5))
+    dz = Guarded(dev, (4, 5), np.float32, fill=np.ones((4, 5)))
+    for db, err in ((clnn.zeros((4,)), clnn.ShapeError),
+                    (clnn.zeros((5,), np.float16), clnn.DTypeError),
+                    (dz.view[0], clnn.ShapeError),                    # overlaps dz
+                    (np.zeros(5, np.float32), clnn.ArgumentError)):
+        with pytest.raises(err):
+            clnn.softmax_cross_entropy(z, y, dz=dz.view, db=db)
+    assert np.all(dz.check() == 1)
