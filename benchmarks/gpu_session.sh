@@ -99,7 +99,8 @@ run_quick() {
   # map "dact"), which only a GPU runs unforced; the loss-scale tests and test_amp's
   # two check the checked cast whose last work-group applies the update (an atomic
   # count of the groups, which only a GPU runs truly concurrently), and the
-  # optimizer's 16-bit copy of the weights
+  # optimizer's 16-bit copy of the weights; test_softmax and test_loss the losses' one
+  # work-group heads (a small batch's loss, mean and bias gradient in one launch)
   LIMIT=170 step tests-gpu env CLNN_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q -v -rfE \
     --tb=short "${workers[@]}" -p no:cacheprovider -W ignore::RuntimeWarning \
     tests/ops/test_gemm_mma.py tests/test_engines.py tests/ops/test_gemm.py \
@@ -107,7 +108,8 @@ run_quick() {
     tests/ops/test_elementwise.py tests/ops/test_reduce.py tests/ops/test_memo.py \
     tests/ops/test_bias.py \
     "tests/nn/test_network.py::test_bias_gradients_come_with_the_activations_backward_pass" \
-    tests/ops/test_optim.py "tests/nn/test_amp.py::test_fit_keeps_the_16_bit_weights_in_the_optimizers_kernel" \
+    tests/ops/test_optim.py tests/ops/test_softmax.py tests/ops/test_loss.py \
+    "tests/nn/test_amp.py::test_fit_keeps_the_16_bit_weights_in_the_optimizers_kernel" \
     "tests/nn/test_amp.py::test_float16_steps_check_on_the_device_as_the_host_would" \
     -k "not wgmma"
   # the float32 table beside cuBLAS, cuDNN and CLBlast (relu and the sums along rows
