@@ -5,12 +5,12 @@
 ## One work-group takes every row: a work-item per row (rows lid, lid + WG, ...), its
 ## per-row losses summed as it goes, then across the group in _wg.cl's fixed tree, and
 ## the mean (times ``post``, 1/batch) stored: what the row kernel's launch, a loss
-## buffer and a reduction's launch did. With ``with_db`` the group then sums each column
-## of the gradient as stored (a dense output layer's bias gradient: what bias_grad's
-## launch did), each work-item over its own rows and then in the tree. For the short rows of a
-## classifier's head (fewer than 32 classes, which GPUs too run a work-item per row) and
-## batches of up to clnn/ops/loss.py's HEAD_ROWS: there the launches cost more than the
-## work. Bitwise reproducible: every sum in a fixed order.
+## buffer and a reduction's launch did. With ``with_db`` the group then sums each
+## column of the gradient as stored (a dense output layer's bias gradient: what
+## bias_grad's launch did), each work-item over its own rows and then in the tree. For
+## the short rows of a classifier's head (fewer than 32 classes, which GPUs too run a
+## work-item per row) and batches of up to clnn/ops/loss.py's HEAD_ROWS: there the
+## launches cost more than the work. Bitwise reproducible: every sum in a fixed order.
 
 ## The kernel ``entry``_head, the prediction ``p`` and gradient ``g`` named as the row
 ## kernel names them; ``row()`` the row kernel's body for row r, which defines
@@ -25,7 +25,8 @@ void ${entry}_head(const int rows, const int cols, const acc_t grad_scale,
                    __global const real_t *y, const int y_off,
                    __global real_t *${g}, const int ${g}_off,
                    const acc_t post,
-                   __global ${"acc_t" if lossout == "acc" else "real_t"} *loss, const int loss_off,
+                   __global ${"acc_t" if lossout == "acc" else "real_t"} *loss,
+                   const int loss_off,
                    const int with_db, __global real_t *db, const int db_off)
 {
     __local acc_t scratch[CLNN_WG];

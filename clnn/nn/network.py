@@ -757,11 +757,10 @@ class Sequential:
                 gate=None, count=None, cast=True):
         """Everything a step enqueues before its hook and update, which a replay
         repeats as one capture: in mixed precision (``low``, the 16-bit dtype) the
-        masters' 16-bit copy (with ``cast``; fit's steps make it before) and the batch's
-        cast, the passes, the gradients cast
-        to the float32 flat buffer and the loss to float32, and with a ``gate`` the
-        loss-scale update and the step's ``count``. Returns (loss, 1 / the loss's
-        denominator)."""
+        masters' 16-bit copy (with ``cast``; fit's steps make it before) and the
+        batch's cast, the passes, the gradients cast to the float32 flat buffer and the
+        loss to float32, and with a ``gate`` the loss-scale update and the step's
+        ``count``. Returns (loss, 1 / the loss's denominator)."""
         half = low is not None
         if half:
             if cast:
