@@ -148,8 +148,10 @@ def test_cross_entropy_bad_input(dev):
 
 
 @DTYPES
-@pytest.mark.parametrize("shape", [(1, 1), (7, 10), (64, 10), (1024, 31), (1025, 10),
-                                   (200, 40)], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("shape,kernels", [
+    ((1, 1), "device"), ((7, 10), "device"), ((64, 10), "device"), ((1024, 31), "device"),
+    ((1025, 10), "device"), ((200, 40), "device"), ((200, 40), "work-groups")],
+    ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else v)
 @pytest.mark.parametrize("which", ["cross_entropy", "quadratic"])
 def test_a_small_batchs_loss_comes_in_one_launch(dev, shape, dtype, which, kernels):
     """Up to 1024 rows short enough for a work-item each (fewer than 32 classes, or a
@@ -157,8 +159,14 @@ def test_a_small_batchs_loss_comes_in_one_launch(dev, shape, dtype, which, kerne
     sums as stored, in one launch of one work-group (kernels/_head.cl), where the row
     kernel, the loss's reduction and bias_grad took three. Against float64 and against
     the row kernels (forced): the gradient bitwise theirs, the loss and db to rounding;
-    canaries around the gradient and db; with a device loss scale and a float32 loss."""
+    canaries around the gradient and db; with a device loss scale and a float32 loss.
+    ``kernels``: the device's row kernels, or the GPUs' (forced), which take rows of 32
+    classes and more by work-groups: no head there."""
+    import contextlib
     from clnn import programs, tuning
+    def forced():
+        return tuning.override("rows", {"wg": True}) if kernels == "work-groups" else \
+            contextlib.nullcontext()
     n, k = shape
     z = (RNG.standard_normal(shape) * 3).astype(dtype)
     y = np.eye(k, dtype=dtype)[RNG.integers(0, k, n)]
@@ -182,7 +190,7 @@ def test_a_small_batchs_loss_comes_in_one_launch(dev, shape, dtype, which, kerne
         kw = {"dz" if which == "cross_entropy" else "da": grad.view}
         if db is not None:
             kw["db"] = db.view
-        with tuning.override("loss", {} if head else {"head": 0}), \
+        with forced(), tuning.override("loss", {} if head else {"head": 0}), \
                 programs.captured() as launches:
             loss, _ = fn(guarded_input(dev, z), guarded_input(dev, y), scale_by=sb,
                          loss_dtype=loss_dt, **kw)
