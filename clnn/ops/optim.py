@@ -229,11 +229,12 @@ def sgd_step(weight, grad, buf, *, lr, momentum=0.0, weight_decay=0.0, nesterov=
     kernel also stores the updated weights in, bitwise clnn.cast's (a skipped step
     leaves it as it was: a copy that held the weights still does). Returns weight."""
     dev, dt = _buffers(weight, grad, {"buf": buf})
-    extra = _copy_args(copy, weight, dt, {"weight": weight, "grad": grad, "buf": buf,
-                                          "gate": gate})
+    extra = {}
     if gate is not None:
         common_device(weight=weight, gate=gate)
-        extra.update(state=_state(gate, dev, "gate"), st_off=offset(gate))
+        extra = {"state": _state(gate, dev, "gate"), "st_off": offset(gate)}
+    extra.update(_copy_args(copy, weight, dt, {"weight": weight, "grad": grad, "buf": buf,
+                                               "gate": gate}))
     lr, momentum = finite(lr, "lr", dt), finite(momentum, "momentum", dt)
     wd, scale = finite(weight_decay, "weight_decay", dt), finite(grad_scale, "grad_scale", dt)
     if lr < 0 or momentum < 0 or wd < 0:
@@ -257,14 +258,15 @@ def adam_step(weight, grad, m, v, *, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8
     computes the bias corrections itself. ``copy``: a 16-bit copy of the weights kept
     so, as for sgd_step. Returns weight."""
     dev, dt = _buffers(weight, grad, {"m": m, "v": v})
-    copied = _copy_args(copy, weight, dt, {"weight": weight, "grad": grad, "m": m, "v": v,
-                                           "gate": gate})
     if gate is not None:
         common_device(weight=weight, gate=gate, step=step)
         _state(gate, dev, "gate")
         check_ints(step, "step", dev, shape=(1,))
     elif not isinstance(step, int) or isinstance(step, bool) or step < 1:
         raise ArgumentError(f"step must be an int >= 1, got {step!r}")
+    copied = _copy_args(copy, weight, dt, {"weight": weight, "grad": grad, "m": m, "v": v,
+                                           "gate": gate, "step": step if gate is not None
+                                           else None})
     lr, eps = finite(lr, "lr", dt), finite(eps, "eps", dt)
     wd, scale = finite(weight_decay, "weight_decay", dt), finite(grad_scale, "grad_scale", dt)
     try:
