@@ -377,7 +377,10 @@ DIRECT_M_HALF = {True: 8, False: 4}        # by trans_b
 # less kernel time on PoCL; a 64 x 2000 by 2000 x 5000 NN product, 1.3 GFLOP, 2.5x
 # more, and 256^3, 34 MFLOP, either way by the run). Up to DIRECT_ROWS rows: a
 # work-item of the direct kernel loops over every row of C, so a tall, narrow product
-# would leave most of a many-core CPU idle (measured up to 1000 rows here).
+# would leave most of a many-core CPU idle (measured up to 1000 rows here). bfloat16
+# too, whose conversion is a shift: LeNet-5's dense products at batch 64 (forward and
+# data gradient) ran 1.2-2.8x the packed path's speed direct, one of the six 0.8x
+# (Intel Xeon, PoCL 3.0), where float16's direct kernel ran 0.4-0.5x at the larger ones.
 DIRECT_FLOPS = 32e6
 DIRECT_ROWS = 1024
 
@@ -386,8 +389,7 @@ def _direct(dt, M, N, K, nbatch, trans_b):
     """Whether the CPU variant takes the direct kernel (op(A) not transposed)."""
     if dt == np.float16:
         return M <= DIRECT_M_HALF[bool(trans_b)]
-    return M <= DIRECT_M or (dt.itemsize >= 4 and M <= DIRECT_ROWS and
-                             2.0 * M * N * K * nbatch <= DIRECT_FLOPS)
+    return M <= DIRECT_M or (M <= DIRECT_ROWS and 2.0 * M * N * K * nbatch <= DIRECT_FLOPS)
 
 
 def _gemm_direct(dev, prm, a, b, c, nbatch, common):

@@ -178,7 +178,7 @@ def test_vector_epilogue(variant, dtype):
 def test_direct_kernel_for_few_rows(variant, dtype):
     """Up to DIRECT_M rows of C with op(A) not transposed, the CPU variant reads A and B
     in place (clnn_gemm_direct, one launch), and so do products of up to DIRECT_FLOPS
-    in float32 and float64 (LeNet-5's dense layers): both B layouts, K past and short
+    in float32, float64 and bfloat16 (LeNet-5's dense layers): both B layouts, K past and short
     of a whole vector, N past a work-item's columns, every bias form, beta,
     activations, batches (B shared too), vectors of 8 (float32, float16), 4 (float64)
     and 1; one row more, in a bigger product, takes the packed kernels."""
@@ -187,7 +187,7 @@ def test_direct_kernel_for_few_rows(variant, dtype):
     def top(tb):                # float16: fewer rows, by B's layout
         return gemm_module.DIRECT_M if dtype != np.float16 else \
             gemm_module.DIRECT_M_HALF[tb]
-    small = [(64, 121, 83)] if np.dtype(dtype).itemsize >= 4 else []   # 2.6 MFLOP
+    small = [(64, 121, 83)] if dtype != np.float16 else []   # 2.6 MFLOP
     with tuning.override("gemm", VARIANTS[variant]):
         for tb in (False, True):
             for M, N, K in [(1, 1, 1), (1, 37, 21), (2, 5, 8), (min(3, top(tb)), 17, 3),
