@@ -92,16 +92,17 @@ def fused_loss(stem, entry, pred, y, grad, grad_scale, names, scale_by=None,
     params = {"dtype": programs.dtype_name(dt), "dscale": int(scale_by is not None)}
     extra = {"scale_by": scale_by, "sb_off": offset(scale_by)} if scale_by is not None \
         else {}
+    # the arguments the row, work-group and head kernels share
+    args = dict(rows=rows, cols=cols, grad_scale=gs, y=y, y_off=offset(y), **extra,
+                **{p: pred, p + "_off": offset(pred), g: grad, g + "_off": offset(grad)})
     loss = dev_empty(dev, (), out_dt)
     head = head_group(dev, rows, cols)
     if head:
         kern = programs.get_kernel(dev, stem, entry + "_head", dict(
             params, head=head, lossout="acc" if out_dt == acc else "real"))
-        evt = kern((head,), (head,), rows=rows, cols=cols, grad_scale=gs, y=y,
-                   y_off=offset(y), post=1.0 / rows, loss=loss, loss_off=offset(loss),
+        evt = kern((head,), (head,), post=1.0 / rows, loss=loss, loss_off=offset(loss),
                    with_db=int(db is not None), db=db if db is not None else loss,
-                   db_off=offset(db) if db is not None else 0, **extra,
-                   **{p: pred, p + "_off": offset(pred), g: grad, g + "_off": offset(grad)})
+                   db_off=offset(db) if db is not None else 0, **args)
         if db is not None:
             done(db, evt)
         return done(loss, evt), done(grad, evt)
@@ -113,10 +114,7 @@ def fused_loss(stem, entry, pred, y, grad, grad_scale, names, scale_by=None,
         kern = programs.get_kernel(dev, stem, entry, params)
         wg = min(64, dev.facts.max_work_group_size)
         groups = (-(-rows // wg) * wg,), (wg,)
-    done(grad, kern(*groups, rows=rows, cols=cols, grad_scale=gs,
-                        y=y, y_off=offset(y), loss_row=loss_rows, **extra,
-                        **{p: pred, p + "_off": offset(pred), g: grad,
-                           g + "_off": offset(grad)}))
+    done(grad, kern(*groups, loss_row=loss_rows, **args))
     # the mean over the batch of the per-row losses, kept in the arithmetic type
     reduce3(dev, dt, loss_rows, (1, rows, 1), loss, final="scale", post=1.0 / rows,
             inp="acc", outp="acc" if out_dt != dt else "real")

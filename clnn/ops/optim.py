@@ -148,9 +148,10 @@ def cast_gradients(grads, out, state, *, update=False, count=None, growth_factor
         growth, backoff, interval = _factors(growth_factor, backoff_factor, growth_interval)
         if count is None:
             count = dev_empty(dev, (1,), np.int32)        # counted, and never read
-        check_ints(count, "count", dev, shape=(1,))
-        if overlaps(count, state) or overlaps(count, out):
-            raise ShapeError("count overlaps state or out; each needs its own buffer")
+        else:
+            check_ints(count, "count", dev, shape=(1,))
+            if overlaps(count, state) or overlaps(count, out):
+                raise ShapeError("count overlaps state or out; each needs its own buffer")
         factors = dict(count=count, count_off=offset(count), growth=growth,
                        backoff=backoff, interval=interval)
     if not grads.size:          # no work-group to apply the update: the kernel's

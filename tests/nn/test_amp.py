@@ -333,14 +333,12 @@ def test_fit_keeps_the_16_bit_weights_in_the_optimizers_kernel(monkeypatch, prec
     epochs is seen by the next epoch; and the casts of the masters are one an epoch."""
     x, y = data(40, shape, 6 if make is lenet_like else 5, rng=np.random.default_rng(8))
 
-    def shrink(epoch, hist, nets=[]):
-        net = nets[-1]
-        clnn.scale(0.5, net.flat_parameters, out=net.flat_parameters)
-
     def run(keep):
         net = make(seed=3)
         net.scaler = nn.GradScaler(init_scale=2.0 ** 30, growth_interval=3)
-        shrink.__defaults__[0][:] = [net]
+
+        def shrink(epoch, hist):             # the masters changed between epochs
+            clnn.scale(0.5, net.flat_parameters, out=net.flat_parameters)
         casts = []
         real_step, real_copy = nn.Sequential.train_step, nn.Sequential._half_copy
 
