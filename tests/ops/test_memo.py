@@ -15,7 +15,6 @@ from reference import conv2d_backward_ref, conv2d_ref
 from test_reliability import failing
 
 RNG = np.random.default_rng(5)
-conv_module = sys.modules["clnn.ops.conv"]
 
 
 @pytest.fixture(autouse=True)
@@ -125,20 +124,27 @@ def test_bad_input_after_planning_gets_the_ops_error(dev):
 
 def test_a_changed_setting_makes_a_new_plan(dev, monkeypatch):
     """A module setting patched between calls (as tests force kernel paths) is never
-    served by a plan made before: the weight gradient with a 1-byte scratch cap packs
-    one image at a time, more launches than the plan's."""
-    x, dy = _f32(4, 3, 9, 9), _f32(4, 2, 7, 7)
-    X, DY = clnn.asarray(x, device=dev), clnn.asarray(dy, device=dev)
+    served by a plan made before: softmax's choice between a work-item and a work-group
+    per row, patched to the other one (on every device: a CPU or a short row takes a
+    work-item, a GPU's long row a group), launches the other kernel."""
+    softmax_module = sys.modules["clnn.ops.softmax"]
+    x = _f32(5, 40)
+    X = clnn.asarray(x, device=dev)
     for _ in range(3):
-        clnn.conv2d_backward_weight(DY, X, (2, 3, 3, 3))
+        clnn.softmax(X)
     with clnn.profile() as before:
-        clnn.conv2d_backward_weight(DY, X, (2, 3, 3, 3))
-    monkeypatch.setattr(conv_module, "SCRATCH_BYTES", 1)
+        clnn.softmax(X)
+    chosen = softmax_module.row_groups
+
+    def other(d, rows, cols):
+        return None if chosen(d, rows, cols) else ((64 * rows,), (64,))
+    monkeypatch.setattr(softmax_module, "row_groups", other)
     with clnn.profile() as after:
-        got = clnn.conv2d_backward_weight(DY, X, (2, 3, 3, 3)).get()
-    assert after.launches > before.launches
-    ref = conv2d_backward_ref(dy, x, np.zeros((2, 3, 3, 3)), (1, 1), (0, 0))[1]
-    assert_close(got, ref, np.float32, k=4 * 49, scale=np.abs(ref).max() + 1)
+        got = clnn.softmax(X).get()
+    entries = [[r.entry for r in p.records] for p in (before, after)]
+    assert len(entries[0]) == len(entries[1]) == 1 and entries[0] != entries[1], entries
+    e = np.exp(x - x.max(axis=1, keepdims=True).astype(np.float64))
+    assert_close(got, e / e.sum(axis=1, keepdims=True), np.float32, k=40)
 
 
 def test_fresh_scalars_leave_the_other_plans_alone(dev, monkeypatch):
@@ -178,20 +184,22 @@ def test_overrides_and_precision_are_part_of_the_plan(dev):
 
 def test_a_failed_allocation_in_a_planned_call_writes_nothing(dev):
     """The plan asks for all its buffers before its first launch: an allocation that
-    fails leaves the output as it was, and raises the pool's error."""
-    x = clnn.asarray(_f32(2, 3, 8, 8), device=dev)
-    w = clnn.asarray(_f32(4, 3, 3, 3), device=dev)
-    out = clnn.asarray(np.full((2, 4, 8, 8), 7, np.float32), device=dev)
+    fails leaves the output as it was, and raises the pool's error. (A weight gradient
+    whose K, 8 images of 16 x 16, is long for its 4 x 27 output: split along K on a GPU,
+    its columns packed on a CPU; either asks the pool for workspace.)"""
+    x = clnn.asarray(_f32(8, 3, 18, 18), device=dev)
+    dy = clnn.asarray(_f32(8, 4, 16, 16), device=dev)
+    out = clnn.asarray(np.full((4, 3, 3, 3), 7, np.float32), device=dev)
     for _ in range(3):
-        clnn.conv2d(x, w, padding=1, out=out)
+        clnn.conv2d_backward_weight(dy, x, (4, 3, 3, 3), out=out)
     out.fill(7)
     with failing(dev.pool) as counter:
-        clnn.conv2d(x, w, padding=1, out=out)
+        clnn.conv2d_backward_weight(dy, x, (4, 3, 3, 3), out=out)
     assert counter.count > 0
     out.fill(7)
     for at in range(counter.count):
         with failing(dev.pool, at), pytest.raises(clnn.OutOfDeviceMemory):
-            clnn.conv2d(x, w, padding=1, out=out)
+            clnn.conv2d_backward_weight(dy, x, (4, 3, 3, 3), out=out)
         assert np.all(out.get() == 7)
 
 
