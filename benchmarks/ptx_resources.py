@@ -29,7 +29,6 @@ import _common  # noqa: E402
 import pyopencl as cl  # noqa: E402
 
 from clnn import plans, programs, ptx, tuning  # noqa: E402
-from clnn.ops.gemm import WGMMA_ARCH  # noqa: E402
 
 
 def rows():
@@ -72,14 +71,23 @@ def rows():
             yield f"WGMMA {kind}", label(row), row, params(row, dtype, vec=16 // size)
 
 
-def driver_resources(dev, source, extra=()):
-    """{entry: Resources} from the NVIDIA OpenCL compiler's -cl-nv-verbose build log."""
+def driver_resources(dev, source, patched=False):
+    """{entry: Resources} from the NVIDIA OpenCL compiler's -cl-nv-verbose build log;
+    ``patched``: built as clnn builds a WGMMA row there (programs.PTX_PATCH_OPTION),
+    the resources of the second build, from the patched PTX."""
     import warnings
 
+    verbose = ["-cl-nv-verbose"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         prg = cl.Program(dev.context, source).build(
-            options=list(programs.BUILD_OPTIONS) + ["-cl-nv-verbose"] + list(extra))
+            options=list(programs.BUILD_OPTIONS) + verbose +
+            ([programs.PTX_PATCH_OPTION] if patched else []))
+        if patched:
+            text = programs.patch_ptx(prg.binaries[0].decode("latin-1"),
+                                      "sm_%da" % dev.facts.nv_compute_capability)
+            prg = cl.Program(dev.context, [dev.cl_device],
+                             [text.encode("latin-1")]).build(options=verbose)
     return ptx.parse(prg.get_build_info(dev.context.devices[0], cl.program_build_info.LOG))
 
 
@@ -105,16 +113,12 @@ def main():
         size = 2 if prm["dtype"] == "float16" else 4
         try:
             source = programs.render("gemm", prm)
-            try:
-                res = (driver_resources(dev, source) if dev else
-                       ptx.assemble(source, arch=args.arch))["clnn_gemm_tiled"]
-            except cl.Error:
-                if not (dev and row.get("WGMMA")):
-                    raise
-                # built again for sm_90a, as clnn does (ops/gemm.py, WGMMA_ARCH)
-                res = driver_resources(dev, source, WGMMA_ARCH)["clnn_gemm_tiled"]
-                label += " (-cl-nv-arch sm_90a)"
-        except (ptx.PTXError, cl.Error, RuntimeError, KeyError) as e:
+            # a WGMMA row as clnn builds it on NVIDIA's compiler (ops/gemm.py,
+            # WGMMA_OPTIONS): through its patched PTX
+            patched = bool(row.get("WGMMA"))
+            res = (driver_resources(dev, source, patched) if dev else
+                   ptx.assemble(source, arch=args.arch, patched=patched))["clnn_gemm_tiled"]
+        except (ptx.PTXError, cl.Error, RuntimeError, KeyError, ValueError) as e:
             # (pyopencl's build failure is a cl.Error, not a RuntimeError)
             print(f"{table:24} {label:36} {getattr(e, 'stage', 'build')} failed")
             out.append({"table": table, "row": row, "error": str(getattr(e, 'log', e))})

@@ -36,6 +36,17 @@ BUILD_OPTIONS = ("-cl-std=CL1.2",)
 # loops and float16 conversions that suit a CPU's compiler)
 CPU_OPTIONS = ("-DCLNN_CPU=1",)
 
+# Instructions that exist only for an architecture-specific target (Hopper's wgmma:
+# sm_90a) cannot go through NVIDIA's OpenCL compiler: it emits PTX for plain sm_90 and
+# its ptxas rejects them, whatever -cl-nv-arch says (measured on an H200, driver
+# 580.159.04). A kernel built with PTX_PATCH_OPTION writes each such instruction as a
+# PTX comment that starts with PTX_MARK (its operands already substituted, since the
+# asm statement still binds them), builds for sm_90, and is then built again from its
+# own PTX (NVIDIA's program binary) with the marks removed and the target raised to
+# the device's sm_XYa: see patch_ptx.
+PTX_PATCH_OPTION = "-DCLNN_PTX_PATCH=1"
+PTX_MARK = "//clnn-ptx "
+
 log = logging.getLogger("clnn")
 
 
@@ -445,6 +456,52 @@ def get_kernel(device, stem, entry, params, options=()):
     return kern
 
 
+def patch_ptx(ptx, arch, min_version=(8, 0)):
+    """``ptx`` (text) with every PTX_MARK comment made an instruction again, its
+    ``.target`` raised to ``arch`` (an architecture-specific one: "sm_90a") and its
+    ``.version`` to at least ``min_version`` (wgmma needs PTX 8.0). Raises ValueError
+    where the text has no mark or no target to raise (not a PTX_PATCH_OPTION build)."""
+    if PTX_MARK not in ptx:
+        raise ValueError("the PTX has no instruction marked " + repr(PTX_MARK))
+    out, n = re.subn(r"^(\.target\s+)sm_\d+a?\b", lambda m: m.group(1) + arch, ptx,
+                     count=1, flags=re.M)
+    if not n:
+        raise ValueError("the PTX names no .target")
+
+    def version(m):
+        have = (int(m.group(2)), int(m.group(3)))
+        return m.group(1) + "%d.%d" % max(have, min_version)
+
+    out = re.sub(r"^(\.version\s+)(\d+)\.(\d+)", version, out, count=1, flags=re.M)
+    return out.replace(PTX_MARK, "")
+
+
+def _patched(device, stem, params, options, source, program):
+    """The program built again from its PTX, patched (patch_ptx) for the device's
+    architecture-specific target."""
+    cc = device.facts.nv_compute_capability
+    ptx = ""
+    try:
+        if not cc:
+            raise ValueError("the device reports no NVIDIA compute capability")
+        ptx = program.binaries[0].decode("latin-1")
+        arch = "sm_%da" % cc
+        text = patch_ptx(ptx, arch)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", cl.CompilerWarning)
+            return cl.Program(device.context, [device.cl_device],
+                              [text.encode("latin-1")]).build()
+    except (cl.Error, ValueError) as exc:
+        path = _save_failed(stem, source)
+        raise KernelBuildError(
+            f"{stem}.cl built on {device.name} with {params} and options "
+            f"{' '.join(options)}, but its PTX, patched for an architecture-specific "
+            f"target (compute capability {cc}), did not build: {exc}; its PTX's header: "
+            f"{re.findall(r'^[.](?:version|target) .*$', ptx, re.M)}; rendered source: "
+            f"{path}", log=str(exc), options=options, params=params,
+            source_path=path) from exc
+
+
 def _build(device, stem, params, options):
     source = render(stem, params)
     if debug_level() >= 2:
@@ -462,6 +519,8 @@ def _build(device, stem, params, options):
             f"{' '.join(options)}; rendered source with line numbers: {path}\n{exc}",
             log=str(exc), options=options, params=params,
             source_path=path) from exc
+    if PTX_PATCH_OPTION in options:
+        program = _patched(device, stem, params, options, source, program)
     if debug_level() >= 1:
         log.debug("built %s.cl %s in %.3f s", stem, params, time.perf_counter() - t0)
     sigs = signatures(source)

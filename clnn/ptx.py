@@ -106,9 +106,16 @@ def parse(log):
     return out
 
 
-def assemble(source, arch=ARCH, workdir=None, timeout=120):
+def assemble(source, arch=ARCH, workdir=None, timeout=120, patched=False):
     """Compile rendered OpenCL C ``source`` to PTX and assemble it for ``arch``:
-    {entry: Resources}, or PTXError."""
+    {entry: Resources}, or PTXError.
+
+    ``patched`` builds as clnn builds an architecture-specific row on NVIDIA's compiler
+    (programs.PTX_PATCH_OPTION): the marked instructions as comments, assembled for
+    plain ``arch`` (which must take it), then uncommented by programs.patch_ptx and
+    assembled for ARCH_A; the second assembly's resources."""
+    from .programs import PTX_PATCH_OPTION, patch_ptx
+
     clang, libclc, ptxas = tools()
     if None in (clang, libclc, ptxas):
         raise PTXError("setup", "missing " + missing())
@@ -119,10 +126,34 @@ def assemble(source, arch=ARCH, workdir=None, timeout=120):
                "-Xclang", "-finclude-default-header",
                "-Xclang", "-cl-ext=-cl_khr_fp64,-cl_khr_fp16",
                "-Xclang", "-mlink-builtin-bitcode", "-Xclang", libclc, "-o", ptx, "-"]
+        if patched:
+            cmd.insert(-1, PTX_PATCH_OPTION)
         res = subprocess.run(cmd, input=source, capture_output=True, text=True,
                              timeout=timeout)
         if res.returncode:
             raise PTXError("clang", res.stderr)
+
+        def run_ptxas(path, arch):
+            res = subprocess.run([ptxas, f"-arch={arch}", "-v", "-o",
+                                  os.path.join(tmp, "k.o"), path],
+                                 capture_output=True, text=True, timeout=timeout)
+            if res.returncode:
+                raise PTXError("ptxas", res.stderr)
+            return parse(res.stderr)
+
+        if patched:
+            # what the driver's compiler assembles first: its PTX (8.x) for plain sm_90
+            # (clang 14 writes sm_80 and PTX 7.x, raised to that)
+            with open(ptx) as f:
+                text = f.read()
+            text = re.sub(r"^\.version \d+\.\d+", ".version 8.0", text, flags=re.M)
+            text = re.sub(r"^\.target sm_\d+", f".target {arch}", text, flags=re.M)
+            with open(ptx, "w") as f:
+                f.write(text)
+            run_ptxas(ptx, arch)
+            with open(ptx, "w") as f:
+                f.write(patch_ptx(text, ARCH_A))
+            return run_ptxas(ptx, ARCH_A)
         if "wgmma." in source:
             # Hopper's wgmma exists only for sm_90a, in PTX 8.0 and up: the header
             # clang 14 wrote (sm_80, PTX 7.x) is raised to that, and so is the target
@@ -133,8 +164,4 @@ def assemble(source, arch=ARCH, workdir=None, timeout=120):
             text = re.sub(r"^\.target sm_\d+", f".target {ARCH_A}", text, flags=re.M)
             with open(ptx, "w") as f:
                 f.write(text)
-        res = subprocess.run([ptxas, f"-arch={arch}", "-v", "-o", os.path.join(tmp, "k.o"),
-                              ptx], capture_output=True, text=True, timeout=timeout)
-        if res.returncode:
-            raise PTXError("ptxas", res.stderr)
-        return parse(res.stderr)
+        return run_ptxas(ptx, arch)

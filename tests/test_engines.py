@@ -598,10 +598,11 @@ def test_wgmma_kernels_compile_for_nvptx(params):
         dict(dict(params["tuning"]), variant="local", EMULATE=True), params["dtype"])))
 
 
-def test_wgmma_rows_build_for_sm_90a_where_the_default_target_fails(monkeypatch):
-    """NVIDIA's compiler may build for sm_90, where wgmma does not exist: a WGMMA row
-    that fails to build is built again with -cl-nv-arch sm_90a where the device takes
-    NVIDIA's compiler options; elsewhere, and for every other row, the error stands."""
+def test_wgmma_rows_build_through_their_patched_ptx_on_nvidia(monkeypatch):
+    """NVIDIA's compiler builds for plain sm_90, where wgmma does not exist, even with
+    -cl-nv-arch sm_90a: a WGMMA row on a device that reports its compute capability is
+    built with programs.PTX_PATCH_OPTION (then again from its patched PTX); elsewhere,
+    and for every other row, plainly, and a build error stands."""
     import importlib
     import types
     from clnn.errors import KernelBuildError
@@ -615,15 +616,14 @@ def test_wgmma_rows_build_for_sm_90a_where_the_default_target_fails(monkeypatch)
         return "built"
     monkeypatch.setattr(programs, "get_kernel", fake)
 
-    def device(extensions, pocl=False):
-        return types.SimpleNamespace(context=types.SimpleNamespace(
-            devices=[types.SimpleNamespace(extensions=extensions)]),
-            facts=types.SimpleNamespace(is_pocl=pocl))
-    nv = device("cl_khr_fp64 cl_nv_compiler_options cl_nv_device_attribute_query")
+    def device(cc=0, pocl=False):
+        return types.SimpleNamespace(facts=types.SimpleNamespace(
+            is_pocl=pocl, nv_compute_capability=cc))
+    nv = device(90)
     row = tuning.wgmma_rows("f16")[0]
     assert G._tiled_kernel(nv, row, {}, "clnn_gemm_tiled") == "built"
-    assert calls == [(), G.WGMMA_ARCH]
-    for dev, r in ((device("cl_khr_fp64"), row), (nv, ENGINES[0]),
+    assert calls == [(programs.PTX_PATCH_OPTION,)]
+    for dev, r in ((device(), row), (device(86), row), (nv, ENGINES[0]),
                    (nv, dict(row, EMULATE=True))):
         calls.clear()
         with pytest.raises(KernelBuildError):
@@ -631,6 +631,6 @@ def test_wgmma_rows_build_for_sm_90a_where_the_default_target_fails(monkeypatch)
         assert calls == [()]
     # (an emulated row on PoCL builds unoptimised: its build, not its run, is the cost)
     calls.clear()
-    assert G._tiled_kernel(device("cl_khr_fp64", pocl=True), dict(row, EMULATE=True), {},
+    assert G._tiled_kernel(device(pocl=True), dict(row, EMULATE=True), {},
                            "clnn_gemm_tiled") == "built"
     assert calls == [G.EMULATED_OPTIONS]

@@ -131,3 +131,48 @@ def test_wgmma_kernels_assemble_for_sm_90a(params):
     assert tiled.registers <= 255, tiled
     if row["WN"] * (row["WM"] // 64) // 2 <= 64:
         assert tiled.spill_bytes == 0, tiled
+
+
+def _patch_params():
+    """One WGMMA row of each kind and storage, NN and NT (the transposes' copies differ)."""
+    seen = set()
+    for p in wgmma_variants():
+        params = p.values[0]
+        key = (params["dtype"], params["trans_b"])
+        if not params["trans_a"] and key not in seen:
+            seen.add(key)
+            yield pytest.param(params, id=p.id)
+
+
+@needs_ptxas
+@pytest.mark.parametrize("params", list(_patch_params()))
+def test_wgmma_rows_assemble_as_nvidias_compiler_builds_them(params):
+    """As clnn builds a WGMMA row on NVIDIA's OpenCL (programs.PTX_PATCH_OPTION): with
+    its wgmma instructions written as comments the kernel assembles for plain sm_90,
+    which the same kernel unmarked does not; uncommented by programs.patch_ptx it
+    assembles for sm_90a with the resources of the kernel built for sm_90a directly
+    (the same instructions, operands and registers)."""
+    source = programs.render("gemm", params)
+    patched = ptx.assemble(source, patched=True)["clnn_gemm_tiled"]
+    assert patched == ptx.assemble(source)["clnn_gemm_tiled"]
+    text = source.replace("#ifdef CLNN_PTX_PATCH", "#if 0")      # unmarked, for sm_90
+    with pytest.raises(ptx.PTXError, match="wgmma"):
+        ptx.assemble(text, patched=True)
+
+
+def test_patch_ptx_uncomments_the_marks_and_raises_target_and_version():
+    mark = programs.PTX_MARK
+    text = ("//\n.version 7.8\n.target sm_90, texmode_independent\n.address_size 64\n"
+            f"\t{mark}wgmma.fence.sync.aligned;\n{mark}wgmma.commit_group.sync.aligned;\n"
+            "\tmov.u32 %r1, %r2; // sm_90 in a comment\n")
+    out = programs.patch_ptx(text, "sm_90a")
+    assert out.splitlines() == [
+        "//", ".version 8.0", ".target sm_90a, texmode_independent", ".address_size 64",
+        "\twgmma.fence.sync.aligned;", "wgmma.commit_group.sync.aligned;",
+        "\tmov.u32 %r1, %r2; // sm_90 in a comment"]
+    newer = programs.patch_ptx(text.replace("7.8", "8.7"), "sm_100a")
+    assert ".version 8.7\n.target sm_100a, texmode_independent" in newer    # never lowered
+    with pytest.raises(ValueError, match="marked"):
+        programs.patch_ptx(text.replace(mark, ""), "sm_90a")
+    with pytest.raises(ValueError, match="target"):
+        programs.patch_ptx(text.replace(".target", ".targets"), "sm_90a")

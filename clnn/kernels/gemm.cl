@@ -892,9 +892,18 @@ inline ulong clnn_wg_desc(const uint addr, const uint lbo, const uint sbo, const
 %     if not EMULATE:
 #define CLNN_SMEM_ADDR(p) ((uint)(size_t)(p))
 #define CLNN_WG_PROXY() __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory")
-#define CLNN_WG_FENCE() __asm__ __volatile__("wgmma.fence.sync.aligned;" ::: "memory")
-#define CLNN_WG_COMMIT() __asm__ __volatile__("wgmma.commit_group.sync.aligned;" ::: "memory")
-#define CLNN_WG_WAIT(n) __asm__ __volatile__("wgmma.wait_group.sync.aligned " #n ";" ::: "memory")
+// Built with CLNN_PTX_PATCH (NVIDIA's OpenCL compiler: its PTX targets plain sm_90,
+// which has no wgmma; programs.PTX_PATCH_OPTION), each wgmma instruction is a PTX
+// comment, its operands substituted, that clnn uncomments for sm_90a before the build
+// from that PTX
+#ifdef CLNN_PTX_PATCH
+#define CLNN_WG_OP "//clnn-ptx "
+#else
+#define CLNN_WG_OP ""
+#endif
+#define CLNN_WG_FENCE() __asm__ __volatile__(CLNN_WG_OP "wgmma.fence.sync.aligned;" ::: "memory")
+#define CLNN_WG_COMMIT() __asm__ __volatile__(CLNN_WG_OP "wgmma.commit_group.sync.aligned;" ::: "memory")
+#define CLNN_WG_WAIT(n) __asm__ __volatile__(CLNN_WG_OP "wgmma.wait_group.sync.aligned " #n ";" ::: "memory")
 // after a wait for every batch: the accumulators are written, and no use of them may
 // move above the wait (with a batch left in flight, only after the loop's last wait)
 <% regs = [f"d{i}_{j}_{r}" for i in range(MT) for j in range(NTL) for r in range(4)] %>\
@@ -906,7 +915,7 @@ inline ulong clnn_wg_desc(const uint addr, const uint lbo, const uint sbo, const
 %       for i in range(MT):
 #define CLNN_WGMMA_${i}(da, db) \
     __asm__ __volatile__("{\n.reg .pred p;\nsetp.ne.b32 p, %${NA + 2}, 0;\n" \
-                 "wgmma.mma_async.sync.aligned.m64n${WN}k${KI}.f32.${T}.${T} " \
+                 CLNN_WG_OP "wgmma.mma_async.sync.aligned.m64n${WN}k${KI}.f32.${T}.${T} " \
                  "{${", ".join(f"%{q}" for q in range(NA))}}, %${NA}, %${NA + 1}, p, 1, 1${flags};\n}\n" \
                  : ${", ".join(f'"+f"(d{i}_{q // 4}_{q % 4})' for q in range(NA))} \
                  : "l"(da), "l"(db), "r"(1))

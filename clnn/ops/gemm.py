@@ -11,7 +11,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import plans, programs, tuning
-from ..errors import ArgumentError, KernelBuildError, ShapeError
+from ..errors import ArgumentError, ShapeError
 from ._args import (INT_MAX, as_array, check, common_device, dev_empty, dev_scratch, done,
                     finite, int4, overlaps, scratch_cap)
 from ._memo import memoized
@@ -325,11 +325,13 @@ def _widest(p, conv, dt):
         and dt.itemsize == 2 else 4
 
 
-# wgmma exists only for the architecture-specific target sm_90a. Where NVIDIA's
-# compiler builds a WGMMA row for plain sm_90 and fails, the row is built again for
-# sm_90a through cl_nv_compiler_options' -cl-nv-arch (not in the extension's text; the
-# driver takes it, as clcc uses it)
-WGMMA_ARCH = ("-cl-nv-arch", "sm_90a")
+# wgmma exists only for the architecture-specific target sm_90a. NVIDIA's OpenCL
+# compiler emits PTX for plain sm_90 and its ptxas rejects wgmma there, with or without
+# -cl-nv-arch sm_90a (measured on an H200, driver 580.159.04): on a device that reports
+# its compute capability a WGMMA row is built with programs.PTX_PATCH_OPTION (its wgmma
+# instructions as PTX comments, then built again from its PTX, uncommented, for
+# sm_90a). Elsewhere it is built as it is, and a compiler without wgmma says so.
+WGMMA_OPTIONS = (programs.PTX_PATCH_OPTION,)
 
 
 # An emulated engine row (EMULATE: tests on PoCL and Oclgrind) unrolls every fragment's
@@ -343,14 +345,9 @@ def _tiled_kernel(dev, p, prm, entry):
     if p.get("EMULATE"):
         return programs.get_kernel(dev, "gemm", entry, prm,
                                    options=EMULATED_OPTIONS if dev.facts.is_pocl else ())
-    if not p.get("WGMMA"):
-        return programs.get_kernel(dev, "gemm", entry, prm)
-    try:
-        return programs.get_kernel(dev, "gemm", entry, prm)
-    except KernelBuildError:
-        if "cl_nv_compiler_options" not in dev.context.devices[0].extensions:
-            raise
-        return programs.get_kernel(dev, "gemm", entry, prm, options=WGMMA_ARCH)
+    if p.get("WGMMA") and getattr(dev.facts, "nv_compute_capability", 0) >= 90:
+        return programs.get_kernel(dev, "gemm", entry, prm, options=WGMMA_OPTIONS)
+    return programs.get_kernel(dev, "gemm", entry, prm)
 
 
 # Bound on the packed-panel workspace of one launch: batches are packed in groups and,
