@@ -9,13 +9,16 @@ float16 and float32 through PyTorch CUDA on the same GPU, in one run.
 float16 rows once more with ldmatrix (LDSM), and the float16 rows with ldmatrix and the
 TF32 rows with tiles filled by cp.async (ASYNC), which only the tuner picks until timed.
 
---wgmma (--wgmma-only: nothing else) checks and times the WGMMA rows (Hopper's
-wgmma.mma_async, tuning.WGMMA_CANDIDATES, compute capability 9.0), which neither the
-table nor the tuner offers until they have been timed: first each kind on a small
-product with the descriptors' two byte offsets read as PTX's documentation says and
-swapped (WGSWAP), to learn which reading the hardware has; then, in that reading, every
-candidate on the squares, NN and NT (TF32 copies an NN product's B a float at a time),
-in kernel time.
+The squares are timed NN and NT: on a GPU of compute capability 9.0 the table's WGMMA
+rows serve the NT products (both operands K-major).
+
+--wgmma (--wgmma-only: nothing else) checks and times the WGMMA candidates (Hopper's
+wgmma.mma_async, tuning.WGMMA_CANDIDATES, compute capability 9.0; built through their
+patched PTX, programs.PTX_PATCH_OPTION), of which the table holds the timed winners:
+first each kind on a small product with the descriptors' two byte offsets read as
+PTX's documentation says and swapped (WGSWAP), to learn which reading the hardware has
+(on an H200 the documented one); then, in that reading, every candidate on the
+squares, NN and NT (TF32 copies an NN product's B a float at a time), in kernel time.
 
 TF32 is what clnn.set_float32_matmul_precision("high") turns on, float16 what a float16
 GEMM takes. Each product is checked first against numpy's float64 product of the same
@@ -106,6 +109,10 @@ def each_row(dev, sizes, repeats, rng):
             A, B = clnn.asarray(a, device=dev), clnn.asarray(b, device=dev)
             C = clnn.empty((n, n), dt, device=dev)
             rows = list(tuning.mma_rows(dev.facts, kind))
+            # (the table's WGMMA rows, timed here as every other row, NN, and by
+            # --wgmma in both layouts: they serve K-major products, NT, only)
+            timed = [r for r in rows if r.get("WGMMA")]
+            rows = [r for r in rows if not r.get("WGMMA")]
             # the float16 rows again with ldmatrix (LDSM); those and the TF32 rows again
             # with tiles filled by cp.async, 3 stages or, where 3 do not fit, 2 (ASYNC):
             # not yet timed, not in the table
@@ -117,13 +124,15 @@ def each_row(dev, sizes, repeats, rng):
                         if not tuning.gemm_problems(dict(r, ASYNC=n), dev.facts, size)]
                 more += fits[:1]
             rows += [r for r in more if not tuning.gemm_problems(r, dev.facts, size)]
+            rows += timed
             if n == max(sizes):
                 rows += [r for r in extra_rows(dev.facts, kind) if r not in rows]
             for r in rows:
                 def run(r=r):
                     with tuning.override("gemm", dict(r, KSPLIT=1)):
                         clnn.gemm(A, B, out=C)
-                tile = f"{r['MWG']}x{r['NWG']}x{r['KWG']} warps {r['WM']}x{r['WN']}" \
+                tile = ("wgmma " if r.get("WGMMA") else "") + \
+                    f"{r['MWG']}x{r['NWG']}x{r['KWG']} warps {r['WM']}x{r['WN']}" \
                     + (" ldmatrix" if r.get("LDSM") else "") \
                     + (f" cp.async x{r['ASYNC']}" if r.get("ASYNC") else "") \
                     + (f" bands of {r['GROUPM']}" if r.get("GROUPM") else "") \
@@ -241,7 +250,7 @@ def main(argv=None):
     devs = [d for d in _common.devices(args.device) if tuning.mma_rows(d.facts, "tf32")]
     sizes = [int(n) for n in args.sizes.split(",")]
     if args.wgmma_only:
-        devs = [d for d in devs if d.facts.nv_compute_capability >= 90]
+        devs = [d for d in devs if d.facts.nv_compute_capability == 90]
         if not devs:
             print("no device of compute capability 9.0 for the WGMMA rows")
             return
@@ -258,7 +267,9 @@ def main(argv=None):
     dev = devs[0]
     torch = _common.torch_cuda()
     rng = np.random.default_rng(0)
-    shapes = [(f"{n}^3", n, n, n, False, False) for n in map(int, args.sizes.split(","))]
+    # the squares NN, and NT (both operands K-major: what the table's WGMMA rows serve)
+    shapes = [(f"{n}^3{' NT' if tb else ''}", n, n, n, False, tb)
+              for tb in (False, True) for n in sizes]
     rows = []
     old = tuning.get_float32_matmul_precision()
     print(f"# {dev.name}, {dev.facts.driver_version}; TFLOP/s (wall-clock medians)")
@@ -297,8 +308,8 @@ def main(argv=None):
     finally:
         tuning.set_float32_matmul_precision(old)
     if args.each_row:
-        rows += each_row(dev, [n for _, n, _, _, _, _ in shapes], args.repeats, rng)
-    if args.wgmma and dev.facts.nv_compute_capability >= 90:
+        rows += each_row(dev, sizes, args.repeats, rng)
+    if args.wgmma and dev.facts.nv_compute_capability == 90:
         rows += wgmma(dev, sizes, args.repeats, rng)
     path = _common.write_json("bench_engines", {"device": dev.name,
                                                 "driver": dev.facts.driver_version,

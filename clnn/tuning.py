@@ -178,6 +178,23 @@ MMA_TABLE = {
     # tiles with a 64x64 block per warp ran 105-111 TFLOP/s (the float32 rows: 44),
     # float16 128x256 tiles 93-103
     ("nvidia", "GPU"): [
+        # Hopper's warpgroup engines (wgmma.mma_async, compute capability 9.0 only),
+        # built through their patched PTX (programs.PTX_PATCH_OPTION). Measured on an
+        # H200 (driver 580.159.04, 2026-11-27, kernel times at 8192^3,
+        # benchmarks/bench_engines.py --wgmma-only; cuBLAS in the same run: float16
+        # 691 TFLOP/s, TF32 391): 128x128 tiles, one warpgroup per 64 x 128 block, 3
+        # cp.async stages of swizzled K-major tiles, in bands of 16 tile rows, ran
+        # float16 467 TFLOP/s and TF32 251 with both operands K-major (NT: a dense
+        # layer's forward pass), against 280 and 135 for the best mma.sync rows; with B
+        # stored along n (NN) only 238 and 128, so they serve K-major products only
+        # (KMAJOR) and the mma.sync rows the rest. First here: engine_rows' emulated
+        # lists and wgmma_fallback take the kinds' last rows, mma.sync tiles.
+        {"variant": "local", "MMA": "f16", "MWG": 128, "NWG": 128, "KWG": 32,
+         "MDIMC": 16, "NDIMC": 16, "WM": 64, "WN": 128, "ASYNC": 3, "WGMMA": True,
+         "WGSWZ": True, "GROUPM": 16, "KMAJOR": True, "speed": 10.6, "tuned": True},
+        {"variant": "local", "MMA": "tf32", "MWG": 128, "NWG": 128, "KWG": 16,
+         "MDIMC": 16, "NDIMC": 16, "WM": 64, "WN": 128, "ASYNC": 3, "WGMMA": True,
+         "WGSWZ": True, "GROUPM": 16, "KMAJOR": True, "speed": 5.7, "tuned": True},
         {"variant": "local", "MMA": "tf32", "MWG": 128, "NWG": 128, "KWG": 16,
          "MDIMC": 8, "NDIMC": 16, "WM": 64, "WN": 64, "speed": 2.4, "tuned": True},
         {"variant": "local", "MMA": "tf32", "MWG": 64, "NWG": 128, "KWG": 16,
@@ -190,19 +207,6 @@ MMA_TABLE = {
          "MDIMC": 8, "NDIMC": 16, "WM": 64, "WN": 64, "speed": 2.0, "tuned": True},
         {"variant": "local", "MMA": "f16", "MWG": 64, "NWG": 64, "KWG": 32,
          "MDIMC": 8, "NDIMC": 16, "WM": 32, "WN": 32, "speed": 1.5, "tuned": True},
-        # untuned (written 2026-11-27 without a GPU, checked emulated and by ptxas): a
-        # narrow tile for narrow products, one warp row of m16 fragments, 4 warps of
-        # 16x32. LeNet's float16 convolutions multiply 6 or 16 filters (and 6 channels
-        # in a data gradient) by 10^5-10^6 columns; the 64-row tiles discard 90% (75%)
-        # of their engine work on them, this one 60% (none). Its speed is an estimate:
-        # the 64x64x32 row's 3.6 halved, for 1.5x the ldmatrix per mma.sync (3 per 4
-        # against 4 per 8) and 2.25x the local traffic per multiply-add. Until a GPU has
-        # timed it, it serves only the products it was written for, of at most 32 rows
-        # (MAXM: the planner's model also gave it middling ones, 256^3 or a dense layer
-        # at batch 64, for its greater number of work-groups, on that estimate)
-        {"variant": "local", "MMA": "f16", "MWG": 16, "NWG": 128, "KWG": 32,
-         "MDIMC": 8, "NDIMC": 16, "WM": 16, "WN": 32, "LDSM": True, "ASYNC": 3,
-         "speed": 1.8, "MAXM": 32, "tuned": False},
         # measured on an H200 (driver 580.159.04, 2026-11-27, kernel times of square
         # GEMMs at 4096 and 8192, benchmarks/bench_engines.py --each-row): the same
         # float16 tiles with ldmatrix fragments (LDSM) and cp.async tile pipelines
@@ -226,12 +230,27 @@ MMA_TABLE = {
     ],
 }
 
-# Rows for Hopper's warpgroup engines (WGMMA: wgmma.mma_async, compute capability 9.0),
-# untimed: written without a GPU (2026-11-27), checked emulated on PoCL and assembled by
-# ptxas for sm_90a (tests/test_ptx.py), so neither the table nor the tuner offers them
-# until a GPU session has timed them (benchmarks/bench_engines.py --wgmma checks each on
-# the GPU first, with the descriptors' two offsets read either way, WGSWAP and
-# WGSWAPT). A warpgroup of 128 work-items per WM x WN block, tiles through a cp.async
+# A narrow float16 tile for products with few rows: one warp row of m16 fragments, 4
+# warps of 16x32 (LeNet's float16 convolutions multiply 6 or 16 filters, and 6
+# channels in a data gradient, by 10^5-10^6 columns; the 64-row tiles discard 90% (75%)
+# of their engine work on them, this one 60% (none)). In the table from 2026-11-27
+# untimed, on an estimated speed (the 64x64x32 row's 3.6 halved) and for products of at
+# most 32 rows (MAXM). Timed on an H200 the same day (benchmarks/bench_half.py
+# --engine-rows all,tuned, two runs) it made LeNet-5's float16 steps slower: at batch
+# 1024 replayed 1.48 and 1.65 ms with it against 1.22 and 1.31 without, at batch 64
+# 0.65 and 0.63 against 0.69 and 0.58; alone at 8192^3 it ran 77 TFLOP/s, the 64x64x32
+# row 156. Out of the table since; kept for an override and for the tests of a tile of
+# one fragment row.
+NARROW_F16 = {"variant": "local", "MMA": "f16", "MWG": 16, "NWG": 128, "KWG": 32,
+              "MDIMC": 8, "NDIMC": 16, "WM": 16, "WN": 32, "LDSM": True, "ASYNC": 3,
+              "speed": 1.8, "MAXM": 32, "tuned": False}
+
+# Candidates for Hopper's warpgroup engines (WGMMA: wgmma.mma_async, compute capability
+# 9.0): written without a GPU (2026-11-27), checked emulated on PoCL and assembled by
+# ptxas for sm_90a (tests/test_ptx.py); benchmarks/bench_engines.py --wgmma checks each
+# on the GPU first, with the descriptors' two offsets read either way (WGSWAP and
+# WGSWAPT: an H200 reads them as documented), then times each. MMA_TABLE holds the
+# timed winners (for K-major products); the tuner does not search them. A warpgroup of 128 work-items per WM x WN block, tiles through a cp.async
 # pipeline of ASYNC stages in the core-matrix layout (gemm.cl), 48 KiB at most; with
 # WGWAIT 1 a step's wgmma's still run while the next step's are issued; with WGSWZ
 # the K-major tiles swizzled (rows of 64 or 128 bytes), as CUTLASS lays them
@@ -393,7 +412,7 @@ def _mma_problems(p, facts, itemsize):
     if not (_is_int(wm) and _is_int(wn) and wm > 0 and wn > 0):
         return ["an MMA row needs warp blocks WM and WN"]
     probs = []
-    for flag in ("WGMMA", "WGSWAP", "WGSWAPT", "EAGER", "WGSWZ", "TF32T"):
+    for flag in ("WGMMA", "WGSWAP", "WGSWAPT", "EAGER", "WGSWZ", "TF32T", "KMAJOR"):
         if not isinstance(p.get(flag, False), bool):
             probs.append(f"{flag} must be true or false")
     wgmma = p.get("WGMMA") is True
@@ -415,7 +434,8 @@ def _mma_problems(p, facts, itemsize):
         if p.get("WGSWZ") is True and p["KWG"] * size not in (32, 64, 128):
             probs.append("WGSWZ (swizzled K-major tiles) needs rows of KWG elements of "
                          "32, 64 or 128 bytes")
-        if facts is not None and facts.nv_compute_capability < 90 and not p.get("EMULATE"):
+        # (sm_90a's instructions: later architectures have engines of their own)
+        if facts is not None and facts.nv_compute_capability != 90 and not p.get("EMULATE"):
             probs.append("wgmma needs an NVIDIA GPU of compute capability 9.0 (Hopper) "
                          "(EMULATE: True runs the kernel with the engine emulated, for tests)")
     elif p.get("WGSWAP") or p.get("WGSWAPT") or "WGWAIT" in p or p.get("WGSWZ"):
@@ -516,18 +536,21 @@ def wgmma_fallback(p):
     """The mma.sync row that serves a launch a WGMMA row cannot (a convolution's
     gathered operands, 16-bit operands too unaligned for 4-byte copies): the table's
     last row of the same kind (a timed 64x64 tile; the narrow 16-row tile, smaller,
-    sits before it), emulated where ``p`` is."""
-    row = [r for r in MMA_TABLE[("nvidia", "GPU")] if r["MMA"] == p["MMA"]][-1]
+    sits before it, and the WGMMA rows first), emulated where ``p`` is."""
+    row = [r for r in MMA_TABLE[("nvidia", "GPU")] if r["MMA"] == p["MMA"]
+           and not r.get("WGMMA")][-1]
     return dict(row, EMULATE=True) if p.get("EMULATE") else dict(row)
 
 
 @functools.lru_cache(maxsize=64)
-def _with_engines(facts, itemsize, kind, conv):
+def _with_engines(facts, itemsize, kind, conv, kmajor=False):
     """The matrix-engine rows of ``kind`` ahead of the device's tile rows (a convolution's
     vendor rows where ``conv``), one tuple per combination, so the planner's caches see
-    the same object every launch."""
+    the same object every launch. A row with "KMAJOR" serves only products whose A and
+    B are both stored along k (``kmajor``: NT, neither a convolution's)."""
     rows = (conv_vendor_rows(facts, itemsize) if conv else ()) or table_rows(facts, itemsize)
-    return mma_rows(facts, kind) + rows
+    return tuple(r for r in mma_rows(facts, kind)
+                 if kmajor and not conv or not r.get("KMAJOR")) + rows
 
 
 def all_gemm_rows():
@@ -754,8 +777,8 @@ def gemm_rows(facts, itemsize=4, dtype="float32", klass=None):
         # table's, which the planner weighs per shape (an exact-float32 entry of the
         # class does not serve a TF32 product)
         params = _engine_entry(facts, itemsize, dtype, kind, klass)
-        return [params] if params is not None else _with_engines(facts, itemsize, kind,
-                                                                 False)
+        return [params] if params is not None else _with_engines(
+            facts, itemsize, kind, False, klass is not None and klass.startswith("NT-"))
     if klass is not None:
         params = _from_db(facts, itemsize, dtype, klass)
         if params is not None and params.get("variant") != "gather":

@@ -467,9 +467,10 @@ def engines(wgmma=False):
     facts = clnn.device().facts
     rng = np.random.default_rng(5)
     checked = 0
-    # the table's rows, and its 64x64 float16 row with ldmatrix (LDSM, which the tuner
-    # searches)
-    rows = tuning.MMA_TABLE[("nvidia", "GPU")]
+    # the table's mma.sync rows (its WGMMA rows' tiles exceed the gate's 32 KiB; the
+    # small ones below stand for them), and its 64x64 float16 row with ldmatrix (LDSM,
+    # which the tuner searches)
+    rows = [r for r in tuning.MMA_TABLE[("nvidia", "GPU")] if not r.get("WGMMA")]
     ldsm = dict(next(r for r in rows if r["MMA"] == "f16" and r["MWG"] == r["NWG"] == 64),
                 LDSM=True)
     # and the 64x64 float16 row in bfloat16 (the same tiles, bfloat16 conversions)
@@ -490,7 +491,7 @@ def engines(wgmma=False):
     runs += [(small, clnn.bfloat16), (tiny, np.float16), (tiny_tf32, np.float32)]
     # and the narrow float16 tile (16 rows: more work-items than its A tile has copies)
     # with two stages, whose 23 KiB fit the gate's 32 KiB (its three take 35)
-    narrow = next(r for r in rows if r["MMA"] == "f16" and r["MWG"] == 16)
+    narrow = tuning.NARROW_F16
     runs += [(dict(narrow, ASYNC=2), np.float16)]
     if wgmma:
         runs = [(wg, np.float16), (wg_tf32, np.float32),

@@ -81,15 +81,28 @@ def test_the_gpu_session_script_names_scripts_and_options_that_exist():
 
 def test_bench_half_sets_the_untimed_engine_rows_aside_and_back():
     """bench_half.py --engine-rows all,tuned: inside tuned_engines_only the planner's
-    rows for an H100 lack the untimed ones (the narrow float16 tile), and after it the
-    table and the rows are what they were."""
+    rows for an H100 lack the untimed ones (here the narrow float16 tile, which the
+    table held untimed until an H200 timed it slower), and after it the table and the
+    rows are what they were."""
     import dataclasses
     import types
     sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
     import bench_half
+    import clnn
     from clnn import tuning
     from test_plans import H100
     dev = types.SimpleNamespace(facts=dataclasses.replace(H100, nv_compute_capability=90))
+    rows = tuning.MMA_TABLE[("nvidia", "GPU")]
+    rows.append(tuning.NARROW_F16)
+    clnn.clear_caches()
+    try:
+        _untimed_rows_aside_and_back(bench_half, tuning, dev)
+    finally:
+        rows.remove(tuning.NARROW_F16)
+        clnn.clear_caches()
+
+
+def _untimed_rows_aside_and_back(bench_half, tuning, dev):
     before = tuning.mma_rows(dev.facts, "f16")
     untimed = bench_half.untuned_engine_rows(dev)
     assert untimed and all(r in before and r["MMA"] == "f16" for r in untimed)

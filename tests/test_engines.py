@@ -21,7 +21,9 @@ H100 = dataclasses.replace(H100_NO_CC, nv_compute_capability=90)
 A100 = dataclasses.replace(H100_NO_CC, name="NVIDIA A100-SXM4-40GB", compute_units=108,
                            nv_compute_capability=80)
 TURING = dataclasses.replace(H100_NO_CC, name="Tesla T4", nv_compute_capability=75)
-ENGINES = tuning.MMA_TABLE[("nvidia", "GPU")]
+# the table's mma.sync rows (compute capability 8.0 and up), and its WGMMA rows (9.0)
+ENGINES = [r for r in tuning.MMA_TABLE[("nvidia", "GPU")] if not r.get("WGMMA")]
+WGMMA_TABLE = [r for r in tuning.MMA_TABLE[("nvidia", "GPU")] if r.get("WGMMA")]
 SIZE = {"tf32": 4, "f16": 2}
 CLANG = shutil.which("clang")
 # the test device where it has no engines (PoCL; an NVIDIA GPU of compute capability
@@ -83,31 +85,34 @@ def test_ldmatrix_rows_fit_and_take_their_local_memory():
     ldsm = [r for r in tuner.engine_candidates(H100, "f16", False) if r.get("LDSM")]
     assert ldsm and all(plans.local_bytes(r, 2) <= H100.local_mem_size for r in ldsm)
     assert not any(r.get("LDSM") for r in tuner.engine_candidates(H100, "tf32", False))
-    # the table's LDSM rows each have their cp.async pipeline and fit an H100; they are
-    # timed ones (tuning.py says where) but for the narrow tile, which awaits a GPU
+    # the table's LDSM rows each have their cp.async pipeline and fit an H100; every
+    # row of the table is a timed one (tuning.py says where)
     assert all(r.get("ASYNC") and not tuning.gemm_problems(r, H100, 2)
                for r in ENGINES if r.get("LDSM"))
-    assert [r for r in ENGINES if not r["tuned"]] == [NARROW]
+    assert all(r["tuned"] for r in tuning.MMA_TABLE[("nvidia", "GPU")])
 
 
-# the narrow float16 tile (one warp row of m16 fragments), untimed
-NARROW = next(r for r in ENGINES if r["MWG"] == 16)
+# the narrow float16 tile (one warp row of m16 fragments): out of the table, timed
+# slower than the 64-row tiles on LeNet-5's steps (tuning.NARROW_F16)
+NARROW = tuning.NARROW_F16
 
 
 @pytest.mark.parametrize("batch", [64, 1024])
-def test_narrow_products_take_the_narrow_engine_tile(batch):
+def test_narrow_products_take_the_narrow_engine_tile_where_offered(batch):
     """LeNet-5's float16 convolutions: C3's forward (16 filters) and data gradient (6
-    channels) as implicit GEMMs of batch * 10^2 columns take the narrow tile, where a
-    64-row tile discards 75% or 90% of its engine work; C1's weight gradient (6 x 25,
-    K = batch * 784) too, split along K. Square products and a batch of dense rows keep
-    the 64-row tiles or wider, and the row WGMMA rows fall back to is the 64x64 tile,
-    not the narrow one."""
-    rows = tuning.conv_rows(H100, 2, np.float16)
+    channels) as implicit GEMMs of batch * 10^2 columns take the narrow tile where it is
+    offered with the table's, C1's weight gradient (6 x 25, K = batch * 784) too, split
+    along K; the table alone (which an H200 ran faster) gives them 64-row tiles. Square
+    products and a batch of dense rows keep the 64-row tiles or wider, and the row
+    WGMMA rows fall back to is the 64x64 tile, not the narrow one."""
+    table = tuning.conv_rows(H100, 2, np.float16)
+    rows = (NARROW,) + tuple(table)
     for M, N, K in ((16, batch * 100, 150), (6, batch * 196, 400), (6, 25, batch * 784)):
         plan = plans.best(H100, rows, M, N, K, itemsize=2)
         assert plan.params == NARROW, (M, N, K, plan.params)
+        assert plans.best(H100, table, M, N, K, itemsize=2).params["MWG"] >= 64
     assert plans.best(H100, rows, 6, 25, batch * 784, itemsize=2).splits > 1
-    dense = tuning.gemm_rows(H100, 2, np.float16)
+    dense = (NARROW,) + tuple(tuning.gemm_rows(H100, 2, np.float16))
     for M, N, K in ((4096, 4096, 4096), (1024, 1024, 1024), (batch * 32, 1000, 1000),
                     (256, 256, 256), (batch, 120, 400), (33, 300, 75)):
         plan = plans.best(H100, dense, M, N, K, itemsize=2)
@@ -115,7 +120,7 @@ def test_narrow_products_take_the_narrow_engine_tile(batch):
     assert tuning.wgmma_fallback(tuning.wgmma_rows("f16")[0])["MWG"] == 64
 
 
-def test_an_untimed_narrow_tile_serves_narrow_products_only():
+def test_a_narrow_tile_serves_narrow_products_only():
     """The narrow row's MAXM (32) keeps it from the products the model would also give
     it on an estimated speed (256^3, a dense layer at batch 64: more work-groups); a
     row set whose every row has a MAXM below M is costed whole."""
@@ -123,7 +128,7 @@ def test_an_untimed_narrow_tile_serves_narrow_products_only():
     assert any("MAXM" in p for p in tuning.gemm_problems(dict(NARROW, MAXM=0), H100, 2))
     free = dict(NARROW)
     del free["MAXM"]
-    rows = list(tuning.gemm_rows(H100, 2, np.float16))
+    rows = [NARROW] + list(tuning.gemm_rows(H100, 2, np.float16))
     for M, N, K in ((256, 256, 256), (64, 120, 400)):
         with_free = [free if r is NARROW else r for r in rows]
         assert plans.best(H100, with_free, M, N, K, itemsize=2).params == free
@@ -418,8 +423,12 @@ def test_tuned_engine_rows_serve_their_format_only(db, precision):
     assert tuning.gemm_rows(H100, 4, "float32", "NN-square-large") == [tf32]
     assert tuning.conv_rows(H100, 4, "float32", "conv-wgrad-large") == [tf32]
     engines_and_table = tuning.gemm_rows(H100, 4, "float32", "NN-square-medium")
-    for klass in ("NT-wide-large", "NT-wide-small"):
-        assert tuning.gemm_rows(H100, 4, "float32", klass) is engines_and_table, klass
+    # (an NT class's entry is a format's exact-float32 row: not taken; its engines
+    # begin with the K-major WGMMA row)
+    k_major = tuning.gemm_rows(H100, 4, "float32", "NT-wide-small")
+    assert tuning.gemm_rows(H100, 4, "float32", "NT-wide-large") is k_major
+    assert k_major[1:] == engines_and_table and k_major[0]["WGMMA"] and \
+        k_major[0]["MMA"] == "tf32"
     assert tuning.gemm_rows(H100, 2, "float16", "NN-square-large") == [f16]
     assert tuning.gemm_rows(A100, 4, "float32", "NN-square-large")[0] == ENGINES[0]
 
@@ -552,20 +561,30 @@ def test_wgmma_row_constraints(change, why):
 
 def test_wgmma_rows_fit_an_h100_only():
     """The candidates fit an H100's 48 KiB unpadded (stages x KWG x (MWG + NWG)
-    elements), need compute capability 9.0 unless emulated, and are in neither the
-    table nor the tuner's search until a GPU has timed them."""
+    elements) and need compute capability 9.0 exactly unless emulated (an A100 has no
+    wgmma, and sm_90a's instructions do not run on later GPUs). The table holds the
+    timed ones: one per kind, a candidate in bands of 16 tile rows, for K-major
+    products only; the tuner's search none."""
     for kind, size in (("f16", 2), ("tf32", 4)):
+        a100 = dataclasses.replace(H100, nv_compute_capability=80)
+        blackwell = dataclasses.replace(H100, nv_compute_capability=100)
         for row in tuning.wgmma_rows(kind):
             assert tuning.gemm_problems(row, H100, size) == []
             assert plans.local_bytes(row, size) == \
                 row["ASYNC"] * row["KWG"] * (row["MWG"] + row["NWG"]) * size <= 49152
-            a100 = dataclasses.replace(H100, nv_compute_capability=80)
-            assert any("compute capability 9.0" in p
-                       for p in tuning.gemm_problems(row, a100, size))
-            assert tuning.gemm_problems(dict(row, EMULATE=True), a100, size) == []
-            assert not any(r.get("WGMMA") for r in tuning.mma_rows(H100, kind))
-            assert not any(r.get("WGMMA") for r in tuner.engine_candidates(H100, kind,
-                                                                            False))
+            for other in (a100, blackwell):
+                assert any("compute capability 9.0" in p
+                           for p in tuning.gemm_problems(row, other, size))
+                assert tuning.gemm_problems(dict(row, EMULATE=True), other, size) == []
+        assert not any(r.get("WGMMA") for r in tuner.engine_candidates(H100, kind, False))
+        timed = [r for r in WGMMA_TABLE if r["MMA"] == kind]
+        assert len(timed) == 1 and timed[0]["tuned"] and timed[0]["KMAJOR"]
+        candidate = {k: v for k, v in timed[0].items()
+                     if k not in ("GROUPM", "KMAJOR", "speed", "tuned")}
+        assert candidate in tuning.wgmma_rows(kind)
+        assert [r for r in tuning.mma_rows(H100, kind) if r.get("WGMMA")] == timed
+        assert not any(r.get("WGMMA") for r in tuning.mma_rows(a100, kind) +
+                       tuning.mma_rows(blackwell, kind))
     assert any("WGSWAP, WGSWAPT, WGWAIT and WGSWZ serve WGMMA" in p for p in
                tuning.gemm_problems(dict(ENGINES[0], WGSWAP=True), H100, 4))
 
@@ -634,3 +653,33 @@ def test_wgmma_rows_build_through_their_patched_ptx_on_nvidia(monkeypatch):
     assert G._tiled_kernel(device(pocl=True), dict(row, EMULATE=True), {},
                            "clnn_gemm_tiled") == "built"
     assert calls == [G.EMULATED_OPTIONS]
+
+
+def test_k_major_products_take_the_wgmma_rows(precision):
+    """With an H100's facts (compute capability 9.0): a large float16 or TF32 product
+    whose A and B are both stored along k (NT: a dense layer's forward pass) is planned
+    on the timed WGMMA row; the same product NN, TN or TT, a convolution, a small
+    product, exact float32 and an A100 on mma.sync rows or the float32 table."""
+    precision("high")
+    for dt, size, kind in ((np.float16, 2, "f16"), (np.float32, 4, "tf32")):
+        wg = next(r for r in WGMMA_TABLE if r["MMA"] == kind)
+        for M, N, K in ((8192, 8192, 8192), (2048, 2048, 2048), (1000, 5000, 2000)):
+            for ta, tb in ((False, True), (False, False), (True, False), (True, True)):
+                klass = tuning.shape_class(M, N, K, ta, tb)
+                p = plans.best(H100, tuning.gemm_rows(H100, size, dt, klass), M, N, K,
+                               itemsize=size).params
+                assert (p == wg) == (not ta and tb), (kind, M, N, K, ta, tb, p)
+                assert p["MMA"] == kind
+            p = plans.best(A100, tuning.gemm_rows(A100, size, dt, "NT-square-large"),
+                           M, N, K, itemsize=size).params
+            assert p["MMA"] == kind and not p.get("WGMMA")
+        for conv in ("fwd", "wgrad"):
+            rows = tuning.conv_rows(H100, size, dt, f"conv-{conv}-large")
+            assert not any(r.get("WGMMA") for r in rows)
+        small = plans.best(H100, tuning.gemm_rows(H100, size, dt, "NT-wide-small"),
+                           64, 120, 400, itemsize=size).params
+        assert not small.get("WGMMA")
+    precision("highest")
+    p = plans.best(H100, tuning.gemm_rows(H100, 4, np.float32, "NT-square-large"), 8192,
+                   8192, 8192).params
+    assert "MMA" not in p

@@ -71,7 +71,9 @@ def test_labels_tell_dtypes_and_tiles_apart():
     tile = tuning.template_tuning({"variant": "local", "MWG": 128, "NWG": 64, "KWG": 16,
                                    "MDIMC": 16, "NDIMC": 16})
     assert rec({"dtype": "float32", "tuning": tile}).label == "clnn_gemm_tiled [128x64]"
-    mma = tuning.template_tuning(dict(tuning.MMA_TABLE[("nvidia", "GPU")][3]), "float16")
+    mma = tuning.template_tuning(next(
+        r for r in tuning.MMA_TABLE[("nvidia", "GPU")] if r["MMA"] == "f16" and
+        (r["MWG"], r["NWG"]) == (128, 256) and not r.get("LDSM")), "float16")
     assert rec({"dtype": "float16", "tuning": mma}).label == \
         "clnn_gemm_tiled [float16, 128x256 f16]"
     assert rec({"dtype": "float32"}).label == "clnn_gemm_tiled"

@@ -47,13 +47,14 @@ SIZES = [(1, 1, 1), (17, 13, 29), (129, 257, 33), (300, 200, 100), (64, 8, 1000)
 
 
 def engine_rows(dev, kind, every=True):
-    """The device's engine rows of ``kind``; where it has none, the table's rows with the
-    engine emulated (only the last, a 64x64 tile, unless ``every``)."""
+    """The device's engine rows of ``kind``; where it has none, the table's mma.sync rows
+    with the engine emulated (only the last, a 64x64 tile, unless ``every``; the WGMMA
+    rows' emulated tests are wgmma_rows')."""
     rows = tuning.mma_rows(dev.facts, ROWS[kind])
     if rows:
         return rows
     emulated = [dict(r, EMULATE=True) for r in tuning.MMA_TABLE[("nvidia", "GPU")]
-                if r["MMA"] == ROWS[kind]]
+                if r["MMA"] == ROWS[kind] and not r.get("WGMMA")]
     return emulated if every else emulated[-1:]
 
 
@@ -250,9 +251,10 @@ def check_conv(dev, kind, row, geom):
 
 
 def narrow_row(dev):
-    """The table's narrow float16 tile (16 x 128, warp blocks of 16 x 32: products with
-    few rows), real where the device has the engines, emulated elsewhere."""
-    row = next(r for r in tuning.MMA_TABLE[("nvidia", "GPU")] if r["MWG"] == 16)
+    """The narrow float16 tile (16 x 128, warp blocks of 16 x 32: products with few
+    rows; tuning.NARROW_F16, out of the table), real where the device has the engines,
+    emulated elsewhere."""
+    row = tuning.NARROW_F16
     return row if tuning.mma_rows(dev.facts, "f16") else dict(row, EMULATE=True)
 
 
