@@ -29,6 +29,7 @@ from .cache import CACHE_SIZE, KernelCache  # noqa: F401 - used by tests as prog
 from . import memory
 from .device import BFLOAT16
 from .errors import KernelBuildError, TemplateError
+from .ptx import PTX_MARK, PTX_PATCH_OPTION, patch_ptx  # noqa: F401 - clnn.programs.*
 
 KERNEL_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels")
 BUILD_OPTIONS = ("-cl-std=CL1.2",)
@@ -36,16 +37,6 @@ BUILD_OPTIONS = ("-cl-std=CL1.2",)
 # loops and float16 conversions that suit a CPU's compiler)
 CPU_OPTIONS = ("-DCLNN_CPU=1",)
 
-# Instructions that exist only for an architecture-specific target (Hopper's wgmma:
-# sm_90a) cannot go through NVIDIA's OpenCL compiler: it emits PTX for plain sm_90 and
-# its ptxas rejects them, whatever -cl-nv-arch says (measured on an H200, driver
-# 580.159.04). A kernel built with PTX_PATCH_OPTION writes each such instruction as a
-# PTX comment that starts with PTX_MARK (its operands already substituted, since the
-# asm statement still binds them), builds for sm_90, and is then built again from its
-# own PTX (NVIDIA's program binary) with the marks removed and the target raised to
-# the device's sm_XYa: see patch_ptx.
-PTX_PATCH_OPTION = "-DCLNN_PTX_PATCH=1"
-PTX_MARK = "//clnn-ptx "
 
 log = logging.getLogger("clnn")
 
@@ -454,26 +445,6 @@ def get_kernel(device, stem, entry, params, options=()):
     if quick is not None:
         device.kernels.put(quick, kern)
     return kern
-
-
-def patch_ptx(ptx, arch, min_version=(8, 0)):
-    """``ptx`` (text) with every PTX_MARK comment made an instruction again, its
-    ``.target`` raised to ``arch`` (an architecture-specific one: "sm_90a") and its
-    ``.version`` to at least ``min_version`` (wgmma needs PTX 8.0). Raises ValueError
-    where the text has no mark or no target to raise (not a PTX_PATCH_OPTION build)."""
-    if PTX_MARK not in ptx:
-        raise ValueError("the PTX has no instruction marked " + repr(PTX_MARK))
-    out, n = re.subn(r"^(\.target\s+)sm_\d+a?\b", lambda m: m.group(1) + arch, ptx,
-                     count=1, flags=re.M)
-    if not n:
-        raise ValueError("the PTX names no .target")
-
-    def version(m):
-        have = (int(m.group(2)), int(m.group(3)))
-        return m.group(1) + "%d.%d" % max(have, min_version)
-
-    out = re.sub(r"^(\.version\s+)(\d+)\.(\d+)", version, out, count=1, flags=re.M)
-    return out.replace(PTX_MARK, "")
 
 
 def _patched(device, stem, params, options, source, program):

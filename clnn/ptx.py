@@ -14,8 +14,9 @@ code for an H100 (sm_90). What this checks and what it does not:
   (on an H100 the engine rows used 125 to 167 registers there, none spilling; through
   clang 14 the 128x128 TF32 row takes 255 and spills a little).
 
-Developer tooling for the tests (tests/test_ptx.py) and benchmarks/ptx_resources.py;
-nothing at run time uses it.
+Developer tooling for the tests (tests/test_ptx.py) and benchmarks/ptx_resources.py,
+but for ``patch_ptx`` (and its two names), which clnn.programs uses at run time to
+build Hopper's WGMMA rows on NVIDIA's own compiler.
 """
 
 import functools
@@ -34,6 +35,38 @@ CLANG_ARCH = "sm_80"
 ARCH = "sm_90"
 # the WGMMA rows' wgmma.mma_async needs the architecture-specific target of an H100
 ARCH_A = "sm_90a"
+
+
+# Instructions that exist only for an architecture-specific target (Hopper's wgmma:
+# sm_90a) cannot go through NVIDIA's OpenCL compiler: it emits PTX for plain sm_90 and
+# its ptxas rejects them, whatever -cl-nv-arch says (measured on an H200, driver
+# 580.159.04). A kernel built with PTX_PATCH_OPTION writes each such instruction as a
+# PTX comment that starts with PTX_MARK (its operands already substituted, since the
+# asm statement still binds them), builds for sm_90, and is then built again from its
+# own PTX (NVIDIA's program binary) with the marks removed and the target raised to
+# the device's sm_XYa: see patch_ptx.
+PTX_PATCH_OPTION = "-DCLNN_PTX_PATCH=1"
+PTX_MARK = "//clnn-ptx "
+
+
+def patch_ptx(ptx, arch, min_version=(8, 0)):
+    """``ptx`` (text) with every PTX_MARK comment made an instruction again, its
+    ``.target`` raised to ``arch`` (an architecture-specific one: "sm_90a") and its
+    ``.version`` to at least ``min_version`` (wgmma needs PTX 8.0). Raises ValueError
+    where the text has no mark or no target to raise (not a PTX_PATCH_OPTION build)."""
+    if PTX_MARK not in ptx:
+        raise ValueError("the PTX has no instruction marked " + repr(PTX_MARK))
+    out, n = re.subn(r"^(\.target\s+)sm_\d+a?\b", lambda m: m.group(1) + arch, ptx,
+                     count=1, flags=re.M)
+    if not n:
+        raise ValueError("the PTX names no .target")
+
+    def version(m):
+        have = (int(m.group(2)), int(m.group(3)))
+        return m.group(1) + "%d.%d" % max(have, min_version)
+
+    out = re.sub(r"^(\.version\s+)(\d+)\.(\d+)", version, out, count=1, flags=re.M)
+    return out.replace(PTX_MARK, "")
 
 
 @dataclass(frozen=True)
@@ -114,8 +147,6 @@ def assemble(source, arch=ARCH, workdir=None, timeout=120, patched=False):
     (programs.PTX_PATCH_OPTION): the marked instructions as comments, assembled for
     plain ``arch`` (which must take it), then uncommented by programs.patch_ptx and
     assembled for ARCH_A; the second assembly's resources."""
-    from .programs import PTX_PATCH_OPTION, patch_ptx
-
     clang, libclc, ptxas = tools()
     if None in (clang, libclc, ptxas):
         raise PTXError("setup", "missing " + missing())
