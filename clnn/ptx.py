@@ -145,7 +145,7 @@ def assemble(source, arch=ARCH, workdir=None, timeout=120, patched=False):
 
     ``patched`` builds as clnn builds an architecture-specific row on NVIDIA's compiler
     (programs.PTX_PATCH_OPTION): the marked instructions as comments, assembled for
-    plain ``arch`` (which must take it), then uncommented by programs.patch_ptx and
+    plain ``arch`` (which must take it), then uncommented by patch_ptx and
     assembled for ARCH_A; the second assembly's resources."""
     clang, libclc, ptxas = tools()
     if None in (clang, libclc, ptxas):
