@@ -69,6 +69,10 @@ class DeviceFacts:
     # floats in the vectors the device's code computes on (code_float_lanes: PoCL's
     # 16 where it builds AVX-512 code, 8 for AVX2), 0 where unknown
     float_lanes: int = 0
+    # whether the driver builds architecture-specific PTX that clnn patched (Hopper's
+    # WGMMA rows: programs.PTX_PATCH_OPTION); set False on the device once such a build
+    # failed, which takes those rows out of its plans (ops/gemm.py)
+    patched_ptx: bool = True
 
     @property
     def is_pocl(self):

@@ -438,6 +438,10 @@ def _mma_problems(p, facts, itemsize):
         if facts is not None and facts.nv_compute_capability != 90 and not p.get("EMULATE"):
             probs.append("wgmma needs an NVIDIA GPU of compute capability 9.0 (Hopper) "
                          "(EMULATE: True runs the kernel with the engine emulated, for tests)")
+        elif facts is not None and not getattr(facts, "patched_ptx", True) and \
+                not p.get("EMULATE"):
+            probs.append("this device's driver did not build a WGMMA row's patched PTX "
+                         "(programs.PTX_PATCH_OPTION): its mma.sync rows serve instead")
     elif p.get("WGSWAP") or p.get("WGSWAPT") or "WGWAIT" in p or p.get("WGSWZ"):
         probs.append("WGSWAP, WGSWAPT, WGWAIT and WGSWZ serve WGMMA rows")
     elif wm % 16 or wn % 8 or p["MWG"] % wm or p["NWG"] % wn:

@@ -6,12 +6,14 @@ views (an offset and a row stride, e.g. a block of columns of a bigger matrix); 
 operand makes a strided batch, and a 2-D one beside it is shared by every batch.
 """
 
+import dataclasses
+import warnings
 from typing import NamedTuple
 
 import numpy as np
 
 from .. import plans, programs, tuning
-from ..errors import ArgumentError, ShapeError
+from ..errors import ArgumentError, KernelBuildError, ShapeError
 from ._args import (INT_MAX, as_array, check, common_device, dev_empty, dev_scratch, done,
                     finite, int4, overlaps, scratch_cap)
 from ._memo import memoized
@@ -269,9 +271,22 @@ _PLAIN = int4()
 _launches = {}
 
 
+def _without_wgmma(rows):
+    """``rows`` less the WGMMA rows the GPU would run (emulated ones stay), else the
+    mma.sync row that stands in for them; ``rows`` itself where it has none."""
+    if not any(r.get("WGMMA") and not r.get("EMULATE") for r in rows):
+        return rows
+    return [r for r in rows if not r.get("WGMMA") or r.get("EMULATE")] or \
+        [tuning.wgmma_fallback(rows[0])]
+
+
 def _tiled_launch(dev, dt, rows, M, N, K, nbatch, a, b, c, act, bias_mode, trans_a,
                   trans_b, conv):
     """(plan, GEMM kernel, split-K kernel) of the tiled variant for one launch."""
+    if not getattr(dev.facts, "patched_ptx", True):
+        # (rows given before a WGMMA build failed on the device, or forced: the table's
+        # rows for it lack them since)
+        rows = _without_wgmma(rows)
     frozen = plans.freeze(rows)
     key = (dev, dt, M, N, K, nbatch, act, bias_mode, trans_a, trans_b, conv, id(frozen),
            (a.off | a.ld | a.bstride) & 7, (b.off | b.ld | b.bstride) & 7,
@@ -305,8 +320,21 @@ def _tiled_launch(dev, dt, rows, M, N, K, nbatch, a, b, c, act, bias_mode, trans
            "vec_c": vwn > 1 and conv in ("none", "wgrad") and
            all(x % vwn == 0 for x in (c.off, c.ld, c.bstride)),
            "partial": plan.splits > 1, "tuning": tuning.template_tuning(p, dt)}
-    kern = _tiled_kernel(dev, p, prm, "clnn_gemm_tiled")
-    red = _tiled_kernel(dev, p, prm, "clnn_gemm_splitk") if plan.splits > 1 else None
+    try:
+        kern = _tiled_kernel(dev, p, prm, "clnn_gemm_tiled")
+        red = _tiled_kernel(dev, p, prm, "clnn_gemm_splitk") if plan.splits > 1 else None
+    except KernelBuildError as exc:
+        if not p.get("WGMMA") or p.get("EMULATE"):
+            raise
+        # a driver whose compiler took no patched sm_90a PTX (an older one, or one
+        # that changed its binaries): say so once, leave the WGMMA rows out of this
+        # device's plans from now on (tuning.gemm_problems reads the fact), and serve
+        # this launch with the rows that remain, mma.sync's
+        warnings.warn(f"{dev.name}: a WGMMA row did not build ({str(exc)[:300]}...); "
+                      f"its products run on the mma.sync rows", RuntimeWarning)
+        dev.facts = dataclasses.replace(dev.facts, patched_ptx=False)
+        return _tiled_launch(dev, dt, _without_wgmma(rows), M, N, K, nbatch, a, b, c, act,
+                             bias_mode, trans_a, trans_b, conv)
     if len(_launches) > 4096:
         _launches.clear()
     _launches[key] = (frozen, plan, kern, red)

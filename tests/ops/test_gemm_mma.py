@@ -465,3 +465,48 @@ def test_tf32_rows_that_truncate(dev, stages):
                   beta=0.5 if tb else 0.0, bias=ta, act=None, align=4)
     check(dev, "tf32", dict(row, KSPLIT=3), 33, 17, 301, True, False, alpha=1.0,
           beta=-1.5, bias=True, act=None)
+
+
+def test_a_wgmma_row_that_does_not_build_leaves_the_devices_plans(dev, monkeypatch):
+    """A driver that builds no patched sm_90a PTX (the WGMMA row's build fails, here
+    made to): the product still comes out right, on the rows that remain, with one
+    RuntimeWarning; the device's facts say so (patched_ptx), its WGMMA rows are refused
+    from then on, and the next product neither tries them nor warns."""
+    import dataclasses
+    import sys
+    import warnings
+    from clnn.errors import KernelBuildError
+    G = sys.modules["clnn.ops.gemm"]
+    monkeypatch.setattr(dev, "facts", dataclasses.replace(
+        dev.facts, nv_compute_capability=90, patched_ptx=True, compute_units=132))
+    wg = next(r for r in tuning.MMA_TABLE[("nvidia", "GPU")]
+              if r.get("WGMMA") and r["MMA"] == "f16")
+    # (the mma.sync row slowed in the planner's eyes, so that the WGMMA row is its
+    # choice for a product PoCL runs emulated in a second)
+    mma = dict(engine_rows(dev, "f16", every=False)[-1], speed=1.0)
+    rows = (wg, mma)
+    monkeypatch.setattr(tuning, "gemm_rows", lambda *args, **kw: rows)
+    tried, real = [], G._tiled_kernel
+
+    def driver(d, p, prm, entry):
+        tried.append(bool(p.get("WGMMA")))
+        if p.get("WGMMA"):
+            raise KernelBuildError("ptxas: 'wgmma.mma_async' not supported on .target")
+        return real(d, p, prm, entry)
+    monkeypatch.setattr(G, "_tiled_kernel", driver)
+    a = RNG.standard_normal((256, 512)).astype(np.float16)
+    b = RNG.standard_normal((256, 512)).astype(np.float16)
+    A, B = clnn.asarray(a, device=dev), clnn.asarray(b, device=dev)
+    with pytest.warns(RuntimeWarning, match="WGMMA row did not build"):
+        got = clnn.gemm(A, B, trans_b=True).get()
+    assert tried[0] is True and tried[-1] is False
+    assert not dev.facts.patched_ptx
+    assert any("patched PTX" in p for p in tuning.gemm_problems(wg, dev.facts, 2))
+    ref = a.astype(np.float64) @ b.astype(np.float64).T
+    scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)).T
+    assert np.all(np.abs(got - ref) <= bound(np.float16, scale, ref, 512))
+    tried.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        clnn.gemm(B, A, trans_b=True)
+    assert tried and not any(tried)
