@@ -250,7 +250,27 @@ def gemm():
         checked += 1
     if not checked:
         raise SystemExit("no GEMM variant fits this device")
+    _transposes(rng)
     print(f"checked {checked} GEMM variants")
+
+
+def _transposes(rng):
+    """transpose.cl (a WGMMA row's operands copied along k), on edge sizes, from an
+    offset and a row stride, 32- and 16-bit: bit for bit."""
+    import pyopencl as cl
+    from clnn.ops.gemm import Operand
+    G = sys.modules["clnn.ops.gemm"]
+    dev = clnn.device()
+    for dt, (rows, cols) in ((np.float32, (37, 70)), (np.float16, (33, 5)),
+                             (np.float16, (1, 65))):
+        x = rng.standard_normal((rows + 1, cols + 3)).astype(dt)
+        X = clnn.asarray(x)
+        op = G._transposed(dev, np.dtype(dt), Operand(X.data, cols + 4, cols + 3), rows,
+                           cols)
+        got = np.empty((cols, op.ld), dt)
+        cl.enqueue_copy(dev.queue, got, op.data)
+        if not np.array_equal(got[:, :rows], x[1:, 1:1 + cols].T):
+            raise SystemExit(f"transpose {dt.__name__} {rows}x{cols}: wrong")
 
 
 def _gemm_cases(params, rng, split=False):

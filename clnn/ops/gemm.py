@@ -206,6 +206,40 @@ def gemm(a, b, out=None, *, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, b
 # Bound on split-K's partial sums, in bytes
 SPLITK_BYTES = 64 << 20
 
+programs.register("transpose", {})
+
+
+def _k_major_rows(dev, dt, rows, klass, M, N, K, trans_a, trans_b):
+    """The NT shape class's rows where its plan is a K-major row (tuning's "KMAJOR":
+    Hopper's WGMMA rows) and beats the plan of ``rows`` (this product's, NN, TN or TT)
+    by more than copying its operands along k costs (device-wide traffic and a launch
+    each, in the planner's units); else None."""
+    nt = tuning.gemm_rows(dev.facts, dt.itemsize, dt, "NT" + klass[2:])
+    if nt is rows:
+        return None
+    ws = SPLITK_BYTES // programs.acc_dtype(dt).itemsize
+    best = plans.cached_best(dev.facts, plans.freeze(nt), M, N, K, 1, dt.itemsize, ws)
+    if not best.params.get("KMAJOR"):
+        return None
+    mine = plans.cached_best(dev.facts, plans.freeze(rows), M, N, K, 1, dt.itemsize, ws)
+    moved = (M * K if trans_a else 0) + (0 if trans_b else K * N)
+    copies = 2 * moved * dt.itemsize * plans.FMA_PER_BYTE / dev.facts.compute_units + \
+        plans.LAUNCH * (int(trans_a) + int(not trans_b))
+    return nt if best.cost + copies < mine.cost else None
+
+
+def _transposed(dev, dt, op, rows, cols):
+    """Operand ``op`` (``rows`` x ``cols``, row-strided) copied transposed into a pool
+    buffer (transpose.cl): a cols x rows Operand whose rows start 16-byte aligned, so
+    that the WGMMA row's copies take 16 bytes whatever ``rows`` is."""
+    ld = -(-rows // 8) * 8
+    out = dev_scratch(dev, ld * cols, dt)
+    kern = programs.get_kernel(dev, "transpose", "clnn_transpose",
+                               {"dtype": programs.dtype_name(dt)})
+    kern((-(-cols // 32) * 32, -(-rows // 32) * 8), (32, 8), rows=rows, cols=cols,
+         x=op.data, x_off=op.off, ldx=op.ld, y=out, y_off=0, ldy=ld)
+    return Operand(out, 0, ld)
+
 
 def run_gemm(dev, dt, *, M, N, K, nbatch, a, b, c, alpha=1.0, beta=0.0, act="none",
              act_p=(0.0, 0.0), bias=None, bias_mode="none", trans_a=False, trans_b=False,
@@ -219,11 +253,27 @@ def run_gemm(dev, dt, *, M, N, K, nbatch, a, b, c, alpha=1.0, beta=0.0, act="non
     ``tiled_workspace`` elements taken by a caller that launches several GEMMs into
     one output and must hold everything before its first write. Returns the last
     event."""
+    klass = None
     if params is not None:
         rows = [params]
     elif rows is None:
         klass = tuning.shape_class(M, N, K, trans_a, trans_b, nbatch)
         rows = tuning.gemm_rows(dev.facts, dt.itemsize, dt, klass)
+    if klass is not None and conv == "none" and nbatch == 1 and (trans_a or not trans_b) \
+            and dev.facts.nv_compute_capability == 90 and \
+            all((op.off * dt.itemsize) % 4 == 0 == (op.ld * dt.itemsize) % 4
+                for op, stays in ((a, not trans_a), (b, trans_b)) if stays):
+        # (an operand that stays where it is must allow the WGMMA row's copies of 4
+        # bytes or more: else the row would hand the launch to mma.sync anyway)
+        nt = _k_major_rows(dev, dt, rows, klass, M, N, K, trans_a, trans_b)
+        if nt is not None:
+            # a K-major WGMMA row beats this product's plan by more than the copies
+            # cost: A (stored K x M) and B (stored K x N) copied into workspace along k
+            if trans_a:
+                a = _transposed(dev, dt, a, K, M)
+            if not trans_b:
+                b = _transposed(dev, dt, b, K, N)
+            rows, trans_a, trans_b = nt, False, True
     bias_mode = bias_mode if bias is not None else "none"
     common = dict(M=M, N=N, K=K, alpha=alpha, beta=beta, act_p=act_p[0],
                   act_q=act_p[1],

@@ -510,3 +510,60 @@ def test_a_wgmma_row_that_does_not_build_leaves_the_devices_plans(dev, monkeypat
         warnings.simplefilter("error")
         clnn.gemm(B, A, trans_b=True)
     assert tried and not any(tried)
+
+
+@pytest.mark.parametrize("kind", ["f16", "tf32", "bf16"])
+def test_products_not_k_major_are_copied_along_k_for_a_wgmma_row(dev, monkeypatch, kind):
+    """NN, TN and TT products on a device whose planner offers a K-major WGMMA row (for
+    NT classes only, as the table's): where that row's plan beats the product's own by
+    more than the copies cost, A (stored K x M) and B (stored K x N) are copied along k
+    (transpose.cl, rows padded to 16 bytes) and the product runs NT on the WGMMA row,
+    emulated here, with the output's offset, stride, epilogue and canaries as any
+    product's; an NT product copies nothing, and neither does a small one."""
+    import dataclasses
+    monkeypatch.setattr(dev, "facts", dataclasses.replace(
+        dev.facts, nv_compute_capability=90, compute_units=132))
+    wg = dict(wgmma_rows(dev, ROWS[kind])[0], KMAJOR=True, speed=10.6, EMULATE=True)
+    # (the mma.sync row slowed in the planner's eyes, so that the copies pay on
+    # products PoCL runs emulated in a second or two)
+    mma = dict(engine_rows(dev, kind, every=False)[-1], speed=0.25, EMULATE=True)
+    nt_rows, other_rows = (wg, mma), (mma,)
+    monkeypatch.setattr(tuning, "gemm_rows", lambda facts, size, dt, klass=None:
+                        nt_rows if klass and klass.startswith("NT-") else other_rows)
+    dt = DTYPE[kind]
+    # (the last two: a product too small for the copies to pay, and 16-bit rows of A
+    # too unaligned for the WGMMA row's copies, which would not take it anyway)
+    for M, N, K, ta, tb in ((67, 190, 522, False, False), (130, 61, 515, True, False),
+                            (45, 129, 516, True, True), (67, 190, 522, False, True),
+                            (9, 7, 5, False, False), (67, 190, 523, False, False)):
+        a = RNG.standard_normal((K, M) if ta else (M, K)).astype(dt)
+        b = RNG.standard_normal((N, K) if tb else (K, N)).astype(dt)
+        bv = RNG.standard_normal(N).astype(dt)
+        big = np.full((M + 2, N + 3), CANARY, dt)
+        out_big = clnn.asarray(big, device=dev)
+        seen = []
+        real = programs.get_kernel
+
+        def spy(device, stem, entry, params, options=()):
+            seen.append(entry if entry != "clnn_gemm_tiled" else
+                        ("wgmma" if dict(params["tuning"]).get("WGMMA") else "mma"))
+            return real(device, stem, entry, params, options)
+        with mock.patch.object(programs, "get_kernel", spy):
+            clnn.gemm(clnn.asarray(a, device=dev), clnn.asarray(b, device=dev),
+                      out=out_big[1:1 + M, 2:2 + N], alpha=-0.5, trans_a=ta, trans_b=tb,
+                      bias=clnn.asarray(bv, device=dev), activation="relu")
+        odd = K % 2 and not ta and np.dtype(dt).itemsize == 2
+        copies = int(ta) + int(not tb) if M * N * K > 1000 and not odd else 0
+        want = ["clnn_transpose"] * copies + (["wgmma"] if copies or tb else ["mma"])
+        assert [e for e in seen if e != "clnn_gemm_splitk"] == want, (M, N, K, ta, tb)
+        got_big = out_big.get()
+        mask = np.ones(big.shape, bool)
+        mask[1:1 + M, 2:2 + N] = False
+        assert np.all(got_big[mask] == CANARY)
+        on_wg = "wgmma" in seen
+        A64 = as_engine_sees(kind, a.T if ta else a, on_wg).astype(np.float64)
+        B64 = as_engine_sees(kind, b.T if tb else b, on_wg).astype(np.float64)
+        ref = np.maximum(-0.5 * (A64 @ B64) + bv.astype(np.float64), 0.0)
+        scale = 0.5 * (np.abs(A64) @ np.abs(B64)) + np.abs(bv.astype(np.float64))
+        err = np.abs(got_big[1:1 + M, 2:2 + N].astype(np.float64) - ref)
+        assert np.all(err <= bound(dt, scale, ref, K)), (kind, M, N, K, ta, tb)
