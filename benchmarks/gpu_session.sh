@@ -71,8 +71,9 @@ run_quick() {
   command -v nvidia-smi >/dev/null && step smi nvidia-smi \
     --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
   # issue 11's GEMM targets in one run: clnn's float32, TF32 and float16 beside
-  # cuBLAS's, the squares NN and NT (NT on Hopper: the table's WGMMA rows, timed only
-  # in kernel time until now) and the dense layer's three products
+  # cuBLAS's, the squares NN and NT (on Hopper NT runs the table's WGMMA rows, timed
+  # only in kernel time until now, and NN copies B along k first, never timed) and
+  # the dense layer's three products
   LIMIT=90 bench bench_engines --sizes 4096,8192
   local workers=()
   "$PY" -c "import xdist" 2>/dev/null && workers=(-n 12)
