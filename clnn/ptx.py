@@ -139,6 +139,18 @@ def parse(log):
     return out
 
 
+def _retarget(path, arch):
+    """Raise the header clang 14 wrote (sm_80, PTX 7.x) in the PTX file ``path`` to PTX
+    8.0 and target ``arch``; the new text."""
+    with open(path) as f:
+        text = f.read()
+    text = re.sub(r"^\.version \d+\.\d+", ".version 8.0", text, flags=re.M)
+    text = re.sub(r"^\.target sm_\d+", f".target {arch}", text, flags=re.M)
+    with open(path, "w") as f:
+        f.write(text)
+    return text
+
+
 def assemble(source, arch=ARCH, workdir=None, timeout=120, patched=False):
     """Compile rendered OpenCL C ``source`` to PTX and assemble it for ``arch``:
     {entry: Resources}, or PTXError.
@@ -174,25 +186,13 @@ def assemble(source, arch=ARCH, workdir=None, timeout=120, patched=False):
 
         if patched:
             # what the driver's compiler assembles first: its PTX (8.x) for plain sm_90
-            # (clang 14 writes sm_80 and PTX 7.x, raised to that)
-            with open(ptx) as f:
-                text = f.read()
-            text = re.sub(r"^\.version \d+\.\d+", ".version 8.0", text, flags=re.M)
-            text = re.sub(r"^\.target sm_\d+", f".target {arch}", text, flags=re.M)
-            with open(ptx, "w") as f:
-                f.write(text)
+            text = _retarget(ptx, arch)
             run_ptxas(ptx, arch)
             with open(ptx, "w") as f:
                 f.write(patch_ptx(text, ARCH_A))
             return run_ptxas(ptx, ARCH_A)
         if "wgmma." in source:
-            # Hopper's wgmma exists only for sm_90a, in PTX 8.0 and up: the header
-            # clang 14 wrote (sm_80, PTX 7.x) is raised to that, and so is the target
+            # Hopper's wgmma exists only for sm_90a, in PTX 8.0 and up
             arch = ARCH_A
-            with open(ptx) as f:
-                text = f.read()
-            text = re.sub(r"^\.version \d+\.\d+", ".version 8.0", text, flags=re.M)
-            text = re.sub(r"^\.target sm_\d+", f".target {ARCH_A}", text, flags=re.M)
-            with open(ptx, "w") as f:
-                f.write(text)
+            _retarget(ptx, arch)
         return run_ptxas(ptx, arch)
