@@ -37,7 +37,6 @@ BUILD_OPTIONS = ("-cl-std=CL1.2",)
 # loops and float16 conversions that suit a CPU's compiler)
 CPU_OPTIONS = ("-DCLNN_CPU=1",)
 
-
 log = logging.getLogger("clnn")
 
 

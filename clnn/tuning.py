@@ -250,7 +250,8 @@ NARROW_F16 = {"variant": "local", "MMA": "f16", "MWG": 16, "NWG": 128, "KWG": 32
 # ptxas for sm_90a (tests/test_ptx.py); benchmarks/bench_engines.py --wgmma checks each
 # on the GPU first, with the descriptors' two offsets read either way (WGSWAP and
 # WGSWAPT: an H200 reads them as documented), then times each. MMA_TABLE holds the
-# timed winners (for K-major products); the tuner does not search them. A warpgroup of 128 work-items per WM x WN block, tiles through a cp.async
+# timed winners (for K-major products); the tuner does not search them. A warpgroup
+# of 128 work-items per WM x WN block, tiles through a cp.async
 # pipeline of ASYNC stages in the core-matrix layout (gemm.cl), 48 KiB at most; with
 # WGWAIT 1 a step's wgmma's still run while the next step's are issued; with WGSWZ
 # the K-major tiles swizzled (rows of 64 or 128 bytes), as CUTLASS lays them
