@@ -2,6 +2,8 @@
 finite differences (float64), evaluation mode, running statistics, bitwise
 repetition and resumption, bias=False, and failure atomicity."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -193,7 +195,11 @@ def test_bias_free_layers_save_and_load(dev, tmp_path):
 RESUME = """
 import sys
 import numpy as np
+import clnn
 from clnn import nn
+sys.path.insert(0, sys.argv[4])
+import facts_mode                       # the test device's facts, as the tests have them
+facts_mode.apply(clnn.device())
 net = nn.load(sys.argv[1])
 data = np.load(sys.argv[2])
 for e in range(2, 4):
@@ -219,7 +225,8 @@ def test_a_checkpoint_resumes_bitwise_in_a_fresh_process(dev, tmp_path):
     (tmp_path / "resume.py").write_text(RESUME)
     subprocess.run([sys.executable, str(tmp_path / "resume.py"),
                     b.save(str(tmp_path / "mid.npz")), str(tmp_path / "data.npz"),
-                    str(tmp_path / "out.npz")], check=True, timeout=300)
+                    str(tmp_path / "out.npz"), os.path.dirname(os.path.dirname(
+                        os.path.abspath(__file__)))], check=True, timeout=300)
     with np.load(tmp_path / "out.npz") as got:
         for i, p in enumerate(a.parameters()):
             assert np.array_equal(got[f"arr_{i}"], p.get())
