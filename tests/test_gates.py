@@ -31,6 +31,7 @@ def run_pytest(tmp_path, require):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(HERE),
                                                        os.environ.get("PYTHONPATH", "")]))
     env.pop("CLNN_REQUIRE_GATES", None)
+    env.pop("CLNN_TEST_FACTS", None)      # (its facts_mode.py is not on this path)
     if require:
         env["CLNN_REQUIRE_GATES"] = "1"
     return subprocess.run([sys.executable, "-m", "pytest", "-ra", "-p", "no:cacheprovider",
