@@ -84,10 +84,7 @@ def driver_resources(dev, source, patched=False):
             options=list(programs.BUILD_OPTIONS) + verbose +
             ([programs.PTX_PATCH_OPTION] if patched else []))
         if patched:
-            text = programs.patch_ptx(prg.binaries[0].decode("latin-1"),
-                                      "sm_%da" % dev.facts.nv_compute_capability)
-            prg = cl.Program(dev.context, [dev.cl_device],
-                             [text.encode("latin-1")]).build(options=verbose)
+            prg = programs.rebuild_patched(dev, prg, verbose)
     return ptx.parse(prg.get_build_info(dev.context.devices[0], cl.program_build_info.LOG))
 
 

@@ -446,22 +446,30 @@ def get_kernel(device, stem, entry, params, options=()):
     return kern
 
 
-def _patched(device, stem, params, options, source, program):
-    """The program built again from its PTX, patched (patch_ptx) for the device's
-    architecture-specific target."""
+def rebuild_patched(device, program, options=()):
+    """``program`` (built with PTX_PATCH_OPTION) built again from its PTX, patched
+    (patch_ptx) for the device's architecture-specific target, with build ``options``.
+    Raises ValueError (no compute capability, no mark) or pyopencl's error."""
     cc = device.facts.nv_compute_capability
-    ptx = ""
+    if not cc:
+        raise ValueError("the device reports no NVIDIA compute capability")
+    text = patch_ptx(program.binaries[0].decode("latin-1"), "sm_%da" % cc)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", cl.CompilerWarning)
+        return cl.Program(device.context, [device.cl_device],
+                          [text.encode("latin-1")]).build(options=list(options))
+
+
+def _patched(device, stem, params, options, source, program):
+    """rebuild_patched, its failure a KernelBuildError."""
+    cc = device.facts.nv_compute_capability
     try:
-        if not cc:
-            raise ValueError("the device reports no NVIDIA compute capability")
-        ptx = program.binaries[0].decode("latin-1")
-        arch = "sm_%da" % cc
-        text = patch_ptx(ptx, arch)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", cl.CompilerWarning)
-            return cl.Program(device.context, [device.cl_device],
-                              [text.encode("latin-1")]).build()
+        return rebuild_patched(device, program)
     except (cl.Error, ValueError) as exc:
+        try:
+            ptx = program.binaries[0].decode("latin-1")
+        except cl.Error:
+            ptx = ""
         path = _save_failed(stem, source)
         raise KernelBuildError(
             f"{stem}.cl built on {device.name} with {params} and options "
