@@ -17,7 +17,14 @@
 #                                           # peers.py (NO_PEERS=1 leaves it out); the
 #                                           # steps' kernel profiles; relu, tanh and sums
 #                                           # along rows; the driver's registers per row
-#   bash benchmarks/gpu_session.sh tests    # the suite on the GPU (about 3 minutes)
+#   bash benchmarks/gpu_session.sh finish   # what the two open issues still need, first
+#                                           # in a session: the engines' GEMMs NN and NT
+#                                           # beside cuBLAS at 4096^3 and 8192^3, then the
+#                                           # whole suite (TESTS_LIMIT, default 420 s)
+#   bash benchmarks/gpu_session.sh tests    # the whole suite on the GPU, resumable: run
+#                                           # it again (same OUT, same machine) to go on
+#                                           # where a cut-off run stopped (3 minutes on an
+#                                           # H100 on 2026-11-23; the suite has grown)
 #   bash benchmarks/gpu_session.sh gemm     # GEMMs with cuBLAS/CLBlast, engines per row,
 #                                           # 16-bit against float32, peers.py
 #   bash benchmarks/gpu_session.sh steps    # convolutions, training steps, host time,
@@ -59,11 +66,34 @@ bench() {      # bench SCRIPT [ARGS...]: a benchmarks/ script on DEVICE, JSON in
 }
 
 run_tests() {
-  step devices "$PY" -m clnn devices
+  # The whole suite, resumable: every test's outcome goes to OUT/tests-record.tsv as it
+  # ends (tests/conftest.py, CLNN_TEST_RECORD), and a run finds the tests that file
+  # already names left out (CLNN_TEST_RESUME). A run cut off by LIMIT (or by the
+  # command's 10 minutes) goes on from where it stopped when the same command is run
+  # again with the same OUT on the same machine; RESTART=1 starts afresh.
+  local record="$OUT/tests-record.tsv"
+  [ -n "${RESTART:-}" ] && rm -f "$record"
   local workers=()      # pytest-xdist where the machine has it (GPU images often lack it)
-  "$PY" -c "import xdist" 2>/dev/null && workers=(-n 8)
-  step tests env CLNN_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q "${workers[@]}" \
-    -p no:cacheprovider tests
+  "$PY" -c "import xdist" 2>/dev/null && workers=(-n "${WORKERS:-12}")
+  local n=1             # tests-1.log, tests-2.log, ...: one per run
+  while [ -e "$OUT/tests-$n.log" ]; do n=$((n + 1)); done
+  step "tests-$n" env CLNN_TEST_DEVICE="$DEVICE" CLNN_TEST_RECORD="$record" \
+    CLNN_TEST_RESUME="$record" "$PY" -m pytest -q -rfE --tb=short --durations=20 \
+    "${workers[@]}" -p no:cacheprovider -W ignore::RuntimeWarning tests
+  tests_summary "$record"
+}
+
+tests_summary() {     # what a record holds so far: tests per outcome, those not passed
+  "$PY" - "$1" <<'PYEOF'
+import collections, os, sys
+sys.path.insert(0, "tests")
+from conftest import recorded
+done = recorded(sys.argv[1])
+print("== record:", len(done), "tests,", dict(collections.Counter(done.values())))
+for nodeid, outcome in sorted(done.items()):
+    if outcome in ("failed", "error"):
+        print("  ", outcome, nodeid)
+PYEOF
 }
 
 run_quick() {
@@ -127,6 +157,15 @@ run_quick() {
     --json "$OUT/nv_registers.json"
 }
 
+run_finish() {
+  step devices "$PY" -m clnn devices
+  # issue 11's wall-clock table: float32, TF32 and float16 beside cuBLAS, NN (on
+  # Hopper through copies along k to the WGMMA rows, never timed) and NT
+  LIMIT=90 bench bench_engines --sizes 4096,8192
+  # issue 10's last item: the whole suite on the GPU
+  LIMIT=${TESTS_LIMIT:-420} run_tests
+}
+
 run_gemm() {
   bench bench_gemm --sizes 1024,2048,4096,8192
   bench bench_engines --each-row --wgmma
@@ -147,11 +186,12 @@ run_steps() {
 
 case $part in
   quick) run_quick ;;
+  finish) run_finish ;;
   tests) run_tests ;;
   gemm) run_gemm ;;
   steps) run_steps ;;
   all) run_tests; run_gemm; run_steps ;;
-  *) echo "usage: $0 quick|tests|gemm|steps|all" >&2; exit 2 ;;
+  *) echo "usage: $0 quick|finish|tests|gemm|steps|all" >&2; exit 2 ;;
 esac
 echo "$failed step(s) failed; logs and JSON in $OUT"
 [ $failed -eq 0 ]

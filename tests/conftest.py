@@ -176,8 +176,56 @@ def gate(tool, present, missing=None):
     return pytest.mark.clnn_gate(tool=tool, present=present, missing=missing)
 
 
+# A run that may be cut off (a lent GPU machine allows 10 minutes a command) goes on in
+# the next command where it stopped: CLNN_TEST_RECORD=FILE appends one line per test
+# report that decides an outcome ("passed", "failed", "skipped", "error", a tab, the
+# test's id), and CLNN_TEST_RESUME=FILE leaves out every test that FILE names.
+_RECORD = {}
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "clnn_gate(tool, present): needs an external tool")
+    # the recording process: pytest-xdist's controller, or pytest itself without xdist
+    if os.environ.get("CLNN_TEST_RECORD") and not hasattr(config, "workerinput"):
+        _RECORD["file"] = os.environ["CLNN_TEST_RECORD"]
+
+
+def recorded(path):
+    """{test id: worst outcome} from a CLNN_TEST_RECORD file (missing: empty)."""
+    rank = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
+    out = {}
+    if not os.path.exists(path):
+        return out
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            outcome, _, nodeid = line.rstrip("\n").partition("\t")
+            if nodeid and rank.get(outcome, 3) >= rank.get(out.get(nodeid), -1):
+                out[nodeid] = outcome
+    return out
+
+
+def pytest_collection_modifyitems(config, items):
+    done = recorded(os.environ.get("CLNN_TEST_RESUME", ""))
+    if done:
+        keep = [i for i in items if i.nodeid not in done]
+        config.hook.pytest_deselected(items=[i for i in items if i.nodeid in done])
+        items[:] = keep
+
+
+def pytest_runtest_logreport(report):
+    path = _RECORD.get("file")
+    if not path:
+        return
+    if report.failed:
+        outcome = "failed" if report.when == "call" else "error"
+    elif report.skipped:
+        outcome = "skipped"
+    elif report.when == "call":
+        outcome = "passed"
+    else:
+        return
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(f"{outcome}\t{report.nodeid}\n")
 
 
 def pytest_runtest_setup(item):
