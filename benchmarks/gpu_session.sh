@@ -20,7 +20,8 @@
 #   bash benchmarks/gpu_session.sh finish   # what the two open issues still need, first
 #                                           # in a session: the engines' GEMMs NN and NT
 #                                           # beside cuBLAS at 4096^3 and 8192^3, then the
-#                                           # whole suite (TESTS_LIMIT, default 420 s)
+#                                           # whole suite (TESTS_LIMIT, default 420 s),
+#                                           # LeNet-5's steps launch by launch
 #   bash benchmarks/gpu_session.sh tests    # the whole suite on the GPU, resumable: run
 #                                           # it again (same OUT, same machine) to go on
 #                                           # where a cut-off run stopped (3 minutes on an
@@ -147,7 +148,7 @@ run_quick() {
     LIMIT=60 step peers "$PY" .gpu/peers.py --json "$OUT/peers.json"
   fi
   # where a float16 LeNet-5 step's time goes against float32's (kernels, idle, launches)
-  LIMIT=40 bench profile_step --steps 5 --top 20 --lenet-batch 64,1024
+  LIMIT=40 bench profile_step --steps 5 --top 20 --lenet-batch 64,1024 --launches
   # the element-wise GPU loop: one load at a time per work-item against four; the sums
   # along rows with trees of 256 and 64 (call, kernel and host time each)
   LIMIT=30 bench bench_ops --ops relu,tanh,sum --unroll 1,4 --row-group 256,64 --repeats 9
@@ -164,6 +165,9 @@ run_finish() {
   LIMIT=90 bench bench_engines --sizes 4096,8192
   # issue 10's last item: the whole suite on the GPU
   LIMIT=${TESTS_LIMIT:-420} run_tests
+  # issue 11's LeNet-5 float16 step: each launch of a step, in order (which layer's
+  # product loses to float32's)
+  LIMIT=40 bench profile_step --steps 5 --lenet-batch 64,1024 --mlp-batch 0 --launches
 }
 
 run_gemm() {

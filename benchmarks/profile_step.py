@@ -4,6 +4,7 @@ bench_half.py, in float32 and in mixed precision (float16), on every device.
 
     python benchmarks/profile_step.py [--device SPEC] [--steps 5] [--mlp-batch 1000]
                                       [--lenet-batch 64[,1024]] [--top 12] [--as-gpu]
+                                      [--launches]
 
 Steps run as fit runs them (within an epoch: the optimizer's kernel keeps the 16-bit
 copy of the weights). Per step: wall time (Python, driver and kernels), span (first kernel's start to the
@@ -64,6 +65,17 @@ def profile_case(dev, make, batch, in_shape, steps):
     return out
 
 
+def launch_table(records):
+    """One step's launches in order: where each layer's product went."""
+    width = max([len(r.label) for r in records] + [6])
+    lines = [f"{'#':>3}  {'kernel':<{width}}  {'global':<22}  {'local':<14}  device us"]
+    for i, r in enumerate(records):
+        gs = "x".join(map(str, r.global_size))
+        ls = "-" if r.local_size is None else "x".join(map(str, r.local_size))
+        lines.append(f"{i:3}  {r.label:<{width}}  {gs:<22}  {ls:<14}  {1e6 * r.seconds:9.1f}")
+    return "\n".join(lines)
+
+
 def as_gpu(dev):
     """Give ``dev`` an H100's facts (without its engines, which only NVIDIA's compiler
     builds), keeping its platform and work-group limits so that its kernels run."""
@@ -82,6 +94,9 @@ def main(argv=None):
                     help="LeNet-5's batch, or batches separated by commas (64,1024: "
                          "launches against convolutions)")
     ap.add_argument("--top", type=int, default=12, help="kernels shown per case")
+    ap.add_argument("--launches", action="store_true",
+                    help="also list one step's launches in order: kernel, tile, global "
+                         "and local size, device time (which layer's product is slow)")
     ap.add_argument("--as-gpu", action="store_true",
                     help="run an H100's kernels and plans on the device (launch counts "
                          "as a GPU's; times meaningless on a CPU)")
@@ -99,6 +114,10 @@ def main(argv=None):
                 per = args.steps
                 print(f"\n## {name}, batch {batch}, {precision}")
                 print(prof.table(top=args.top, per=per))
+                # a step's launches, in order (every step makes the same ones)
+                one = prof.records[:len(prof.records) // per]
+                if args.launches:
+                    print(launch_table(one))
                 rows.append({"device": dev.name, "case": name, "batch": batch,
                              "precision": precision, "wall_ms": 1e3 * prof.wall_s / per,
                              "span_ms": 1e3 * prof.span_s / per,
@@ -107,7 +126,13 @@ def main(argv=None):
                              "launches": prof.launches / per,
                              "kernels": [{"kernel": k, "launches": n / per,
                                           "device_ms": 1e3 * t / per}
-                                         for k, n, t in prof.summary()]})
+                                         for k, n, t in prof.summary()],
+                             "step_launches": [{"kernel": r.label,
+                                                "global": list(r.global_size),
+                                                "local": None if r.local_size is None
+                                                else list(r.local_size),
+                                                "device_us": 1e6 * r.seconds}
+                                               for r in one]})
     print(f"results: {_common.write_json('profile_step', {'rows': rows}, args.json)}")
 
 

@@ -113,3 +113,18 @@ def _untimed_rows_aside_and_back(bench_half, tuning, dev):
         assert len(inside) == len(before) - len(untimed)
         assert bench_half.untuned_engine_rows(dev) == []
     assert tuning.MMA_TABLE == table and tuning.mma_rows(dev.facts, "f16") == before
+
+
+def test_profile_step_lists_a_steps_launches_in_order():
+    """profile_step.py --launches: one line per launch, in the order made, with its
+    tile, global and local sizes and device time."""
+    import profile_step
+    from clnn.profiler import KernelRecord
+    recs = [KernelRecord("clnn_gemm_tiled", "gemm", {"dtype": "float16", "tuning": (
+        ("MWG", 64), ("NWG", 64), ("MMA", "f16"))}, (128, 4, 1), (64, 1, 1), 0, 1000,
+        3500), KernelRecord("clnn_sgd_step", "optim", {}, (256,), None, 0, 4000, 4300)]
+    lines = profile_step.launch_table(recs).splitlines()
+    assert len(lines) == 3 and lines[0].split()[:2] == ["#", "kernel"]
+    assert lines[1].split() == ["0", "clnn_gemm_tiled", "[float16,", "64x64", "f16]",
+                                "128x4x1", "64x1x1", "2.5"]
+    assert lines[2].split() == ["1", "clnn_sgd_step", "256", "-", "0.3"]
