@@ -20,7 +20,7 @@
 #   bash benchmarks/gpu_session.sh finish   # what the two open issues still need, first
 #                                           # in a session: the engines' GEMMs NN and NT
 #                                           # beside cuBLAS at 4096^3 and 8192^3, then the
-#                                           # whole suite (TESTS_LIMIT, default 420 s),
+#                                           # whole suite (TESTS_LIMIT, default 400 s),
 #                                           # LeNet-5's steps launch by launch
 #   bash benchmarks/gpu_session.sh tests    # the whole suite on the GPU, resumable: run
 #                                           # it again (same OUT, same machine) to go on
@@ -164,7 +164,7 @@ run_finish() {
   # Hopper through copies along k to the WGMMA rows, never timed) and NT
   LIMIT=90 bench bench_engines --sizes 4096,8192
   # issue 10's last item: the whole suite on the GPU
-  LIMIT=${TESTS_LIMIT:-420} run_tests
+  LIMIT=${TESTS_LIMIT:-400} run_tests
   # issue 11's LeNet-5 float16 step: each launch of a step, in order (which layer's
   # product loses to float32's)
   LIMIT=40 bench profile_step --steps 5 --lenet-batch 64,1024 --mlp-batch 0 --launches
