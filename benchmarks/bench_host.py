@@ -19,6 +19,8 @@ SGD with momentum) in float32, float16 and bfloat16 (mixed precision, the batch 
 in the 16-bit type as fit keeps it): what a step costs the host beside its kernels,
 and whether mixed precision adds to it. Each is checked first: its replayed steps
 give bitwise the plain steps' losses and weights.
+With CLNN_PROFILING=0 in the environment the device's queue keeps no profiling
+events (no ``kernel`` column): run it both ways to see what the events cost a launch.
 Writes benchmarks/results/bench_host.json.
 """
 
@@ -71,6 +73,12 @@ def cases(rng):
     ]
 
 
+def _kernel_us(fn, dev, repeats):
+    """The kernels' span per call in µs; None on a queue without profiling events
+    (CLNN_PROFILING=0)."""
+    return 1e6 * median_kernel_time(fn, dev, repeats) if dev.profiling else None
+
+
 def _enqueue_us(dev, fn, calls, repeats):
     """Median over ``repeats`` of the µs per call of ``calls`` calls made back to back."""
     return 1e6 * _common.enqueue_time(dev, fn, calls, repeats)
@@ -105,7 +113,7 @@ def run(dev, torch, cuda, args):
                "enqueue_us": _enqueue_us(dev, call, args.calls, args.repeats),
                "call_us": 1e6 * _common.median_time(call, args.repeats * 10, warmup=2,
                                                     sync=dev.finish),
-               "kernel_us": 1e6 * median_kernel_time(call, dev, args.repeats)}
+               "kernel_us": _kernel_us(call, dev, args.repeats)}
         if unplanned is not None:
             row["unplanned_enqueue_us"] = _enqueue_us(dev, lambda: unplanned(*d),
                                                       args.calls, args.repeats)
@@ -154,7 +162,7 @@ def step_rows(dev, args):
                                                args.repeats),
                      "call_us": 1e6 * _common.median_time(step, args.repeats * 4, warmup=2,
                                                           sync=dev.finish),
-                     "kernel_us": 1e6 * median_kernel_time(step, dev, args.repeats)})
+                     "kernel_us": _kernel_us(step, dev, args.repeats)})
     return rows
 
 
@@ -166,7 +174,8 @@ def main(argv=None):
     cuda = _common.torch_cuda()
     rows = []
     for dev in _common.devices(args.device):
-        print(f"# {dev.name}")
+        print(f"# {dev.name}" + ("" if dev.profiling else
+                                 ", its queue without profiling (CLNN_PROFILING=0)"))
         ref = "torch_cpu_call_us" if dev.facts.is_cpu or cuda is None else \
             "torch_cuda_call_us"
         print(f"{'op':32s} {'enqueue':>8s} {'unplanned':>9s} {'python':>8s} {'call':>8s} "
@@ -174,11 +183,13 @@ def main(argv=None):
         for row in run(dev, torch, None if dev.facts.is_cpu else cuda, args) + \
                 step_rows(dev, args):
             rows.append(row)
-            un, peer, py = (row.get(k) for k in ("unplanned_enqueue_us", ref, "python_us"))
+            un, peer, py, kern = (row.get(k) for k in ("unplanned_enqueue_us", ref,
+                                                       "python_us", "kernel_us"))
             print(f"{row['op']:32s} {row['enqueue_us']:8.1f} "
                   f"{'-' if un is None else f'{un:.1f}':>9s} "
                   f"{'-' if py is None else f'{py:.1f}':>8s} {row['call_us']:8.1f} "
-                  f"{row['kernel_us']:8.1f} {'-' if peer is None else f'{peer:.1f}':>10s}")
+                  f"{'-' if kern is None else f'{kern:.1f}':>8s} "
+                  f"{'-' if peer is None else f'{peer:.1f}':>10s}")
     print(f"results: {_common.write_json('bench_host', {'rows': rows}, args.json)}")
 
 

@@ -19,9 +19,11 @@
 #                                           # along rows; the driver's registers per row
 #   bash benchmarks/gpu_session.sh finish   # what the two open issues still need, first
 #                                           # in a session: the engines' GEMMs NN and NT
-#                                           # beside cuBLAS at 4096^3 and 8192^3, then the
-#                                           # whole suite (TESTS_LIMIT, default 400 s),
-#                                           # LeNet-5's steps launch by launch
+#                                           # beside cuBLAS at 4096^3 and 8192^3,
+#                                           # LeNet-5's steps launch by launch, host time
+#                                           # per call with and without profiling events,
+#                                           # then the whole suite (TESTS_LIMIT, default
+#                                           # 340 s; the tests part goes on from there)
 #   bash benchmarks/gpu_session.sh tests    # the whole suite on the GPU, resumable: run
 #                                           # it again (same OUT, same machine) to go on
 #                                           # where a cut-off run stopped (3 minutes on an
@@ -163,11 +165,17 @@ run_finish() {
   # issue 11's wall-clock table: float32, TF32 and float16 beside cuBLAS, NN (on
   # Hopper through copies along k to the WGMMA rows, never timed) and NT
   LIMIT=90 bench bench_engines --sizes 4096,8192
-  # issue 10's last item: the whole suite on the GPU
-  LIMIT=${TESTS_LIMIT:-400} run_tests
   # issue 11's LeNet-5 float16 step: each launch of a step, in order (which layer's
   # product loses to float32's)
   LIMIT=40 bench profile_step --steps 5 --lenet-batch 64,1024 --mlp-batch 0 --launches
+  # host time per call with and without profiling events on the queue (on the H200 a
+  # replayed launch took about 19 us and a sum along rows 80 us of host time)
+  LIMIT=35 bench bench_host --repeats 3
+  LIMIT=35 step bench_host_noprofiling env CLNN_PROFILING=0 "$PY" benchmarks/bench_host.py \
+    --device "$DEVICE" --repeats 3 --json "$OUT/bench_host_noprofiling.json"
+  # issue 10's last item: the whole suite on the GPU (resumable: run the tests part
+  # next with the same OUT to go on)
+  LIMIT=${TESTS_LIMIT:-340} run_tests
 }
 
 run_gemm() {

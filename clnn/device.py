@@ -1,7 +1,7 @@
 """Device selection and device facts.
 
 A ``Device`` owns one context, one in-order queue (with profiling, so benchmarks and
-the tuner can time kernels from events), the buffer pool, the kernel cache and a small
+the tuner can time kernels from events; CLNN_PROFILING=0 leaves it out), the buffer pool, the kernel cache and a small
 cache of constant tables. There
 is one ``Device`` per OpenCL device per process, so every array clnn makes for a device
 lives in the same context and can be mixed freely.
@@ -156,8 +156,13 @@ class Device:
         self.cl_device = cl_device
         self.facts = DeviceFacts.of(cl_device)
         self.context = cl.Context([cl_device])
+        # profiling events (clnn.profile, the tuner, the benchmarks' kernel times)
+        # unless CLNN_PROFILING=0: a queue that keeps no timestamps, for measuring what
+        # they cost a launch
+        self.profiling = os.environ.get("CLNN_PROFILING", "1") != "0"
         self.queue = cl.CommandQueue(
-            self.context, properties=cl.command_queue_properties.PROFILING_ENABLE)
+            self.context, properties=cl.command_queue_properties.PROFILING_ENABLE
+            if self.profiling else 0)
         self.pool = Pool(self.context, self.queue, max_alloc=self.facts.max_alloc_size,
                          budget=_default_budget(self.facts),
                          exact=os.environ.get("CLNN_POOL_EXACT", "") not in ("", "0"))

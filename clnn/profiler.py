@@ -28,6 +28,7 @@ import time
 import pyopencl as cl
 
 from . import programs
+from .errors import DeviceError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +74,11 @@ class Profile:
     def _finish(self):
         if self._launches:
             cl.wait_for_events([evt for *_, evt in self._launches])
+        off = {k.device.name for k, *_ in self._launches if not k.device.profiling}
+        if off:
+            self._launches = []
+            raise DeviceError(f"clnn.profile() reads profiling events, and {sorted(off)} "
+                              f"run without them here (CLNN_PROFILING=0)")
         self.records = [KernelRecord(k.entry, getattr(k, "stem", "?"),
                                      dict(getattr(k, "params", {})), gs,
                                      None if ls is None else tuple(ls),

@@ -31,6 +31,7 @@ import numpy as np
 
 import clnn
 from . import programs, tuning
+from .errors import DeviceError
 
 # GEMM classes: transposes and aspect -> {size bucket: (quick problem, reference
 # problem)}, (M, N, K) with the class's transposes; the reference problem is the one a
@@ -162,6 +163,9 @@ def conv_candidates(facts, quick):
 def median_kernel_time(fn, dev, repeats):
     """Median device seconds of ``fn``'s kernels, from OpenCL profiling events: the
     first kernel's start to the last one's end, after one warm-up call."""
+    if not dev.profiling:
+        raise DeviceError(f"kernel times come from profiling events, and {dev.name} runs "
+                          f"without them here (CLNN_PROFILING=0)")
     fn()
     dev.finish()
     times = []

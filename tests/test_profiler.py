@@ -117,3 +117,33 @@ def test_replayed_steps_are_profiled_launch_by_launch(dev):
     assert counts[2] == counts[3] == counts[1] > 2
     for a, b in zip(*(net.parameters() for net in nets)):
         assert np.array_equal(a.get(), b.get())
+
+
+def test_a_queue_without_profiling_computes_and_refuses_to_be_timed(dev, monkeypatch):
+    """CLNN_PROFILING=0 (for measuring what profiling events cost a launch): the
+    device's queue keeps no timestamps, its ops compute as before, and clnn.profile()
+    and the tuner's kernel times say why they cannot time it instead of failing in
+    the driver."""
+    import pyopencl as cl
+    from clnn.device import Device
+    from clnn.errors import DeviceError
+    from clnn.tuner import median_kernel_time
+    import sys
+    monkeypatch.setenv("CLNN_PROFILING", "0")
+    quiet = Device(dev.cl_device)          # a second device on the test's OpenCL device,
+    monkeypatch.setitem(sys.modules["clnn.device"]._by_context,     # known by its arrays
+                        quiet.context.int_ptr, quiet)
+    assert dev.profiling and not quiet.profiling
+    assert not quiet.queue.properties & cl.command_queue_properties.PROFILING_ENABLE
+    a = RNG.standard_normal((29, 13)).astype(np.float32)
+    x = clnn.asarray(a, device=quiet)
+    assert np.array_equal(clnn.relu(x).get(), np.maximum(a, 0))
+    with pytest.raises(DeviceError, match="CLNN_PROFILING=0"):
+        with clnn.profile():
+            clnn.relu(x)
+    with pytest.raises(DeviceError, match="CLNN_PROFILING=0"):
+        median_kernel_time(lambda: clnn.relu(x), quiet, 1)
+    # the profiled device next to it is timed as ever
+    with clnn.profile() as prof:
+        clnn.relu(clnn.asarray(a, device=dev))
+    assert prof.launches >= 1
