@@ -14,7 +14,8 @@ called past them, which shows what the plans save in the same run; and ``python`
 ``enqueue`` with clnn's launches not enqueued at all: the Python of a call alone.
 Each result is checked against PyTorch (or numpy) first.
 
-Then the same three figures for whole replayed LeNet-5 training steps (batch 64,
+First, the floor under all of them: an empty kernel enqueued straight through
+PyOpenCL. Then the same three figures for whole replayed LeNet-5 training steps (batch 64,
 SGD with momentum) in float32, float16 and bfloat16 (mixed precision, the batch kept
 in the 16-bit type as fit keeps it): what a step costs the host beside its kernels,
 and whether mixed precision adds to it. Each is checked first: its replayed steps
@@ -133,6 +134,27 @@ def run(dev, torch, cuda, args):
     return rows
 
 
+def floor_row(dev, args):
+    """The floor under every call: an empty kernel of one argument enqueued straight
+    through PyOpenCL (set_args and enqueue_nd_range_kernel, nothing of clnn's),
+    back to back: the driver's and PyOpenCL's share of a launch."""
+    import pyopencl as cl
+    prg = cl.Program(dev.context, "__kernel void nothing(__global float *x) { }").build()
+    kern = prg.nothing
+    buf = cl.Buffer(dev.context, cl.mem_flags.READ_WRITE, 64)
+
+    def launch():
+        kern.set_args(buf)
+        cl.enqueue_nd_range_kernel(dev.queue, kern, (64,), (64,))
+    launch()
+    dev.finish()
+    return {"op": "empty kernel through PyOpenCL", "device": dev.name,
+            "enqueue_us": _enqueue_us(dev, launch, args.calls, args.repeats),
+            "call_us": 1e6 * _common.median_time(launch, args.repeats * 10, warmup=2,
+                                                 sync=dev.finish),
+            "kernel_us": None}       # (clnn records only its own launches' events)
+
+
 def step_rows(dev, args):
     """Host time of replayed LeNet-5 training steps per precision (see the module's
     docstring), each checked against plain steps first."""
@@ -180,7 +202,8 @@ def main(argv=None):
             "torch_cuda_call_us"
         print(f"{'op':32s} {'enqueue':>8s} {'unplanned':>9s} {'python':>8s} {'call':>8s} "
               f"{'kernel':>8s} {ref[:-8]:>10s}  (us per call)")
-        for row in run(dev, torch, None if dev.facts.is_cpu else cuda, args) + \
+        for row in [floor_row(dev, args)] + \
+                run(dev, torch, None if dev.facts.is_cpu else cuda, args) + \
                 step_rows(dev, args):
             rows.append(row)
             un, peer, py, kern = (row.get(k) for k in ("unplanned_enqueue_us", ref,
