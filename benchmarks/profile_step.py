@@ -66,13 +66,18 @@ def profile_case(dev, make, batch, in_shape, steps):
 
 
 def launch_table(records):
-    """One step's launches in order: where each layer's product went."""
+    """One step's launches in order: where each layer's product went, and the device's
+    idle time before each (since the previous kernel's end: what a launch costs
+    beyond its kernel where the host keeps up, as plans.LAUNCH models it)."""
     width = max([len(r.label) for r in records] + [6])
-    lines = [f"{'#':>3}  {'kernel':<{width}}  {'global':<22}  {'local':<14}  device us"]
+    lines = [f"{'#':>3}  {'kernel':<{width}}  {'global':<22}  {'local':<14}  device us"
+             f"  idle before"]
     for i, r in enumerate(records):
         gs = "x".join(map(str, r.global_size))
         ls = "-" if r.local_size is None else "x".join(map(str, r.local_size))
-        lines.append(f"{i:3}  {r.label:<{width}}  {gs:<22}  {ls:<14}  {1e6 * r.seconds:9.1f}")
+        gap = "-" if i == 0 else f"{1e-3 * (r.start_ns - records[i - 1].end_ns):.1f}"
+        lines.append(f"{i:3}  {r.label:<{width}}  {gs:<22}  {ls:<14}  {1e6 * r.seconds:9.1f}"
+                     f"  {gap:>11}")
     return "\n".join(lines)
 
 
@@ -131,8 +136,10 @@ def main(argv=None):
                                                 "global": list(r.global_size),
                                                 "local": None if r.local_size is None
                                                 else list(r.local_size),
-                                                "device_us": 1e6 * r.seconds}
-                                               for r in one]})
+                                                "device_us": 1e6 * r.seconds,
+                                                "idle_before_us": None if i == 0 else
+                                                1e-3 * (r.start_ns - one[i - 1].end_ns)}
+                                               for i, r in enumerate(one)]})
     print(f"results: {_common.write_json('profile_step', {'rows': rows}, args.json)}")
 
 

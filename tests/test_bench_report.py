@@ -117,7 +117,7 @@ def _untimed_rows_aside_and_back(bench_half, tuning, dev):
 
 def test_profile_step_lists_a_steps_launches_in_order():
     """profile_step.py --launches: one line per launch, in the order made, with its
-    tile, global and local sizes and device time."""
+    tile, global and local sizes, device time and the idle time before it."""
     import profile_step
     from clnn.profiler import KernelRecord
     recs = [KernelRecord("clnn_gemm_tiled", "gemm", {"dtype": "float16", "tuning": (
@@ -126,5 +126,6 @@ def test_profile_step_lists_a_steps_launches_in_order():
     lines = profile_step.launch_table(recs).splitlines()
     assert len(lines) == 3 and lines[0].split()[:2] == ["#", "kernel"]
     assert lines[1].split() == ["0", "clnn_gemm_tiled", "[float16,", "64x64", "f16]",
-                                "128x4x1", "64x1x1", "2.5"]
-    assert lines[2].split() == ["1", "clnn_sgd_step", "256", "-", "0.3"]
+                                "128x4x1", "64x1x1", "2.5", "-"]
+    # (idle before it: from the first one's end at 3.5 us to its start at 4 us)
+    assert lines[2].split() == ["1", "clnn_sgd_step", "256", "-", "0.3", "0.5"]
