@@ -74,11 +74,13 @@ class Profile:
     def _finish(self):
         if self._launches:
             cl.wait_for_events([evt for *_, evt in self._launches])
-        off = {k.device.name for k, *_ in self._launches if not k.device.profiling}
+        enabled = cl.command_queue_properties.PROFILING_ENABLE
+        off = {evt.command_queue.device.name for *_, evt in self._launches
+               if not evt.command_queue.properties & enabled}
         if off:
             self._launches = []
             raise DeviceError(f"clnn.profile() reads profiling events, and {sorted(off)} "
-                              f"run without them here (CLNN_PROFILING=0)")
+                              f"ran without them here (CLNN_PROFILING=0)")
         self.records = [KernelRecord(k.entry, getattr(k, "stem", "?"),
                                      dict(getattr(k, "params", {})), gs,
                                      None if ls is None else tuple(ls),
