@@ -342,16 +342,38 @@ def conv():
     for params in tuning.all_gemm_rows():
         if tuning.gemm_problems(params, facts):
             continue
-        # the GPU rows' data gradient both through col2im and by stride phase
+        # the GPU rows' data gradient both through col2im and by stride phase (and
+        # their forward pass as the tiled GEMM: convt.cl's tiles are checked below)
         for col2im in ((16, 0) if params["variant"] == "local" else (16,)):
             with tuning.override("gemm", params), \
-                    mock.patch.object(conv_module, "COL2IM_CHANNELS", col2im):
+                    mock.patch.object(conv_module, "COL2IM_CHANNELS", col2im), \
+                    mock.patch.object(conv_module, "TILE_DIRECT_MAXM", 0):
                 close(clnn.conv2d(X, Wd, B, stride=(2, 1), padding=1).get(), ref, 1e-4)
                 close(clnn.conv2d_backward_data(DY, Wd, x.shape, stride=(2, 1),
                                                 padding=1).get(), dx_ref, 1e-4)
                 close(clnn.conv2d_backward_weight(DY, X, w.shape, stride=(2, 1),
                                                   padding=1).get(), dw_ref, 1e-4)
         checked += 1
+    # convt.cl's direct tiles (the GPU path's forward pass up to 16 filters, its data
+    # gradient at unit stride up to 16 channels): 4, 8 and 16 sums a work-item, the
+    # channels in blocks (9 with a 5x5 filter and 16 sums: 6 a block), bias and relu
+    # fused, partial tiles, the flipped filters of the data gradient
+    with tuning.override("gemm", tuning.GEMM_TABLE["type"]["GPU"]), clnn.profile() as prof:
+        for (C, M, R, S, st, pd) in ((3, 3, 3, 2, (2, 1), (1, 1)), (9, 16, 5, 5, (1, 1), (2, 1)),
+                                     (2, 7, 3, 3, (1, 1), (0, 1))):
+            xt = rng.standard_normal((2, C, 11, 18)).astype(np.float32)
+            wt = rng.standard_normal((M, C, R, S)).astype(np.float32)
+            bt = rng.standard_normal(M).astype(np.float32)
+            yt = conv2d_ref(xt, wt, bt, st, pd)
+            dyt = rng.standard_normal(yt.shape).astype(np.float32)
+            dxt, _ = conv2d_backward_ref(dyt, xt, wt, st, pd)
+            close(clnn.conv2d(clnn.asarray(xt), clnn.asarray(wt), clnn.asarray(bt), stride=st,
+                              padding=pd, activation="relu").get(), np.maximum(yt, 0), 1e-4)
+            close(clnn.conv2d_backward_data(clnn.asarray(dyt), clnn.asarray(wt), xt.shape,
+                                            stride=st, padding=pd).get(), dxt, 1e-4)
+    assert {r.params["MB"] for r in prof.records if r.entry == "clnn_convt_forward"} == \
+        {4, 8, 16}
+    checked += 1
     # conv.cl's gathered kernels: flat and line layouts, the padded copy and the
     # bounds-checked reads, both data-gradient methods, float64's narrower vectors,
     # work-items that walk the rows first (small problems walk the panels first);

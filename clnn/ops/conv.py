@@ -510,6 +510,52 @@ def _tiled(dev, dt, rows, mode, *, M, N, K, a, b, c, k3, coef, cols, alpha=1.0,
 # with C rows it would fill a few rows of every tile (the 3-channel stem: 3 of 16)
 COL2IM_CHANNELS = 16
 
+# convt.cl, the direct convolution in local-memory tiles, takes the GPU path's forward
+# passes with at most this many output channels, and its data gradients at unit
+# stride with at most this many input channels (0: never; at most 16, its widest MB).
+# As an implicit GEMM such a layer fills 16 rows of a tile or fewer, and each
+# unrolled element it gathers serves only M rows (LeNet-5's C1 and C3: 6 and 16).
+TILE_DIRECT_MAXM = 16
+# its tile (TW x TH output positions, a work-item each) and its local memory (LW
+# elements of weights, LP of input patch, acc_t each: 16 KiB in float)
+_CONVT = {"TW": 16, "TH": 8, "LW": 2560, "LP": 1536}
+_CONVT_MB = (4, 8, 16)
+programs.register("convt", dict(_CONVT, act="none", MB=16),
+                  lambda: [dict(_CONVT, act=a, MB=mb) for a in ("none",) + ACTIVATIONS
+                           for mb in _CONVT_MB])
+
+
+def _tile_direct(dev, dt, N, Cin, Mout, R, S, st):
+    """convt.cl's (MB, CB) for a forward pass from ``Cin`` to ``Mout`` channels at
+    stride ``st`` (N images), or None where it does not take it: more channels than
+    TILE_DIRECT_MAXM, a channel's patch or weights past its local memory, or a device
+    that cannot hold its tile or launch N images along the grid's third axis."""
+    t = _CONVT
+    if Mout > min(TILE_DIRECT_MAXM, _CONVT_MB[-1]) or N > 65535 or \
+            t["TW"] * t["TH"] > dev.facts.max_work_group_size or \
+            (t["LW"] + t["LP"]) * programs.acc_dtype(dt).itemsize > dev.facts.local_mem_size:
+        return None
+    mb = next(m for m in _CONVT_MB if Mout <= m)
+    patch = ((t["TH"] - 1) * st[0] + R) * ((t["TW"] - 1) * st[1] + S)
+    cb = min(Cin, t["LW"] // (R * S * mb), t["LP"] // patch)
+    return (mb, cb) if cb >= 1 else None
+
+
+def _run_tile_direct(dev, dt, plan, *, x, N, Cin, H, W, Mout, P, Q, R, S, st, pd, w, flip,
+                     out, act="none", act_p=(0.0, 0.0), bias=None):
+    """One launch of convt.cl (see there; ``flip``: the data gradient at unit stride,
+    ``pd`` then R - 1 - ph and S - 1 - pw)."""
+    mb, cb = plan
+    kern = programs.get_kernel(dev, "convt", "clnn_convt_forward",
+                               dict(_CONVT, dtype=programs.dtype_name(dt), act=act, MB=mb))
+    tw, th = _CONVT["TW"], _CONVT["TH"]
+    bb = bias if bias is not None else w
+    return kern((-(-Q // tw) * tw, -(-P // th) * th, N), (tw, th, 1), C=Cin, H=H, W=W,
+                M=Mout, P=P, Q=Q, R=R, S=S, SH=st[0], SW=st[1], PH=pd[0], PW=pd[1], CB=cb,
+                flip=int(flip), act_p=act_p[0], act_q=act_p[1],
+                has_bias=int(bias is not None), x=x, x_off=offset(x), w=w,
+                w_off=offset(w), b=bb, b_off=offset(bb), y=out, y_off=offset(out))
+
 
 def _tiled_dgrad_col2im(dev, dt, rows, dy, w, out, C, H, W, M, P, Q, R, S, st, pd):
     """dcol (CRS x PQ, per image) = w^T (CRS x M) @ dy (M x PQ): one batched GEMM of
@@ -1081,6 +1127,13 @@ def _conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_pa
                               out=ys, out_steps=(M * P * Q, Q, 1, P * Q), act=act,
                               act_p=act_p, bias=b, scratch=scratch)
         return done(out, evt)
+    plan = p["variant"] == "local" and not dilated and \
+        _tile_direct(dev, dt, N, C, M, R, S, st)
+    if plan:
+        evt = _run_tile_direct(dev, dt, plan, x=x, N=N, Cin=C, H=H, W=W, Mout=M, P=P, Q=Q,
+                               R=R, S=S, st=st, pd=pd, w=w, flip=False, out=out, act=act,
+                               act_p=act_p, bias=b)
+        return done(out, evt)
     if p["variant"] == "local":
         # y (M x NPQ) = w (M x CRS) @ unroll(x) (CRS x NPQ): k = (c, r, s) reads
         # x[n, c, p sh - ph + r dh, q sw - pw + s dw] for column (n, p, q)
@@ -1145,6 +1198,14 @@ def _conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None,
         return done(out, evt)
     if p["variant"] == "gather":
         evt = _dgrad_col2im(dev, dt, p, dy, w, out, C, H, W, M, P, Q, R, S, st, pd)
+        return done(out, evt)
+    plan = p["variant"] == "local" and st == (1, 1) and (dh, dw) == (1, 1) and \
+        pd[0] < R and pd[1] < S and _tile_direct(dev, dt, N, M, C, R, S, st)
+    if plan:
+        # the flipped forward pass over dy (see the gathered path's "flip" above)
+        evt = _run_tile_direct(dev, dt, plan, x=dy, N=N, Cin=M, H=P, W=Q, Mout=C, P=H, Q=W,
+                               R=R, S=S, st=st, pd=(R - 1 - pd[0], S - 1 - pd[1]), w=w,
+                               flip=True, out=out)
         return done(out, evt)
     if p["variant"] == "local":
         if (dh, dw) != (1, 1):

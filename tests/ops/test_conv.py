@@ -51,16 +51,18 @@ VARIANTS = {
     "pixels": ("conv", dict(GATHER, PIXELS=True, QV=1, VW=4, MB=3, DGRAD="flip"), {}),
     "pixels-wide": ("conv", dict(GATHER, PIXELS=True, QV=2, VW=4, MB=6, DGRAD="flip"), {}),
     # gemm.cl's loaders: the CPU's packed panels, the GPU tiles (k tables and column
-    # maps; the data gradient through col2im below 16 channels, else by stride phase)
+    # maps; the data gradient through col2im below 16 channels, else by stride phase).
+    # "gpu" as a GPU runs it: up to 16 filters (here all of them) in convt.cl's direct
+    # tiles, forward and at unit stride the data gradient; the others without them.
     "gemm-reg": ("gemm", tuning.GEMM_TABLE["type"]["CPU"], {}),
     "gpu": ("gemm", tuning.GEMM_TABLE["type"]["GPU"], {}),
     "gpu-odd": ("gemm", {"variant": "local", "MWG": 12, "NWG": 8, "KWG": 5, "MDIMC": 4,
-                         "NDIMC": 2}, {}),
-    "gpu-nvidia-phases": ("gemm", NV[3], {"COL2IM_CHANNELS": 0}),
-    "gpu-nvidia-splitk": ("gemm", dict(NV[-1], KSPLIT=3), {}),
+                         "NDIMC": 2}, {"TILE_DIRECT_MAXM": 0}),
+    "gpu-nvidia-phases": ("gemm", NV[3], {"COL2IM_CHANNELS": 0, "TILE_DIRECT_MAXM": 0}),
+    "gpu-nvidia-splitk": ("gemm", dict(NV[-1], KSPLIT=3), {"TILE_DIRECT_MAXM": 0}),
     "gpu-odd-splitk-phases": ("gemm", {"variant": "local", "MWG": 12, "NWG": 8, "KWG": 5,
                                        "MDIMC": 4, "NDIMC": 2, "KSPLIT": 2},
-                              {"COL2IM_CHANNELS": 0}),
+                              {"COL2IM_CHANNELS": 0, "TILE_DIRECT_MAXM": 0}),
 }
 
 
@@ -824,6 +826,54 @@ def test_gpu_paths_on_strided_layers(variant, shape):
     N, C, H, W, M, R, S, st, pad = shape
     with variant_in_force(variant):
         check_conv(N, C, H, W, M, R, S, st, pad)
+
+
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("shape", [(3, 1, 32, 32, 6, 5, 5, (1, 1), (0, 0)),
+                                   (2, 6, 14, 14, 16, 5, 5, (1, 1), (0, 0)),
+                                   (2, 37, 9, 11, 13, 3, 5, (2, 1), (1, 2)),
+                                   (1, 23, 17, 3, 1, 3, 3, (1, 1), (2, 1)),
+                                   (2, 3, 19, 41, 11, 2, 1, (1, 3), (1, 0))],
+                         ids=["C1", "C3", "blocks", "one-filter", "odd"])
+def test_gpu_direct_tiles(shape, dtype):
+    """convt.cl (the GPU path's forward pass for up to 16 filters, and its data
+    gradient at unit stride for up to 16 channels): LeNet-5's C1 and C3 (8 and 16
+    sums a work-item), 37 channels in blocks of 4 with a 3x5 filter at stride (2, 1),
+    one filter (the data gradient: 23 channels, over 16, goes the GEMM's way), tiles
+    that P and Q leave partial, with bias, relu, padding, offsets and canaries; each
+    pass in one launch."""
+    N, C, H, W, M, R, S, st, pad = shape
+    with variant_in_force("gpu"), clnn.profile() as prof:
+        check_conv(N, C, H, W, M, R, S, st, pad, dtype=dtype, act="relu")
+    entries = [r.entry for r in prof.records]
+    assert entries[0] == "clnn_convt_forward"
+    direct_dgrad = st == (1, 1) and C <= 16
+    assert entries.count("clnn_convt_forward") == 1 + direct_dgrad
+    assert (entries[1] == "clnn_convt_forward") == direct_dgrad
+
+
+def test_gpu_direct_tiles_only_where_they_fit():
+    """Past 16 filters, a patch past its local memory (an 11x11 filter at stride 4: 39 x
+    71 inputs for a tile), more images than the grid's third axis takes, or a dilated
+    filter, the tiled GEMM runs instead; 4, 8 or 16 sums a work-item, whichever holds
+    the filters."""
+    from clnn.ops import conv as conv_module
+    dev = clnn.device()
+    plan = conv_module._tile_direct
+    assert plan(dev, np.float32, 2, 6, 16, 5, 5, (1, 1)) == (16, 6)
+    assert plan(dev, np.float32, 2, 6, 6, 5, 5, (1, 1)) == (8, 6)
+    assert plan(dev, np.float32, 2, 6, 3, 5, 5, (1, 1)) == (4, 6)
+    assert plan(dev, np.float32, 2, 37, 13, 3, 5, (2, 1)) == (16, 4)   # 4 channels a block
+    assert plan(dev, np.float32, 2, 6, 17, 5, 5, (1, 1)) is None
+    assert plan(dev, np.float32, 2, 3, 8, 11, 11, (4, 4)) is None
+    assert plan(dev, np.float32, 70000, 3, 8, 3, 3, (1, 1)) is None
+    x = clnn.asarray(RNG.standard_normal((1, 2, 9, 9)).astype(np.float32))
+    with variant_in_force("gpu"), clnn.profile() as prof:
+        check_conv(1, 2, 9, 9, 17, 3, 3, (1, 1), (1, 1))    # the data gradient only
+        clnn.conv2d(x, clnn.zeros((3, 2, 3, 3)), dilation=2)
+        clnn.conv2d_backward_data(clnn.zeros((1, 3, 5, 5)), clnn.zeros((3, 2, 3, 3)),
+                                  (1, 2, 9, 9), dilation=2)
+    assert [r.entry for r in prof.records].count("clnn_convt_forward") == 1
 
 
 def test_gpu_split_k_is_bitwise_reproducible():
