@@ -3,6 +3,7 @@ beside PyTorch CPU (and cuDNN through PyTorch CUDA, TF32 off, on a machine with 
 NVIDIA GPU) in the same run.
 
     python benchmarks/bench_conv.py [--device SPEC] [--repeats 5] [--layers depthwise,...]
+                                    [--tile-direct on,off]
 
 Layers: LeNet-5's C1, C3 and C5 at batch 64, three ResNet-like 3x3 layers (N=32, C=M=64
 at 56x56, 128 at 28x28 and 256 at 14x14, padding 1) and a ResNet stem (N=8, 3
@@ -16,6 +17,7 @@ against PyTorch (or, without it, the float64 loops of tests/reference.py) before
 timing. Writes benchmarks/results/bench_conv.json.
 """
 
+import contextlib
 import os
 import sys
 
@@ -27,6 +29,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 import _common  # noqa: E402
 
 import clnn  # noqa: E402
+from clnn.tuner import median_kernel_time  # noqa: E402
 
 # (name, N, C, H, W, M, R, S, padding, stride[, dilation, groups])
 LAYERS = [("LeNet C1", 64, 1, 32, 32, 6, 5, 5, 0, 1), ("LeNet C3", 64, 6, 14, 14, 16, 5, 5, 0, 1),
@@ -41,6 +44,19 @@ LAYERS = [("LeNet C1", 64, 1, 32, 32, 6, 5, 5, 0, 1), ("LeNet C3", 64, 6, 14, 14
           ("CIFAR 32x32x32 3x3", 64, 32, 32, 32, 32, 3, 3, 1, 1),
           ("3x3 s2 56->28 64->128", 32, 64, 56, 56, 128, 3, 3, 1, 2),
           ("1x1 s2 56->28 256->512", 32, 256, 56, 56, 512, 1, 1, 0, 2)]
+
+
+@contextlib.contextmanager
+def _tile_direct(setting):
+    """conv.TILE_DIRECT_MAXM as ``setting`` says ("on": 16, "off": 0, None: as it is)."""
+    conv = sys.modules["clnn.ops.conv"]
+    old = conv.TILE_DIRECT_MAXM
+    if setting:
+        conv.TILE_DIRECT_MAXM = 16 if setting == "on" else 0
+    try:
+        yield
+    finally:
+        conv.TILE_DIRECT_MAXM = old
 
 
 def references(torch, x, w, dy, pad, st, dl=1, g=1):
@@ -76,7 +92,13 @@ def main(argv=None):
     ap = _common.arg_parser(__doc__)
     ap.add_argument("--layers", help="comma-separated words: only layers whose name has "
                     "one (e.g. depthwise,LeNet)")
+    ap.add_argument("--tile-direct", default="",
+                    help="on,off: time clnn with the GPU path's direct tiles (convt.cl, "
+                         "conv.TILE_DIRECT_MAXM) and without, each also in kernel time")
     args = ap.parse_args(argv)
+    settings = [v for v in args.tile_direct.split(",") if v] or [None]
+    if any(v not in ("on", "off", None) for v in settings):
+        raise SystemExit(f"--tile-direct takes on and off, got {args.tile_direct!r}")
     torch = _common.torch_or_none()
     rows = []
     cuda = _common.torch_cuda()
@@ -101,12 +123,19 @@ def main(argv=None):
                    "data grad": lambda: clnn.conv2d_backward_data(DY, Wd, x.shape, **kw),
                    "weight grad": lambda: clnn.conv2d_backward_weight(DY, X, w.shape,
                                                                       **kw)}
-            for op, ref in zip(ops, (y_ref, dx_ref, dw_ref)):
-                close(f"{name} {op}", ops[op]().get(), ref)
-            key = f"clnn ({dev.name})"
-            row["ms"][key] = {op: 1e3 * _common.median_time(fn, args.repeats,
-                                                            sync=dev.finish)
-                              for op, fn in ops.items()}
+            for setting in settings:
+                with _tile_direct(setting):
+                    for op, ref in zip(ops, (y_ref, dx_ref, dw_ref)):
+                        close(f"{name} {op}", ops[op]().get(), ref)
+                    key = f"clnn ({dev.name})" + (f" [direct tiles {setting}]" if setting
+                                                  else "")
+                    row["ms"][key] = {op: 1e3 * _common.median_time(fn, args.repeats,
+                                                                    sync=dev.finish)
+                                      for op, fn in ops.items()}
+                    if setting:
+                        row["ms"][key + " kernels"] = {
+                            op: 1e3 * median_kernel_time(fn, dev, args.repeats)
+                            for op, fn in ops.items()}
         if torch is not None:
             tops = torch_ops(torch, x, w, dy, pad, st, dl, g)
             row["ms"]["PyTorch CPU"] = {op: 1e3 * _common.median_time(fn, args.repeats)

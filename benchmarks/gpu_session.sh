@@ -20,10 +20,12 @@
 #   bash benchmarks/gpu_session.sh finish   # what the two open issues still need, first
 #                                           # in a session: the engines' GEMMs NN and NT
 #                                           # beside cuBLAS at 4096^3 and 8192^3,
-#                                           # LeNet-5's steps launch by launch, host time
-#                                           # per call with and without profiling events,
-#                                           # then the whole suite (TESTS_LIMIT, default
-#                                           # 340 s; the tests part goes on from there)
+#                                           # the 16-bit steps, LeNet's layers with and
+#                                           # without convt.cl's tiles, LeNet-5's steps
+#                                           # launch by launch, host time per call with
+#                                           # and without profiling events, then the whole
+#                                           # suite (TESTS_LIMIT, default 260 s; the tests
+#                                           # part goes on from there)
 #   bash benchmarks/gpu_session.sh tests    # the whole suite on the GPU, resumable: run
 #                                           # it again (same OUT, same machine) to go on
 #                                           # where a cut-off run stopped (3 minutes on an
@@ -165,8 +167,11 @@ run_finish() {
   # issue 11's wall-clock table: float32, TF32 and float16 beside cuBLAS, NN (on
   # Hopper through copies along k to the WGMMA rows, never timed) and NT
   LIMIT=90 bench bench_engines --sizes 4096,8192
-  # issue 11's LeNet-5 float16 step: each launch of a step, in order (which layer's
-  # product loses to float32's)
+  # issue 11's LeNet-5 float16 step against float32's, now that LeNet's convolutions
+  # run in convt.cl's direct tiles (never timed); those layers with and without them;
+  # and each launch of a step, in order
+  LIMIT=40 bench bench_half --lenet-batches 64,1024
+  LIMIT=40 bench bench_conv --layers LeNet,CIFAR --tile-direct on,off
   LIMIT=40 bench profile_step --steps 5 --lenet-batch 64,1024 --mlp-batch 0 --launches
   # host time per call with and without profiling events on the queue (on the H200 a
   # replayed launch took about 19 us and a sum along rows 80 us of host time)
@@ -175,7 +180,7 @@ run_finish() {
     --device "$DEVICE" --repeats 3 --json "$OUT/bench_host_noprofiling.json"
   # issue 10's last item: the whole suite on the GPU (resumable: run the tests part
   # next with the same OUT to go on)
-  LIMIT=${TESTS_LIMIT:-340} run_tests
+  LIMIT=${TESTS_LIMIT:-260} run_tests
 }
 
 run_gemm() {

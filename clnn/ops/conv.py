@@ -516,6 +516,9 @@ COL2IM_CHANNELS = 16
 # As an implicit GEMM such a layer fills 16 rows of a tile or fewer, and each
 # unrolled element it gathers serves only M rows (LeNet-5's C1 and C3: 6 and 16).
 TILE_DIRECT_MAXM = 16
+# and at most this many terms a sum (C R S): a work-item adds them one after another,
+# where the tiled GEMM can split them over work-groups (split-K). A guess, untimed.
+TILE_DIRECT_MAXK = 1024
 # its tile (TW x TH output positions, a work-item each) and its local memory (LW
 # elements of weights, LP of input patch, acc_t each: 16 KiB in float)
 _CONVT = {"TW": 16, "TH": 8, "LW": 2560, "LP": 1536}
@@ -528,10 +531,12 @@ programs.register("convt", dict(_CONVT, act="none", MB=16),
 def _tile_direct(dev, dt, N, Cin, Mout, R, S, st):
     """convt.cl's (MB, CB) for a forward pass from ``Cin`` to ``Mout`` channels at
     stride ``st`` (N images), or None where it does not take it: more channels than
-    TILE_DIRECT_MAXM, a channel's patch or weights past its local memory, or a device
-    that cannot hold its tile or launch N images along the grid's third axis."""
+    TILE_DIRECT_MAXM, sums longer than TILE_DIRECT_MAXK, a channel's patch or weights
+    past its local memory, or a device that cannot hold its tile or launch N images
+    along the grid's third axis."""
     t = _CONVT
     if Mout > min(TILE_DIRECT_MAXM, _CONVT_MB[-1]) or N > 65535 or \
+            Cin * R * S > TILE_DIRECT_MAXK or \
             t["TW"] * t["TH"] > dev.facts.max_work_group_size or \
             (t["LW"] + t["LP"]) * programs.acc_dtype(dt).itemsize > dev.facts.local_mem_size:
         return None

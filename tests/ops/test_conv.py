@@ -853,10 +853,10 @@ def test_gpu_direct_tiles(shape, dtype):
 
 
 def test_gpu_direct_tiles_only_where_they_fit():
-    """Past 16 filters, a patch past its local memory (an 11x11 filter at stride 4: 39 x
-    71 inputs for a tile), more images than the grid's third axis takes, or a dilated
-    filter, the tiled GEMM runs instead; 4, 8 or 16 sums a work-item, whichever holds
-    the filters."""
+    """Past 16 filters, sums of more than 1024 terms, a patch past its local memory (an
+    11x11 filter at stride 4: 39 x 71 inputs for a tile), more images than the grid's
+    third axis takes, or a dilated filter, the tiled GEMM runs instead; 4, 8 or 16 sums
+    a work-item, whichever holds the filters."""
     from clnn.ops import conv as conv_module
     dev = clnn.device()
     plan = conv_module._tile_direct
@@ -867,6 +867,9 @@ def test_gpu_direct_tiles_only_where_they_fit():
     assert plan(dev, np.float32, 2, 6, 17, 5, 5, (1, 1)) is None
     assert plan(dev, np.float32, 2, 3, 8, 11, 11, (4, 4)) is None
     assert plan(dev, np.float32, 70000, 3, 8, 3, 3, (1, 1)) is None
+    assert plan(dev, np.float32, 2, 113, 8, 3, 3, (1, 1)) == (8, 8)    # sums of 1017
+    assert plan(dev, np.float32, 2, 114, 8, 3, 3, (1, 1)) is None      # and of 1026
+    assert plan(dev, np.float32, 2, 1024, 8, 1, 1, (1, 1)) == (8, 12)  # 8 x 16 a patch
     x = clnn.asarray(RNG.standard_normal((1, 2, 9, 9)).astype(np.float32))
     with variant_in_force("gpu"), clnn.profile() as prof:
         check_conv(1, 2, 9, 9, 17, 3, 3, (1, 1), (1, 1))    # the data gradient only
