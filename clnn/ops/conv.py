@@ -32,6 +32,10 @@ elements lives in the input while the GEMM reads it. Two kernels do this:
     data gradient:    dx (C x NHW)   = w^T gathered (C x MRS) @ dy gathered (MRS x NHW)
     weight gradient:  dw (M x CRS)   = dy (M x NPQ) @ unroll(x)^T (NPQ x CRS)
 
+  except for layers with few filters (TILE_DIRECT_MAXM), whose forward pass (and data
+  gradient at unit stride into few channels) convt.cl sums directly from input
+  patches in local memory (_tile_direct).
+
 Every output element is summed by one work-item in a fixed order: no atomics, bitwise
 reproducible results.
 """
