@@ -505,6 +505,7 @@ def engines(wgmma=False):
     instead, in products only (a convolution under one runs the table's mma.sync row,
     which the battery without it checks): a battery of their own, which pytest-xdist
     runs beside the other."""
+    from unittest import mock
     from clnn import plans, tuning
     facts = clnn.device().facts
     rng = np.random.default_rng(5)
@@ -571,7 +572,8 @@ def engines(wgmma=False):
         refs = (clnn.conv2d(x64, w64, padding=1).get(),
                 clnn.conv2d_backward_data(dy64, w64, x.shape, padding=1).get(),
                 clnn.conv2d_backward_weight(dy64, x64, w.shape, padding=1).get())
-        with tuning.override("gemm", row):
+        with tuning.override("gemm", row), mock.patch.object(
+                sys.modules["clnn.ops.conv"], "TILE_DIRECT_MAXM", 0):     # (the engines')
             X, W, DY = clnn.asarray(x), clnn.asarray(w), clnn.asarray(dy)
             got = (clnn.conv2d(X, W, padding=1).get(),
                    clnn.conv2d_backward_data(DY, W, x.shape, padding=1).get(),
