@@ -79,6 +79,21 @@ def test_nvidia_float32_rows_assemble_and_fit(kind, row):
         (not tuning.gemm_problems(row, H100, 4))
 
 
+@needs_ptxas
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_direct_convolution_tiles_assemble_without_spills(dtype):
+    """convt.cl (the GPU path's layers of up to 16 filters): its MB sums stay in
+    registers at every width, and its local memory is the 16 KiB conv.py plans for."""
+    import sys
+    conv = sys.modules["clnn.ops.conv"]
+    for mb in conv._CONVT_MB:
+        res = ptx.assemble(programs.render("convt", dict(conv._CONVT, dtype=dtype,
+                                                         act="relu", MB=mb)))
+        r = res["clnn_convt_forward"]
+        assert r.spill_bytes == 0 and r.stack_bytes == 0 and r.registers <= 64, (mb, r)
+        assert r.local_bytes == (conv._CONVT["LW"] + conv._CONVT["LP"]) * 4
+
+
 def test_ptxas_reports_are_read_per_kernel():
     log = """ptxas info    : 0 bytes gmem
 ptxas info    : Compiling entry function 'clnn_gemm_splitk' for 'sm_90'
