@@ -15,8 +15,8 @@ called past them, which shows what the plans save in the same run; and ``python`
 Each result is checked against PyTorch (or numpy) first.
 
 First, the floor under all of them: an empty kernel enqueued straight through
-PyOpenCL. Then the same three figures for whole replayed LeNet-5 training steps (batch 64,
-SGD with momentum) in float32, float16 and bfloat16 (mixed precision, the batch kept
+PyOpenCL. Then the same three figures for whole replayed LeNet-5 training steps (batch
+64, SGD with momentum) in float32, float16 and bfloat16 (mixed precision, the batch kept
 in the 16-bit type as fit keeps it): what a step costs the host beside its kernels,
 and whether mixed precision adds to it. Each is checked first: its replayed steps
 give bitwise the plain steps' losses and weights.

@@ -1,10 +1,10 @@
 """Device selection and device facts.
 
 A ``Device`` owns one context, one in-order queue (with profiling, so benchmarks and
-the tuner can time kernels from events; CLNN_PROFILING=0 leaves it out), the buffer pool, the kernel cache and a small
-cache of constant tables. There
-is one ``Device`` per OpenCL device per process, so every array clnn makes for a device
-lives in the same context and can be mixed freely.
+the tuner can time kernels from events; CLNN_PROFILING=0 leaves it out), the buffer
+pool, the kernel cache and a small cache of constant tables. There is one ``Device``
+per OpenCL device per process, so every array clnn makes for a device lives in the
+same context and can be mixed freely.
 """
 
 import math
