@@ -56,19 +56,24 @@ void clnn_convt_forward(const int C, const int H, const int W, const int M, cons
     for (int c0 = 0; c0 < C; c0 += CB) {
         const int cb = min(CB, C - c0);
         barrier(CLK_LOCAL_MEM_FENCE);             // the block before is read by all
-        __global const real_t *xc = x + x_off + (n * C + c0) * H * W;
-        for (int i = lid; i < cb * PT * QT; i += TW * TH) {
-            const int c = i / (PT * QT), rest = i - c * (PT * QT);
-            const int h = h0 + rest / QT, v = w0 + rest % QT;
-            xl[i] = (h >= 0 && h < H && v >= 0 && v < W) ?
-                CLNN_LOAD(xc, (c * H + h) * W + v) : (acc_t)0;
-        }
-        for (int i = lid; i < cb * RS * MB; i += TW * TH) {
-            const int m = i % MB, t = i / MB;                      // t = (c R + r) S + s
-            const int c = c0 + t / RS, rs = t % RS;
-            wl[i] = m >= M ? (acc_t)0 : flip ?
-                CLNN_LOAD(w, w_off + (c * M + m) * RS + (RS - 1 - rs)) :
-                CLNN_LOAD(w, w_off + (m * C + c) * RS + rs);
+        // (loops without a division by a size known only at run time: a channel's
+        // patch row by row, its weights with m = j % MB and (r, s) = j / MB)
+        for (int c = 0; c < cb; ++c) {
+            __global const real_t *xc = x + x_off + ((n * C + c0 + c) * H) * W;
+            for (int hh = ty; hh < PT; hh += TH) {
+                const int h = h0 + hh;
+                for (int vv = tx; vv < QT; vv += TW) {
+                    const int v = w0 + vv;
+                    xl[(c * PT + hh) * QT + vv] = (h >= 0 && h < H && v >= 0 && v < W) ?
+                        CLNN_LOAD(xc, h * W + v) : (acc_t)0;
+                }
+            }
+            for (int j = lid; j < RS * MB; j += TW * TH) {
+                const int m = j % MB, rs = j / MB;
+                wl[c * RS * MB + j] = m >= M ? (acc_t)0 : flip ?
+                    CLNN_LOAD(w, w_off + ((c0 + c) * M + m) * RS + (RS - 1 - rs)) :
+                    CLNN_LOAD(w, w_off + (m * C + c0 + c) * RS + rs);
+            }
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         for (int c = 0; c < cb; ++c)
