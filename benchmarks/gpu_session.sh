@@ -171,7 +171,7 @@ run_finish() {
   # run in convt.cl's direct tiles (never timed); those layers with and without them;
   # and each launch of a step, in order
   LIMIT=40 bench bench_half --lenet-batches 64,1024
-  LIMIT=40 bench bench_conv --layers LeNet,CIFAR --tile-direct on,off
+  LIMIT=40 bench bench_conv --layers LeNet --tile-direct on,off
   LIMIT=40 bench profile_step --steps 5 --lenet-batch 64,1024 --mlp-batch 0 --launches
   # host time per call with and without profiling events on the queue (on the H200 a
   # replayed launch took about 19 us and a sum along rows 80 us of host time)
