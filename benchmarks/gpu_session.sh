@@ -75,8 +75,9 @@ run_tests() {
   # ends (tests/conftest.py, CLNN_TEST_RECORD), and a run finds the tests that file
   # already names left out (CLNN_TEST_RESUME). A run cut off by LIMIT (or by the
   # command's 10 minutes) goes on from where it stopped when the same command is run
-  # again with the same OUT on the same machine; RESTART=1 starts afresh.
-  local record="$OUT/tests-record.tsv"
+  # again with the same OUT on the same machine; RESTART=1 starts afresh. TESTS_RECORD
+  # names another record file (one a session before brought back and carried over).
+  local record="${TESTS_RECORD:-$OUT/tests-record.tsv}"
   [ -n "${RESTART:-}" ] && rm -f "$record"
   local workers=()      # pytest-xdist where the machine has it (GPU images often lack it)
   "$PY" -c "import xdist" 2>/dev/null && workers=(-n "${WORKERS:-12}")
