@@ -332,7 +332,10 @@ def test_tuner_searches_convolutions(db, monkeypatch):
     row = tuning.gemm_params(dev.facts)
     monkeypatch.setattr(tuner, "candidates", lambda f, q: [row])
     results = tuner.tune(("conv",), quick=True, progress=False, log=lambda *a: None)
-    assert set(results) == {"conv-fwd-small", "conv-dgrad-small", "conv-wgrad-small"}
+    # (5 filters from 3 channels: on a GPU, convt.cl's direct tiles run the forward pass
+    # and the data gradient, which the rows tuned here would never run)
+    assert set(results) == ({"conv-fwd-small", "conv-dgrad-small", "conv-wgrad-small"}
+                            if dev.facts.is_cpu else {"conv-wgrad-small"})
     for klass, (best, gflops, table_gflops) in results.items():
         assert gflops > 0 and table_gflops > 0
         if gflops > table_gflops:             # stored only when it beat the table
@@ -347,6 +350,23 @@ def test_tuner_searches_convolutions(db, monkeypatch):
         assert not [p for p in tried if "WINO" in p or "WINO_M" in p]
     else:
         assert tried == [] and full == []
+
+
+def test_tuner_leaves_out_what_direct_tiles_run_on_gpus(monkeypatch):
+    """On a GPU (an H100's facts), a layer of 5 filters from 3 channels runs its forward
+    pass and data gradient in convt.cl's direct tiles: the tuner times only its weight
+    gradient on the GEMM rows; with 17 filters, the forward pass too."""
+    import numpy as np
+    from clnn import tuner
+    dev = clnn.device()
+    monkeypatch.setattr(dev, "facts", dataclasses.replace(
+        dev.facts, type="GPU", compute_units=132, local_mem_size=49152,
+        nv_compute_capability=0, cache_size=0, float_lanes=0))
+    rng = np.random.default_rng(0)
+    assert set(tuner._conv_problems(dev, (2, 3, 9, 8, 5, 3, 3), rng)) == \
+        {"conv-wgrad-small"}
+    assert set(tuner._conv_problems(dev, (2, 3, 9, 8, 17, 3, 3), rng)) == \
+        {"conv-fwd-small", "conv-wgrad-small"}
 
 
 def test_conv_rows_fit_and_say_whether_tuned(monkeypatch):

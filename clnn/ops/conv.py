@@ -34,7 +34,7 @@ elements lives in the input while the GEMM reads it. Two kernels do this:
 
   except for layers with few filters (TILE_DIRECT_MAXM), whose forward pass (and data
   gradient at unit stride into few channels) convt.cl sums directly from input
-  patches in local memory (_tile_direct).
+  patches in local memory (tile_direct).
 
 Every output element is summed by one work-item in a fixed order: no atomics, bitwise
 reproducible results.
@@ -532,7 +532,7 @@ programs.register("convt", dict(_CONVT, act="none", MB=16),
                            for mb in _CONVT_MB])
 
 
-def _tile_direct(dev, dt, N, Cin, Mout, R, S, st):
+def tile_direct(dev, dt, N, Cin, Mout, R, S, st):
     """convt.cl's (MB, CB) for a forward pass from ``Cin`` to ``Mout`` channels at
     stride ``st`` (N images), or None where it does not take it: more channels than
     TILE_DIRECT_MAXM, sums longer than TILE_DIRECT_MAXK, a channel's patch or weights
@@ -1137,7 +1137,7 @@ def _conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_pa
                               act_p=act_p, bias=b, scratch=scratch)
         return done(out, evt)
     plan = p["variant"] == "local" and not dilated and \
-        _tile_direct(dev, dt, N, C, M, R, S, st)
+        tile_direct(dev, dt, N, C, M, R, S, st)
     if plan:
         evt = _run_tile_direct(dev, dt, plan, x=x, N=N, Cin=C, H=H, W=W, Mout=M, P=P, Q=Q,
                                R=R, S=S, st=st, pd=pd, w=w, flip=False, out=out, act=act,
@@ -1209,7 +1209,7 @@ def _conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None,
         evt = _dgrad_col2im(dev, dt, p, dy, w, out, C, H, W, M, P, Q, R, S, st, pd)
         return done(out, evt)
     plan = p["variant"] == "local" and st == (1, 1) and (dh, dw) == (1, 1) and \
-        pd[0] < R and pd[1] < S and _tile_direct(dev, dt, N, M, C, R, S, st)
+        pd[0] < R and pd[1] < S and tile_direct(dev, dt, N, M, C, R, S, st)
     if plan:
         # the flipped forward pass over dy (see the gathered path's "flip" above)
         evt = _run_tile_direct(dev, dt, plan, x=dy, N=N, Cin=M, H=P, W=Q, Mout=C, P=H, Q=W,

@@ -859,7 +859,7 @@ def test_gpu_direct_tiles_only_where_they_fit():
     a work-item, whichever holds the filters."""
     from clnn.ops import conv as conv_module
     dev = clnn.device()
-    plan = conv_module._tile_direct
+    plan = conv_module.tile_direct
     assert plan(dev, np.float32, 2, 6, 16, 5, 5, (1, 1)) == (16, 6)
     assert plan(dev, np.float32, 2, 6, 6, 5, 5, (1, 1)) == (8, 6)
     assert plan(dev, np.float32, 2, 6, 3, 5, 5, (1, 1)) == (4, 6)
