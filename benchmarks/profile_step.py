@@ -65,17 +65,23 @@ def profile_case(dev, make, batch, in_shape, steps):
     return out
 
 
+def idle_before(records):
+    """The device's idle time in us before each launch (since the previous kernel's
+    end: what a launch costs beyond its kernel where the host keeps up, as
+    plans.LAUNCH models it); None for the first."""
+    return [None] + [1e-3 * (r.start_ns - prev.end_ns) for prev, r in zip(records, records[1:])]
+
+
 def launch_table(records):
     """One step's launches in order: where each layer's product went, and the device's
-    idle time before each (since the previous kernel's end: what a launch costs
-    beyond its kernel where the host keeps up, as plans.LAUNCH models it)."""
+    idle time before each (idle_before)."""
     width = max([len(r.label) for r in records] + [6])
     lines = [f"{'#':>3}  {'kernel':<{width}}  {'global':<22}  {'local':<14}  device us"
              f"  idle before"]
-    for i, r in enumerate(records):
+    for i, (r, idle) in enumerate(zip(records, idle_before(records))):
         gs = "x".join(map(str, r.global_size))
         ls = "-" if r.local_size is None else "x".join(map(str, r.local_size))
-        gap = "-" if i == 0 else f"{1e-3 * (r.start_ns - records[i - 1].end_ns):.1f}"
+        gap = "-" if idle is None else f"{idle:.1f}"
         lines.append(f"{i:3}  {r.label:<{width}}  {gs:<22}  {ls:<14}  {1e6 * r.seconds:9.1f}"
                      f"  {gap:>11}")
     return "\n".join(lines)
@@ -137,9 +143,8 @@ def main(argv=None):
                                                 "local": None if r.local_size is None
                                                 else list(r.local_size),
                                                 "device_us": 1e6 * r.seconds,
-                                                "idle_before_us": None if i == 0 else
-                                                1e-3 * (r.start_ns - one[i - 1].end_ns)}
-                                               for i, r in enumerate(one)]})
+                                                "idle_before_us": idle}
+                                               for r, idle in zip(one, idle_before(one))]})
     print(f"results: {_common.write_json('profile_step', {'rows': rows}, args.json)}")
 
 

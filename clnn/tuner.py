@@ -206,9 +206,9 @@ def _conv_problems(dev, shape, rng, fmt="float32"):
     """{class: (run, read, reference, flops)} for the three convolution ops of one layer
     (padding keeps 3x3 layers' size); references from the device's own table row (no
     engines: float32 sums of the same operands). Not the ops that the GPU path gives
-    convt.cl's direct tiles (conv.tile_direct): the rows tuned here do not run them, and
-    a winner timed on them would be stored for its class untried."""
-    from .ops.conv import conv_geometry, tile_direct
+    convt.cl's direct tiles (conv.tile_direct_op): the rows tuned here do not run them,
+    and a winner timed on them would be stored for its class untried."""
+    from .ops.conv import conv_geometry, tile_direct_op
     N, C, H, W, M, R, S = shape
     pad = 1 if R == 3 else 0
     P, Q = conv_geometry((N, C, H, W), (M, C, R, S), 1, pad)[7:9]
@@ -222,10 +222,9 @@ def _conv_problems(dev, shape, rng, fmt="float32"):
            "wgrad": (lambda: clnn.conv2d_backward_weight(DY, X, w.shape, padding=pad),
                      (M, C * R * S, N * P * Q))}
     if not dev.facts.is_cpu:
-        if tile_direct(dev, x.dtype, N, C, M, R, S, (1, 1)):
-            del ops["fwd"]
-        if pad < R and tile_direct(dev, x.dtype, N, M, C, R, S, (1, 1)):
-            del ops["dgrad"]
+        for mode in ("fwd", "dgrad"):
+            if tile_direct_op(dev, x.dtype, mode, N, C, M, R, S, (1, 1), (pad, pad)):
+                del ops[mode]
     with tuning.override("gemm", tuning.table_rows(dev.facts, x.dtype.itemsize)[0]):
         refs = {mode: op().get().astype(np.float64) for mode, (op, _) in ops.items()}
     flops = 2.0 * N * M * P * Q * C * R * S

@@ -34,7 +34,7 @@ elements lives in the input while the GEMM reads it. Two kernels do this:
 
   except for layers with few filters (TILE_DIRECT_MAXM), whose forward pass (and data
   gradient at unit stride into few channels) convt.cl sums directly from input
-  patches in local memory (tile_direct).
+  patches in local memory (tile_direct_op).
 
 Every output element is summed by one work-item in a fixed order: no atomics, bitwise
 reproducible results.
@@ -548,6 +548,20 @@ def tile_direct(dev, dt, N, Cin, Mout, R, S, st):
     patch = ((t["TH"] - 1) * st[0] + R) * ((t["TW"] - 1) * st[1] + S)
     cb = min(Cin, t["LW"] // (R * S * mb), t["LP"] // patch)
     return (mb, cb) if cb >= 1 else None
+
+
+def tile_direct_op(dev, dt, mode, N, C, M, R, S, st, pd, dilation=(1, 1)):
+    """tile_direct's plan for the GPU path's ``mode`` ("fwd" or "dgrad") of a
+    convolution from C to M channels, or None: undilated forward passes, and data
+    gradients at unit stride whose padding leaves the flipped pass over dy one (the
+    same kernel from M to C channels); a weight gradient never."""
+    if tuple(dilation) != (1, 1):
+        return None
+    if mode == "fwd":
+        return tile_direct(dev, dt, N, C, M, R, S, st)
+    if mode == "dgrad" and tuple(st) == (1, 1) and pd[0] < R and pd[1] < S:
+        return tile_direct(dev, dt, N, M, C, R, S, st)
+    return None
 
 
 def _run_tile_direct(dev, dt, plan, *, x, N, Cin, H, W, Mout, P, Q, R, S, st, pd, w, flip,
@@ -1136,8 +1150,8 @@ def _conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_pa
                               out=ys, out_steps=(M * P * Q, Q, 1, P * Q), act=act,
                               act_p=act_p, bias=b, scratch=scratch)
         return done(out, evt)
-    plan = p["variant"] == "local" and not dilated and \
-        tile_direct(dev, dt, N, C, M, R, S, st)
+    plan = p["variant"] == "local" and \
+        tile_direct_op(dev, dt, "fwd", N, C, M, R, S, st, pd, dilation)
     if plan:
         evt = _run_tile_direct(dev, dt, plan, x=x, N=N, Cin=C, H=H, W=W, Mout=M, P=P, Q=Q,
                                R=R, S=S, st=st, pd=pd, w=w, flip=False, out=out, act=act,
@@ -1208,8 +1222,8 @@ def _conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None,
     if p["variant"] == "gather":
         evt = _dgrad_col2im(dev, dt, p, dy, w, out, C, H, W, M, P, Q, R, S, st, pd)
         return done(out, evt)
-    plan = p["variant"] == "local" and st == (1, 1) and (dh, dw) == (1, 1) and \
-        pd[0] < R and pd[1] < S and tile_direct(dev, dt, N, M, C, R, S, st)
+    plan = p["variant"] == "local" and \
+        tile_direct_op(dev, dt, "dgrad", N, C, M, R, S, st, pd, dilation)
     if plan:
         # the flipped forward pass over dy (see the gathered path's "flip" above)
         evt = _run_tile_direct(dev, dt, plan, x=dy, N=N, Cin=M, H=P, W=Q, Mout=C, P=H, Q=W,
