@@ -580,6 +580,34 @@ def engines(wgmma=False):
                    clnn.conv2d_backward_weight(DY, X, w.shape, padding=1).get())
         for g, r in zip(got, refs):
             close(g / 6, r / 6, tol)
+    if not wgmma:
+        # convt.cl's engine variant (the layers of at most 16 filters under engine rows):
+        # 8 and 16 filters along n, C1's 25 taps padded to 32, blocks of channels (C3's
+        # data gradient: 16 channels in blocks of 6, 6 and 4), partial tiles, bias and
+        # relu; its 11 and 16 KiB and the emulation's 6 KiB exchange fit the gate's 32
+        from reference import conv2d_backward_ref, conv2d_ref
+        with clnn.profile() as prof:
+            for row, dt in ((small, np.float16), (small, clnn.bfloat16),
+                            (dict(tiny_tf32, KWG=16), np.float32)):
+                tol = {np.dtype(np.float32): 2e-3, np.dtype(np.float16): 1e-2,
+                       clnn.bfloat16: 8e-2}[np.dtype(dt)]
+                for (C, M, H, W) in ((1, 6, 13, 20), (16, 6, 10, 19)):
+                    x = rng.standard_normal((2, C, H, W)).astype(dt)
+                    w = rng.standard_normal((M, C, 5, 5)).astype(dt)
+                    b = rng.standard_normal(M).astype(dt)
+                    y = conv2d_ref(x, w, b, (1, 1), (0, 0))
+                    dy = rng.standard_normal(y.shape).astype(dt)
+                    dx, _ = conv2d_backward_ref(dy, x, w, (1, 1), (0, 0))
+                    with tuning.override("gemm", dict(row, EMULATE=True)):
+                        X, Wd = clnn.asarray(x), clnn.asarray(w)
+                        got = clnn.conv2d(X, Wd, clnn.asarray(b), activation="relu").get()
+                        close(got / np.sqrt(25 * C), np.maximum(y, 0) / np.sqrt(25 * C), tol)
+                        got = clnn.conv2d_backward_data(clnn.asarray(dy), Wd, x.shape).get()
+                        close(got / np.sqrt(25 * M), dx / np.sqrt(25 * M), tol)
+        assert {(r.params["MMA"], r.params["MB"]) for r in prof.records
+                if r.entry == "clnn_convt_forward"} == \
+            {("f16", 8), ("f16", 16), ("tf32", 8), ("tf32", 16)}
+        checked += 1
     if not checked:
         raise SystemExit("no engine row fits this device")
     print(f"checked {checked} emulated engine rows")

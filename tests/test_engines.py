@@ -339,15 +339,49 @@ def test_emulated_engine_kernels_are_portable_opencl_c(params):
     portable_check(params)
 
 
-def portable_check(params):
+def portable_check(params, stem="gemm"):
     """An emulated engine kernel rendered: no PTX, and the SPIR gate's checks, with and
     without the CPU defines."""
     from test_kernels_clang import clang_check
-    source = programs.render("gemm", params)
+    source = programs.render(stem, params)
     assert "__asm__" not in source
     for defines in ((), ("CLNN_CPU",)):
         res = clang_check(source, params["dtype"], defines=defines)
         assert res.returncode == 0, res.stderr + programs.numbered(source)
+
+
+def convt_engine_variants(emulate=False):
+    """convt.cl's engine variant (conv.convt_params): 8 and 16 filters along n, each
+    engine kind in each dtype it serves, with and without a fused activation."""
+    from clnn.ops import conv
+    for kind, dtypes in (("f16", ("float16", "bfloat16")), ("tf32", ("float32",))):
+        for dtype in dtypes:
+            for mb, act in ((8, "none"), (16, "relu")):
+                eng = {"MMA": kind, "EMULATE": emulate}
+                yield pytest.param(conv.convt_params(dtype, act, (mb, 1, eng)),
+                                   id=f"{kind}-{dtype}-{mb}-{act}")
+
+
+@gate("clang", CLANG is not None)
+@pytest.mark.parametrize("params", list(convt_engine_variants()))
+def test_direct_tiles_on_the_engines_compile_for_nvptx(params):
+    """convt.cl's engine variant as strict as gemm.cl's engine rows (clang's NVPTX
+    target: OpenCL C 1.2, no fp16 extension, no warnings), the instruction's operand
+    types the dtype's."""
+    source = programs.render("convt", params)
+    operands = {"float32": "m16n8k8.row.col.f32.tf32.tf32.",
+                "float16": "m16n8k16.row.col.f32.f16.f16.",
+                "bfloat16": "m16n8k16.row.col.f32.bf16.bf16."}[params["dtype"]]
+    assert f"mma.sync.aligned.{operands}f32" in source
+    nvptx_check(source)
+
+
+@gate("clang", CLANG is not None)
+@pytest.mark.parametrize("params", list(convt_engine_variants(emulate=True)))
+def test_direct_tiles_emulated_are_portable_opencl_c(params):
+    """Emulated, convt.cl's engine variant is plain OpenCL C 1.2: the SPIR gate's
+    checks, with and without the CPU defines."""
+    portable_check(params, "convt")
 
 
 def test_device_facts_read_the_compute_capability():

@@ -11,7 +11,7 @@ import pytest
 
 from clnn import plans, programs, ptx, tuning
 from conftest import gate
-from test_engines import engine_variants, wgmma_variants
+from test_engines import convt_engine_variants, engine_variants, wgmma_variants
 from test_plans import H100
 
 TOOLS = all(t is not None for t in ptx.tools())
@@ -92,6 +92,20 @@ def test_direct_convolution_tiles_assemble_without_spills(dtype):
         r = res["clnn_convt_forward"]
         assert r.spill_bytes == 0 and r.stack_bytes == 0 and r.registers <= 64, (mb, r)
         assert r.local_bytes == (conv._CONVT["LW"] + conv._CONVT["LP"]) * 4
+
+
+@needs_ptxas
+@pytest.mark.parametrize("params", list(convt_engine_variants()))
+def test_direct_tiles_on_the_engines_assemble_without_spills(params):
+    """convt.cl's engine variant: the fragments and accumulators (2 x MB / 8 tiles of 4
+    floats) stay in registers, and its local memory is what conv.tile_direct plans."""
+    import sys
+    conv = sys.modules["clnn.ops.conv"]
+    r = ptx.assemble(programs.render("convt", params))["clnn_convt_forward"]
+    assert r.spill_bytes == 0 and r.stack_bytes == 0 and r.registers <= 96, (params, r)
+    kp, item = params["KP"], 4 if params["MMA"] == "tf32" else 2
+    ws = 8 if params["MB"] == 8 else 24
+    assert r.local_bytes == conv._CONVT["LP"] * item + kp * ws * item + kp * 4, r
 
 
 def test_ptxas_reports_are_read_per_kernel():

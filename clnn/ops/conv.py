@@ -527,30 +527,64 @@ TILE_DIRECT_MAXK = 1024
 # elements of weights, LP of input patch, acc_t each: 16 KiB in float)
 _CONVT = {"TW": 16, "TH": 8, "LW": 2560, "LP": 1536}
 _CONVT_MB = (4, 8, 16)
-programs.register("convt", dict(_CONVT, act="none", MB=16),
-                  lambda: [dict(_CONVT, act=a, MB=mb) for a in ("none",) + ACTIVATIONS
-                           for mb in _CONVT_MB])
+# Where the GPU path's rows are matrix-engine rows (NVIDIA, compute capability 8.0 and
+# up: float16 and bfloat16, float32 where TF32 is allowed), convt.cl's sums run on the
+# engine too (its MMA variant): the tile's positions along the engine's m, the filters
+# along its n (MB 8 or 16), a channel block's taps along k, at most KP of them a block
+# (with the patch, 11 KiB of local memory for 16-bit operands, 16 KiB for TF32). Off
+# (False): the float sums above, as on other GPUs (benchmarks compare the two).
+TILE_DIRECT_ENGINES = True
+_CONVT_KP = {"f16": 160, "tf32": 96}
+programs.register("convt", dict(_CONVT, act="none", MB=16, MMA="none", EMULATE=False,
+                                KP=_CONVT_KP["f16"]),
+                  lambda: [dict(_CONVT, act=a, MB=mb, MMA="none", EMULATE=False,
+                                KP=_CONVT_KP["f16"])
+                           for a in ("none",) + ACTIVATIONS for mb in _CONVT_MB])
 
 
-def tile_direct(dev, dt, N, Cin, Mout, R, S, st):
-    """convt.cl's (MB, CB) for a forward pass from ``Cin`` to ``Mout`` channels at
-    stride ``st`` (N images), or None where it does not take it: more channels than
-    TILE_DIRECT_MAXM, sums longer than TILE_DIRECT_MAXK, a channel's patch or weights
-    past its local memory, or a device that cannot hold its tile or launch N images
-    along the grid's third axis."""
+def convt_params(dt, act, plan):
+    """convt.cl's template parameters for tile_direct's ``plan`` (MB, CB, engine)."""
+    mb, _, eng = plan
+    kind = eng["MMA"] if eng else "none"
+    return dict(_CONVT, dtype=programs.dtype_name(dt), act=act, MB=mb, MMA=kind,
+                EMULATE=bool(eng and eng.get("EMULATE")),
+                KP=_CONVT_KP.get(kind, _CONVT_KP["f16"]))
+
+
+def tile_direct(dev, dt, N, Cin, Mout, R, S, st, engine=None):
+    """convt.cl's plan (MB, CB, engine) for a forward pass from ``Cin`` to ``Mout``
+    channels at stride ``st`` (N images), or None where it does not take it: more
+    channels than TILE_DIRECT_MAXM, sums longer than TILE_DIRECT_MAXK, a channel's
+    patch or weights past its local memory, or a device that cannot hold its tile or
+    launch N images along the grid's third axis. ``engine``: the matrix-engine row the
+    GPU path would run (its "MMA" kind, "EMULATE"), which the plan keeps where
+    TILE_DIRECT_ENGINES allows, or None."""
     t = _CONVT
+    engine = engine if TILE_DIRECT_ENGINES and engine and engine.get("MMA") else None
+    item = programs.acc_dtype(dt).itemsize
+    if engine:
+        # the patch in the operands' bytes, the weights as KP rows of 24 words (16
+        # filters; 8 for fewer), each k's offset in the patch (an int), and the
+        # emulation's exchange of fragment registers (12 words a work-item)
+        kp = _CONVT_KP[engine["MMA"]]
+        item = 4 if engine["MMA"] == "tf32" else 2
+        local = t["LP"] * item + kp * 24 * item + kp * 4 + \
+            (12 * t["TW"] * t["TH"] * 4 if engine.get("EMULATE") else 0)
+    else:
+        local = (t["LW"] + t["LP"]) * item
     if Mout > min(TILE_DIRECT_MAXM, _CONVT_MB[-1]) or N > 65535 or \
             Cin * R * S > TILE_DIRECT_MAXK or \
             t["TW"] * t["TH"] > dev.facts.max_work_group_size or \
-            (t["LW"] + t["LP"]) * programs.acc_dtype(dt).itemsize > dev.facts.local_mem_size:
+            local > dev.facts.local_mem_size:
         return None
-    mb = next(m for m in _CONVT_MB if Mout <= m)
+    mb = next(m for m in _CONVT_MB if Mout <= m and (m >= 8 or not engine))
     patch = ((t["TH"] - 1) * st[0] + R) * ((t["TW"] - 1) * st[1] + S)
-    cb = min(Cin, t["LW"] // (R * S * mb), t["LP"] // patch)
-    return (mb, cb) if cb >= 1 else None
+    weights = kp // (R * S) if engine else t["LW"] // (R * S * mb)
+    cb = min(Cin, weights, t["LP"] // patch)
+    return (mb, cb, engine) if cb >= 1 else None
 
 
-def tile_direct_op(dev, dt, mode, N, C, M, R, S, st, pd, dilation=(1, 1)):
+def tile_direct_op(dev, dt, mode, N, C, M, R, S, st, pd, dilation=(1, 1), engine=None):
     """tile_direct's plan for the GPU path's ``mode`` ("fwd" or "dgrad") of a
     convolution from C to M channels, or None: undilated forward passes, and data
     gradients at unit stride whose padding leaves the flipped pass over dy one (the
@@ -558,9 +592,9 @@ def tile_direct_op(dev, dt, mode, N, C, M, R, S, st, pd, dilation=(1, 1)):
     if tuple(dilation) != (1, 1):
         return None
     if mode == "fwd":
-        return tile_direct(dev, dt, N, C, M, R, S, st)
+        return tile_direct(dev, dt, N, C, M, R, S, st, engine)
     if mode == "dgrad" and tuple(st) == (1, 1) and pd[0] < R and pd[1] < S:
-        return tile_direct(dev, dt, N, M, C, R, S, st)
+        return tile_direct(dev, dt, N, M, C, R, S, st, engine)
     return None
 
 
@@ -568,9 +602,9 @@ def _run_tile_direct(dev, dt, plan, *, x, N, Cin, H, W, Mout, P, Q, R, S, st, pd
                      out, act="none", act_p=(0.0, 0.0), bias=None):
     """One launch of convt.cl (see there; ``flip``: the data gradient at unit stride,
     ``pd`` then R - 1 - ph and S - 1 - pw)."""
-    mb, cb = plan
+    cb = plan[1]
     kern = programs.get_kernel(dev, "convt", "clnn_convt_forward",
-                               dict(_CONVT, dtype=programs.dtype_name(dt), act=act, MB=mb))
+                               convt_params(dt, act, plan))
     tw, th = _CONVT["TW"], _CONVT["TH"]
     bb = bias if bias is not None else w
     return kern((-(-Q // tw) * tw, -(-P // th) * th, N), (tw, th, 1), C=Cin, H=H, W=W,
@@ -1151,7 +1185,7 @@ def _conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_pa
                               act_p=act_p, bias=b, scratch=scratch)
         return done(out, evt)
     plan = p["variant"] == "local" and \
-        tile_direct_op(dev, dt, "fwd", N, C, M, R, S, st, pd, dilation)
+        tile_direct_op(dev, dt, "fwd", N, C, M, R, S, st, pd, dilation, engine=p)
     if plan:
         evt = _run_tile_direct(dev, dt, plan, x=x, N=N, Cin=C, H=H, W=W, Mout=M, P=P, Q=Q,
                                R=R, S=S, st=st, pd=pd, w=w, flip=False, out=out, act=act,
@@ -1223,7 +1257,7 @@ def _conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None,
         evt = _dgrad_col2im(dev, dt, p, dy, w, out, C, H, W, M, P, Q, R, S, st, pd)
         return done(out, evt)
     plan = p["variant"] == "local" and \
-        tile_direct_op(dev, dt, "dgrad", N, C, M, R, S, st, pd, dilation)
+        tile_direct_op(dev, dt, "dgrad", N, C, M, R, S, st, pd, dilation, engine=p)
     if plan:
         # the flipped forward pass over dy (see the gathered path's "flip" above)
         evt = _run_tile_direct(dev, dt, plan, x=dy, N=N, Cin=M, H=P, W=Q, Mout=C, P=H, Q=W,

@@ -860,16 +860,29 @@ def test_gpu_direct_tiles_only_where_they_fit():
     from clnn.ops import conv as conv_module
     dev = clnn.device()
     plan = conv_module.tile_direct
-    assert plan(dev, np.float32, 2, 6, 16, 5, 5, (1, 1)) == (16, 6)
-    assert plan(dev, np.float32, 2, 6, 6, 5, 5, (1, 1)) == (8, 6)
-    assert plan(dev, np.float32, 2, 6, 3, 5, 5, (1, 1)) == (4, 6)
-    assert plan(dev, np.float32, 2, 37, 13, 3, 5, (2, 1)) == (16, 4)   # 4 channels a block
+    assert plan(dev, np.float32, 2, 6, 16, 5, 5, (1, 1)) == (16, 6, None)
+    assert plan(dev, np.float32, 2, 6, 6, 5, 5, (1, 1)) == (8, 6, None)
+    assert plan(dev, np.float32, 2, 6, 3, 5, 5, (1, 1)) == (4, 6, None)
+    assert plan(dev, np.float32, 2, 37, 13, 3, 5, (2, 1)) == (16, 4, None)   # 4 channels a block
     assert plan(dev, np.float32, 2, 6, 17, 5, 5, (1, 1)) is None
     assert plan(dev, np.float32, 2, 3, 8, 11, 11, (4, 4)) is None
     assert plan(dev, np.float32, 70000, 3, 8, 3, 3, (1, 1)) is None
-    assert plan(dev, np.float32, 2, 113, 8, 3, 3, (1, 1)) == (8, 8)    # sums of 1017
+    assert plan(dev, np.float32, 2, 113, 8, 3, 3, (1, 1)) == (8, 8, None)    # sums of 1017
     assert plan(dev, np.float32, 2, 114, 8, 3, 3, (1, 1)) is None      # and of 1026
-    assert plan(dev, np.float32, 2, 1024, 8, 1, 1, (1, 1)) == (8, 12)  # 8 x 16 a patch
+    assert plan(dev, np.float32, 2, 1024, 8, 1, 1, (1, 1)) == (8, 12, None)  # 8 x 16 a patch
+    # on the engines (a row with "MMA"): 8 or 16 filters along n, blocks of channels
+    # whose taps fit KP (160 k for 16-bit operands, 96 for TF32); off with
+    # TILE_DIRECT_ENGINES, and for rows without engines
+    f16, tf32 = {"MMA": "f16"}, {"MMA": "tf32", "EMULATE": True}
+    assert plan(dev, np.float16, 2, 1, 3, 5, 5, (1, 1), f16) == (8, 1, f16)
+    assert plan(dev, np.float16, 2, 6, 16, 5, 5, (1, 1), f16) == (16, 6, f16)
+    assert plan(dev, np.float16, 2, 16, 6, 5, 5, (1, 1), f16) == (8, 6, f16)
+    assert plan(dev, np.float32, 2, 16, 6, 5, 5, (1, 1), tf32) == (8, 3, tf32)
+    assert plan(dev, np.float16, 2, 3, 6, 13, 13, (1, 1), f16) is None     # 169 taps
+    assert plan(dev, np.float32, 2, 6, 6, 5, 5, (1, 1), {"variant": "local"}) == \
+        (8, 6, None)
+    with mock.patch.object(conv_module, "TILE_DIRECT_ENGINES", False):
+        assert plan(dev, np.float16, 2, 1, 3, 5, 5, (1, 1), f16) == (4, 1, None)
     x = clnn.asarray(RNG.standard_normal((1, 2, 9, 9)).astype(np.float32))
     with variant_in_force("gpu"), clnn.profile() as prof:
         check_conv(1, 2, 9, 9, 17, 3, 3, (1, 1), (1, 1))    # the data gradient only

@@ -20,7 +20,8 @@ import pytest
 
 import clnn
 from clnn import plans, programs, tuning
-from conftest import CANARY
+from conftest import CANARY, Guarded, guarded_input
+from reference import conv2d_ref
 
 RNG = np.random.default_rng(11)
 U32 = 2.0 ** -24                 # float32's unit roundoff
@@ -256,6 +257,85 @@ def check_conv(dev, kind, row, geom):
         err = np.abs(g.astype(np.float64) - r)
         bd = bound(dt, s, r, k, stored=True)
         assert np.all(err <= bd), f"{kind} {name} {geom}: max error/bound {np.max(err / bd):.3g}"
+
+
+@pytest.mark.parametrize("kind", ["f16", "bf16", "tf32"])
+@pytest.mark.parametrize("geom", [(3, 1, 32, 32, 6, 5, 5, (1, 1), (0, 0)),
+                                  (2, 6, 14, 14, 16, 5, 5, (1, 1), (0, 0)),
+                                  (2, 16, 10, 10, 6, 5, 5, (1, 1), (4, 4)),
+                                  (2, 40, 9, 11, 9, 3, 3, (2, 1), (1, 2)),
+                                  (1, 3, 19, 41, 1, 2, 1, (1, 3), (1, 0))],
+                         ids=["C1", "C3", "C3-dgrad", "blocks", "one-filter"])
+def test_direct_tiles_on_the_engines(dev, kind, geom):
+    """convt.cl's engine variant (the GPU path's layers of at most 16 filters where the
+    rows are engine rows): the tile's positions along the engine's m, the filters along
+    its n (8 or 16), a channel block's taps along k padded to the engine's. LeNet-5's C1
+    (25 taps, one k step and a padded one) and C3, C3's data gradient (the flipped pass
+    from 16 to 6 channels, in blocks of 6, 6 and 4), 40 channels in blocks at stride
+    (2, 1) with padding, one filter and tiles that P and Q leave partial; with bias,
+    relu, offsets and canaries, against float64 of what the engine multiplies; each
+    pass one launch of the engine variant."""
+    if not dev.facts.fp64:
+        pytest.skip("the reference runs in float64 on the device")
+    N, C, H, W, M, R, S, st, pd = geom
+    dt = DTYPE[kind]
+    row = engine_rows(dev, kind, every=False)[0]
+    x = RNG.standard_normal((N, C, H, W)).astype(dt)
+    w = RNG.standard_normal((M, C, R, S)).astype(dt)
+    b = RNG.standard_normal(M).astype(dt)
+    xe, we = as_engine_sees(kind, x), as_engine_sees(kind, w)
+    ref = conv2d_ref(xe.astype(np.float64), we.astype(np.float64), b.astype(np.float64),
+                     st, pd)
+    scale = conv2d_ref(np.abs(xe.astype(np.float64)), np.abs(we.astype(np.float64)),
+                       np.abs(b.astype(np.float64)), st, pd)
+    y = Guarded(dev, ref.shape, dt)
+    dy = RNG.standard_normal(ref.shape).astype(dt)
+    dx = Guarded(dev, x.shape, dt)
+    wd = guarded_input(dev, w)
+    with tuning.override("gemm", row), clnn.profile() as prof:
+        clnn.conv2d(guarded_input(dev, x), wd, guarded_input(dev, b), stride=st,
+                    padding=pd, out=y.view, activation="relu")
+        clnn.conv2d_backward_data(guarded_input(dev, dy), wd, x.shape, stride=st,
+                                  padding=pd, out=dx.view)
+    got = y.check().astype(np.float64)
+    bd = bound(dt, scale, ref, C * R * S)
+    assert np.all(np.abs(got - np.maximum(ref, 0)) <= bd), \
+        f"forward: max error/bound {np.max(np.abs(got - np.maximum(ref, 0)) / bd):.3g}"
+    direct = [r for r in prof.records if r.entry == "clnn_convt_forward"]
+    assert all(dict(r.params)["MMA"] == ROWS[kind] for r in direct)
+    assert prof.records[0].entry == "clnn_convt_forward"
+    dgrad = st == (1, 1) and C <= 16
+    assert len(direct) == 1 + dgrad and (prof.records[1] in direct) == dgrad
+    # the data gradient: the adjoint's float64 reference, as the forward pass's
+    dye = as_engine_sees(kind, dy).astype(np.float64)
+    eye = np.eye(C * H * W).reshape(C * H * W, C, H, W)
+    jac = np.stack([conv2d_ref(e[None].repeat(1, 0), we.astype(np.float64), None, st,
+                               pd)[0].ravel() for e in eye], axis=1)
+    jabs = np.abs(jac)
+    for n in range(N):
+        r = (dye[n].ravel() @ jac).reshape(C, H, W)
+        sc = (np.abs(dye[n]).ravel() @ jabs).reshape(C, H, W)
+        g = dx.check()[n].astype(np.float64)
+        # (a strided one takes the engine GEMM, whose col2im sums partials stored in dt)
+        bd = bound(dt, sc, r, M * R * S, stored=not dgrad)
+        assert np.all(np.abs(g - r) <= bd), \
+            f"data gradient: max error/bound {np.max(np.abs(g - r) / bd):.3g}"
+
+
+@pytest.mark.parametrize("kind", ["f16", "tf32"])
+def test_direct_tiles_on_the_engines_keep_infinities(dev, kind):
+    """A block's k padded to the engine's (LeNet-5's C1: 25 taps in 32) reads no element
+    of x: an infinite input makes infinite outputs, not NaN (0 x inf) where a padded k
+    would have read it."""
+    dt = DTYPE[kind]
+    x = np.abs(RNG.standard_normal((1, 1, 12, 20))).astype(dt) + 1
+    x[0, 0, 2, 3] = np.inf
+    w = (np.abs(RNG.standard_normal((6, 1, 5, 5))) + 1).astype(dt)
+    with tuning.override("gemm", engine_rows(dev, kind, every=False)[0]):
+        got = clnn.conv2d(clnn.asarray(x, device=dev), clnn.asarray(w, device=dev)).get()
+    want = conv2d_ref(x.astype(np.float64), w.astype(np.float64), None, (1, 1), (0, 0))
+    assert np.array_equal(np.isinf(got), np.isinf(want)) and np.isinf(want).sum() == 6 * 12
+    assert not np.isnan(got).any()
 
 
 def narrow_row(dev):
