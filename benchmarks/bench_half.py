@@ -3,7 +3,8 @@ MLP and LeNet-5 in mixed precision (clnn/nn/amp.py) against the same step in flo
 every device.
 
     python benchmarks/bench_half.py [--device SPEC] [--repeats 5] [--sizes 512,1024]
-                                    [--lenet-batches 64,1024] [--engine-rows all,tuned]
+                                    [--lenet-batches 64,1024]
+                                    [--engine-rows all,tuned,float-direct]
 
 Each 16-bit GEMM is checked first against numpy's float64 product of the same 16-bit
 operands (bound: one rounding to the format plus float32 accumulation); each 16-bit
@@ -14,7 +15,10 @@ where moving half the bytes pays. Steps are timed plain and replayed as fit runs
 ("replayed" rows: the batch kept in the step's format, the kernels captured once).
 With ``--engine-rows all,tuned`` every case runs again with the matrix-engine rows
 that no GPU has timed yet (clnn.tuning.MMA_TABLE's "tuned": False) set aside, the
-rows marked "[tuned engine rows]": what those rows change, in the same run.
+rows marked "[tuned engine rows]": what those rows change, in the same run; with
+``float-direct`` too, every case again with the small layers' direct tiles (convt.cl:
+LeNet-5's convolutions on a GPU) summing in float instead of on the engines
+(clnn.ops.conv.TILE_DIRECT_ENGINES off), the rows marked "[direct tiles in float]".
 Writes benchmarks/results/bench_half.json.
 """
 
@@ -131,6 +135,19 @@ def tuned_engines_only():
         clnn.clear_caches()
 
 
+@contextlib.contextmanager
+def direct_tiles_in_float():
+    """conv.TILE_DIRECT_ENGINES off inside the block: convt.cl's sums in float on every
+    device, as before it had an engine variant."""
+    conv = sys.modules["clnn.ops.conv"]
+    old = conv.TILE_DIRECT_ENGINES
+    conv.TILE_DIRECT_ENGINES = False
+    try:
+        yield
+    finally:
+        conv.TILE_DIRECT_ENGINES = old
+
+
 def untuned_engine_rows(dev):
     return [r for kind in tuning.MMA_KINDS for r in tuning.mma_rows(dev.facts, kind)
             if not r.get("tuned")]
@@ -149,12 +166,18 @@ def main(argv=None):
                          "launches, which mixed precision adds; a larger batch shows "
                          "where the 16-bit convolutions pay)")
     ap.add_argument("--engine-rows", default="all",
-                    help="'all' (the table as it is), or 'all,tuned': every case also "
-                         "with the untimed matrix-engine rows set aside")
+                    help="'all' (the table as it is), and after a comma 'tuned' (every "
+                         "case also with the untimed matrix-engine rows set aside) or "
+                         "'float-direct' (also with the small layers' direct tiles "
+                         "summing in float, not on the engines)")
     args = ap.parse_args(argv)
     passes = args.engine_rows.split(",")
-    if not passes or set(passes) - {"all", "tuned"}:
-        ap.error("--engine-rows takes 'all', 'tuned' or both")
+    if not passes or set(passes) - {"all", "tuned", "float-direct"}:
+        ap.error("--engine-rows takes 'all', 'tuned' and 'float-direct'")
+    marks = {"all": "", "tuned": " [tuned engine rows]",
+             "float-direct": " [direct tiles in float]"}
+    contexts = {"all": contextlib.nullcontext, "tuned": tuned_engines_only,
+                "float-direct": direct_tiles_in_float}
     rows = []
     for dev in _common.devices(args.device):
         print(f"# {dev.name}")
@@ -166,12 +189,14 @@ def main(argv=None):
             if which == "tuned" and not untuned_engine_rows(dev):
                 print(f"(no untimed engine rows fit {dev.name}: nothing to set aside)")
                 continue
-            mark = " [tuned engine rows]" if which == "tuned" else ""
-            with tuned_engines_only() if which == "tuned" else contextlib.nullcontext():
-                for name, M, N, K, ta, tb in cases + DENSE:
+            mark = marks[which]
+            # (the direct tiles take only LeNet-5's convolutions)
+            direct_only = which == "float-direct"
+            with contexts[which]():
+                for name, M, N, K, ta, tb in [] if direct_only else cases + DENSE:
                     rows.append(_row(dev, name + mark,
                                      gemm_case(dev, M, N, K, ta, tb, args.repeats)))
-                for name, make, batch, shape in steps:
+                for name, make, batch, shape in steps[1:] if direct_only else steps:
                     rows.append(_row(dev, name + mark,
                                      step_case(dev, make, batch, shape, args.repeats)))
                     rows.append(_row(dev, name.replace("step", "replayed") + mark,

@@ -24,7 +24,7 @@
 #                                           # without convt.cl's tiles, LeNet-5's steps
 #                                           # launch by launch, host time per call with
 #                                           # and without profiling events, then the whole
-#                                           # suite (TESTS_LIMIT, default 260 s; the tests
+#                                           # suite (TESTS_LIMIT, default 240 s; the tests
 #                                           # part goes on from there)
 #   bash benchmarks/gpu_session.sh tests    # the whole suite on the GPU, resumable: run
 #                                           # it again (same OUT, same machine) to go on
@@ -169,9 +169,11 @@ run_finish() {
   # Hopper through copies along k to the WGMMA rows, never timed) and NT
   LIMIT=90 bench bench_engines --sizes 4096,8192
   # issue 11's LeNet-5 float16 step against float32's, now that LeNet's convolutions
-  # run in convt.cl's direct tiles (never timed); those layers with and without them;
-  # and each launch of a step, in order
-  LIMIT=40 bench bench_half --lenet-batches 64,1024
+  # run in convt.cl's direct tiles (never timed), the 16-bit ones on the engines, and
+  # again with those summing in float; those layers with and without the tiles; and
+  # each launch of a step, in order
+  LIMIT=60 bench bench_half --sizes 1024 --lenet-batches 64,1024 \
+    --engine-rows all,float-direct
   LIMIT=40 bench bench_conv --layers LeNet --tile-direct on,off
   LIMIT=40 bench profile_step --steps 5 --lenet-batch 64,1024 --mlp-batch 0 --launches
   # host time per call with and without profiling events on the queue (on the H200 a
@@ -181,7 +183,7 @@ run_finish() {
     --device "$DEVICE" --repeats 3 --json "$OUT/bench_host_noprofiling.json"
   # issue 10's last item: the whole suite on the GPU (resumable: run the tests part
   # next with the same OUT to go on)
-  LIMIT=${TESTS_LIMIT:-260} run_tests
+  LIMIT=${TESTS_LIMIT:-240} run_tests
 }
 
 run_gemm() {

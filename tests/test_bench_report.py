@@ -5,6 +5,8 @@ import json
 import os
 import sys
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
 
@@ -113,6 +115,25 @@ def _untimed_rows_aside_and_back(bench_half, tuning, dev):
         assert len(inside) == len(before) - len(untimed)
         assert bench_half.untuned_engine_rows(dev) == []
     assert tuning.MMA_TABLE == table and tuning.mma_rows(dev.facts, "f16") == before
+
+
+def test_bench_half_runs_the_direct_tiles_in_float_and_back():
+    """bench_half.py --engine-rows all,float-direct: inside direct_tiles_in_float
+    convt.cl plans LeNet-5's C3 without the engine (16 sums a work-item in float),
+    and after it with the engine row again, also when the block raises."""
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
+    import bench_half
+    import clnn
+    import numpy as np
+    conv = sys.modules["clnn.ops.conv"]
+    dev, f16 = clnn.device(), {"MMA": "f16"}
+    assert conv.tile_direct(dev, np.float16, 64, 6, 16, 5, 5, (1, 1), f16) == (16, 6, f16)
+    with pytest.raises(KeyError):
+        with bench_half.direct_tiles_in_float():
+            assert conv.tile_direct(dev, np.float16, 64, 6, 16, 5, 5, (1, 1), f16) == \
+                (16, 6, None)
+            raise KeyError
+    assert conv.tile_direct(dev, np.float16, 64, 6, 16, 5, 5, (1, 1), f16) == (16, 6, f16)
 
 
 def test_profile_step_lists_a_steps_launches_in_order():
