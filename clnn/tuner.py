@@ -222,8 +222,13 @@ def _conv_problems(dev, shape, rng, fmt="float32"):
            "wgrad": (lambda: clnn.conv2d_backward_weight(DY, X, w.shape, padding=pad),
                      (M, C * R * S, N * P * Q))}
     if not dev.facts.is_cpu:
+        # (with the engine's plan where the dtype takes engine rows: its taps per block
+        # are fewer than the float sums', so it leaves a few more layers to the GEMM)
+        kind = tuning.mma_kind(dev.facts, x.dtype)
+        engine = {"MMA": kind} if tuning.mma_rows(dev.facts, kind) else None
         for mode in ("fwd", "dgrad"):
-            if tile_direct_op(dev, x.dtype, mode, N, C, M, R, S, (1, 1), (pad, pad)):
+            if tile_direct_op(dev, x.dtype, mode, N, C, M, R, S, (1, 1), (pad, pad),
+                              engine=engine):
                 del ops[mode]
     with tuning.override("gemm", tuning.table_rows(dev.facts, x.dtype.itemsize)[0]):
         refs = {mode: op().get().astype(np.float64) for mode, (op, _) in ops.items()}

@@ -367,6 +367,20 @@ def test_tuner_leaves_out_what_direct_tiles_run_on_gpus(monkeypatch):
         {"conv-wgrad-small"}
     assert set(tuner._conv_problems(dev, (2, 3, 9, 8, 17, 3, 3), rng)) == \
         {"conv-fwd-small", "conv-wgrad-small"}
+    # with 16-bit engine rows (compute capability 9.0), 13x13 filters: 169 taps a
+    # channel, past the engine variant's 160 k a block, so the GEMM rows run all three
+    monkeypatch.setattr(dev, "facts", dataclasses.replace(
+        dev.facts, vendor="NVIDIA Corporation", nv_compute_capability=90))
+    clnn.clear_caches()
+    try:
+        assert tuning.mma_rows(dev.facts, "f16")
+        assert set(tuner._conv_problems(dev, (2, 1, 20, 20, 5, 13, 13), rng,
+                                         "float16")) == \
+            {"conv-fwd-small", "conv-dgrad-small", "conv-wgrad-small"}
+        assert set(tuner._conv_problems(dev, (2, 1, 20, 20, 5, 5, 5), rng, "float16")) == \
+            {"conv-wgrad-small"}
+    finally:
+        clnn.clear_caches()
 
 
 def test_conv_rows_fit_and_say_whether_tuned(monkeypatch):
