@@ -154,8 +154,14 @@ def untuned_engine_rows(dev):
 
 
 def _row(dev, case, t):
-    return {"device": dev.name, "case": case, **t,
-            **{f"float32_over_{f}": t["float32"] / t[f] for f in FORMATS}}
+    """A result row, printed as it comes (a run cut off by a time limit keeps the
+    rows it finished in its log)."""
+    r = {"device": dev.name, "case": case, **t,
+         **{f"float32_over_{f}": t["float32"] / t[f] for f in FORMATS}}
+    print(f"{r['case']:48s} " + "   ".join(
+        f"{f} {1e3 * r[f]:8.2f} ms ({r['float32_over_' + f]:.2f}x float32's speed)"
+        for f in FORMATS) + f"   float32 {1e3 * r['float32']:8.2f} ms", flush=True)
+    return r
 
 
 def main(argv=None):
@@ -202,11 +208,6 @@ def main(argv=None):
                     rows.append(_row(dev, name.replace("step", "replayed") + mark,
                                      step_case(dev, make, batch, shape, args.repeats,
                                                replay=True)))
-        for r in rows:
-            if r["device"] == dev.name:
-                print(f"{r['case']:48s} " + "   ".join(
-                    f"{f} {1e3 * r[f]:8.2f} ms ({r['float32_over_' + f]:.2f}x float32's speed)"
-                    for f in FORMATS) + f"   float32 {1e3 * r['float32']:8.2f} ms")
     print(f"results: {_common.write_json('bench_half', {'rows': rows}, args.json)}")
 
 
