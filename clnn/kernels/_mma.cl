@@ -6,6 +6,8 @@
 ##       EMULATE   define clnn_mma_dot (the emulation's output of a 16 x 8 tile) instead
 ##                 of the instruction CLNN_MMA
 ##       mma_sync  False: neither (WGMMA rows, which use only clnn_tf32)
+## Also a def, imported through <%namespace>: step(MT, NTL, me, row, emulate), one k
+## step of a warp's fragments (see there).
 <%page args="MMA, EMULATE, mma_sync=True"/>
 // ---- matrix engines: NVIDIA's mma.sync (compute capability 8.0 and up) through inline
 // PTX, which NVIDIA's OpenCL compiler accepts; this variant is chosen only there (see
@@ -79,3 +81,46 @@ inline float clnn_mma_dot(__local const uint *w, const int xr, const int ra, con
     return s;
 }
 % endif
+## step(MT, NTL, me, row, emulate): one k step of a warp's MT x NTL tiles of 16 x 8: A
+## fragments a{i}_0..3 (rows 16 i on), B fragments b{j}_0..1 (columns 8 j on), added into
+## the accumulators d{i}_{j}_0..3. With ``emulate`` (EMULATE), the lanes put their
+## fragment registers into local memory (mma_exchange, 4 MT + 2 NTL words a work-item,
+## ``me`` the work-item's index there and ``lane`` its lane) and each sums what it
+## holds, lane (``row``, t4); every work-item of the group must take the same steps.
+<%def name="step(MT, NTL, me, row, emulate)">\
+<% XR = 4 * MT + 2 * NTL %>\
+% if emulate:
+            {   // the engine, emulated: the warp's fragment registers through local memory
+                __local uint *mine = mma_exchange + ${me} * ${XR};
+                barrier(CLK_LOCAL_MEM_FENCE);       // the previous step's reads are done
+%   for i in range(MT):
+                ${" ".join(f"mine[{4 * i + r}] = a{i}_{r};" for r in range(4))}
+%   endfor
+%   for j in range(NTL):
+                ${" ".join(f"mine[{4 * MT + 2 * j + r}] = b{j}_{r};" for r in range(2))}
+%   endfor
+                barrier(CLK_LOCAL_MEM_FENCE);
+                __local const uint *xw = mma_exchange + (${me} - lane) * ${XR};
+                // one call site in a loop that stays a loop: emulation is for tests,
+                // and PoCL builds the unrolled form for minutes
+                float sums[${MT * NTL * 4}];
+#pragma unroll 1
+                for (int q = 0; q < ${MT * NTL * 4}; ++q) {
+                    const int i = q / ${NTL * 4}, j = q / 4 % ${NTL}, r = q % 4;
+                    sums[q] = clnn_mma_dot(xw, ${XR}, 4 * i, ${4 * MT} + 2 * j,
+                                           ${row} + 8 * (r / 2), 2 * t4 + r % 2);
+                }
+%   for i in range(MT):
+%     for j in range(NTL):
+                ${" ".join(f"d{i}_{j}_{r} += sums[{(i * NTL + j) * 4 + r}];" for r in range(4))}
+%     endfor
+%   endfor
+            }
+% else:
+%   for i in range(MT):
+%     for j in range(NTL):
+            CLNN_MMA(d${i}_${j}, a${i}_0, a${i}_1, a${i}_2, a${i}_3, b${j}_0, b${j}_1);
+%     endfor
+%   endfor
+% endif
+</%def>\

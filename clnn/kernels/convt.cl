@@ -17,12 +17,24 @@
 ## work-group loads its input patch once into local memory, where each element serves
 ## every tap that reads it (25 of a 5x5 filter), and writes whole rows of output.
 <%include file="_common.cl"/>
+<%namespace name="mma" file="_mma.cl"/>\
 <%include file="_activation.cl" args="act=act"/>
 #define MB ${MB}     // output channels per work-item (accumulators in registers)
 #define TW ${TW}     // output columns per work-group, a work-item each
 #define TH ${TH}     // output rows per work-group
 #define LW ${LW}     // local elements for a channel block's weights (CB R S MB)
 #define LP ${LP}     // local elements for a channel block's input patch (CB PT QT)
+## the kernel's signature, the same in both variants
+<%def name="entry()">\
+void clnn_convt_forward(const int C, const int H, const int W, const int M, const int P,
+                        const int Q, const int R, const int S, const int SH, const int SW,
+                        const int PH, const int PW, const int CB, const int flip,
+                        const acc_t act_p, const acc_t act_q, const int has_bias,
+                        __global const real_t *x, const int x_off,
+                        __global const real_t *w, const int w_off,
+                        __global const real_t *b, const int b_off,
+                        __global real_t *y, const int y_off)\
+</%def>\
 % if MMA == "none":
 //
 // x (N, C, H, W), w (M, C, R, S), y (N, M, P, Q): y[n, m, p, q] = b[m] + sum over c, r,
@@ -39,14 +51,7 @@
 // then each work-item adds its MB sums over the block's taps. The host picks CB so
 // that both fit LW and LP.
 __kernel __attribute__((reqd_work_group_size(TW, TH, 1)))
-void clnn_convt_forward(const int C, const int H, const int W, const int M, const int P,
-                        const int Q, const int R, const int S, const int SH, const int SW,
-                        const int PH, const int PW, const int CB, const int flip,
-                        const acc_t act_p, const acc_t act_q, const int has_bias,
-                        __global const real_t *x, const int x_off,
-                        __global const real_t *w, const int w_off,
-                        __global const real_t *b, const int b_off,
-                        __global real_t *y, const int y_off)
+${entry()}
 {
     __local acc_t wl[LW];
     __local acc_t xl[LP];
@@ -119,7 +124,6 @@ void clnn_convt_forward(const int C, const int H, const int W, const int M, cons
     # a row of k of the weights (words): 16 filters padded to 24, so that the lanes'
     # B fragments (g + 8 j, word t4 of their k) fall into 32 different banks
     WS = 8 if MB == 8 else 24
-    XR = 4 * 2 + 2 * NTL               # emulation: fragment registers a lane exchanges
     xt = "float" if MMA == "tf32" else "ushort"
     assert MB in (8, 16) and TW == 16 and TH == 8 and KP % KI == 0
 %>
@@ -137,14 +141,7 @@ void clnn_convt_forward(const int C, const int H, const int W, const int M, cons
 // to whole steps with zero weights and zero patch elements (masked: a padded k reads no
 // element of x, so an inf there cannot become NaN).
 __kernel __attribute__((reqd_work_group_size(TW, TH, 1)))
-void clnn_convt_forward(const int C, const int H, const int W, const int M, const int P,
-                        const int Q, const int R, const int S, const int SH, const int SW,
-                        const int PH, const int PW, const int CB, const int flip,
-                        const acc_t act_p, const acc_t act_q, const int has_bias,
-                        __global const real_t *x, const int x_off,
-                        __global const real_t *w, const int w_off,
-                        __global const real_t *b, const int b_off,
-                        __global real_t *y, const int y_off)
+${entry()}
 {
     __local ${xt} xl[LP];
 % if MMA == "tf32":
@@ -159,7 +156,7 @@ void clnn_convt_forward(const int C, const int H, const int W, const int M, cons
 % endif
     __local int ko[KP];                  // tap k's offset in the patch: (c PT + r) QT + s
 % if EMULATE:
-    __local uint mma_exchange[${XR} * TW * TH];
+    __local uint mma_exchange[${4 * 2 + 2 * NTL} * TW * TH];   // (_mma.cl's step)
 % endif
     const int tx = (int)get_local_id(0), ty = (int)get_local_id(1);
     const int lid = ty * TW + tx;
@@ -253,38 +250,7 @@ void clnn_convt_forward(const int C, const int H, const int W, const int M, cons
             const uint b${j}_1 = wl[(kk / 2 + t4 + 4) * ${WS} + ${8 * j} + g];
 %   endfor
 % endif
-% if EMULATE:
-            {   // the engine, emulated (_mma.cl): the warp's registers through local memory
-                __local uint *mine = mma_exchange + lid * ${XR};
-                barrier(CLK_LOCAL_MEM_FENCE);       // the previous step's reads are done
-%   for i in range(2):
-                ${" ".join(f"mine[{4 * i + r}] = a{i}_{r};" for r in range(4))}
-%   endfor
-%   for j in range(NTL):
-                ${" ".join(f"mine[{8 + 2 * j + r}] = b{j}_{r};" for r in range(2))}
-%   endfor
-                barrier(CLK_LOCAL_MEM_FENCE);
-                __local const uint *xw = mma_exchange + (lid - lane) * ${XR};
-                float sums[${8 * NTL}];
-#pragma unroll 1
-                for (int q = 0; q < ${8 * NTL}; ++q) {
-                    const int i = q / ${4 * NTL}, j = q / 4 % ${NTL}, r = q % 4;
-                    sums[q] = clnn_mma_dot(xw, ${XR}, 4 * i, 8 + 2 * j, g + 8 * (r / 2),
-                                           2 * t4 + r % 2);
-                }
-%   for i in range(2):
-%     for j in range(NTL):
-                ${" ".join(f"d{i}_{j}_{r} += sums[{(i * NTL + j) * 4 + r}];" for r in range(4))}
-%     endfor
-%   endfor
-            }
-% else:
-%   for i in range(2):
-%     for j in range(NTL):
-            CLNN_MMA(d${i}_${j}, a${i}_0, a${i}_1, a${i}_2, a${i}_3, b${j}_0, b${j}_1);
-%     endfor
-%   endfor
-% endif
+${mma.step(2, NTL, "lid", "g", EMULATE)}\
         }
     }
     // lane (g, t4) holds fragment i's rows g (registers 0, 1) and g + 8 (2, 3), filters

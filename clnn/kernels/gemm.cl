@@ -26,6 +26,7 @@
 ##          "local": clnn_gemm_tiled, clnn_gemm_splitk.
 ## Used by clnn/ops/gemm.py (and, through it, dense and convolution layers).
 <%include file="_common.cl"/>
+<%namespace name="mma" file="_mma.cl"/>\
 <%
     t = dict(tuning)
     VW = t.get("VW", 1)
@@ -1543,40 +1544,7 @@ ${load_a(True, g)}
             const uint ${", ".join(f"b{j}_{r} = b_w[(kk / 2 + t4 + {4 * r}) * CLNN_LDB + {8 * j}]" for r in range(2))};
 %     endfor
 %   endif
-%   if EMULATE:
-            {   // the engine, emulated: the warp's fragment registers through local memory
-                __local uint *mine = mma_exchange + tid * ${4 * MT + 2 * NTL};
-                barrier(CLK_LOCAL_MEM_FENCE);       // the previous step's reads are done
-%     for i in range(MT):
-                ${" ".join(f"mine[{4 * i + r}] = a{i}_{r};" for r in range(4))}
-%     endfor
-%     for j in range(NTL):
-                ${" ".join(f"mine[{4 * MT + 2 * j + r}] = b{j}_{r};" for r in range(2))}
-%     endfor
-                barrier(CLK_LOCAL_MEM_FENCE);
-                __local const uint *w = mma_exchange + (tid - lane) * ${4 * MT + 2 * NTL};
-                // one call site in a loop that stays a loop: emulation is for tests,
-                // and PoCL builds the unrolled form for minutes
-                float sums[${MT * NTL * 4}];
-#pragma unroll 1
-                for (int q = 0; q < ${MT * NTL * 4}; ++q) {
-                    const int i = q / ${NTL * 4}, j = q / 4 % ${NTL}, r = q % 4;
-                    sums[q] = clnn_mma_dot(w, ${4 * MT + 2 * NTL}, 4 * i, ${4 * MT} + 2 * j,
-                                           grp + 8 * (r / 2), 2 * t4 + r % 2);
-                }
-%     for i in range(MT):
-%       for j in range(NTL):
-                ${" ".join(f"d{i}_{j}_{r} += sums[{(i * NTL + j) * 4 + r}];" for r in range(4))}
-%       endfor
-%     endfor
-            }
-%   else:
-%     for i in range(MT):
-%       for j in range(NTL):
-            CLNN_MMA(d${i}_${j}, a${i}_0, a${i}_1, a${i}_2, a${i}_3, b${j}_0, b${j}_1);
-%       endfor
-%     endfor
-%   endif
+${mma.step(MT, NTL, "tid", "grp", EMULATE)}\
         }
 % else:
         __local const ${vt(VWM)} *a_v = (__local const ${vt(VWM)} *)(a_lm + buf * KWG * CLNN_LDA);
