@@ -265,16 +265,18 @@ def check_conv(dev, kind, row, geom):
                                   (2, 16, 10, 10, 6, 5, 5, (1, 1), (4, 4)),
                                   (2, 40, 9, 11, 9, 3, 3, (2, 1), (1, 2)),
                                   (1, 3, 19, 41, 1, 2, 1, (1, 3), (1, 0))],
-                         ids=["C1", "C3", "C3-dgrad", "blocks", "one-filter"])
+                         ids=["C1", "C3", "16-to-6-pad4", "blocks", "one-filter"])
 def test_direct_tiles_on_the_engines(dev, kind, geom):
     """convt.cl's engine variant (the GPU path's layers of at most 16 filters where the
     rows are engine rows): the tile's positions along the engine's m, the filters along
     its n (8 or 16), a channel block's taps along k padded to the engine's. LeNet-5's C1
-    (25 taps, one k step and a padded one) and C3, C3's data gradient (the flipped pass
-    from 16 to 6 channels, in blocks of 6, 6 and 4), 40 channels in blocks at stride
-    (2, 1) with padding, one filter and tiles that P and Q leave partial; with bias,
-    relu, offsets and canaries, against float64 of what the engine multiplies; each
-    pass one launch of the engine variant."""
+    (25 taps: a whole k step and a padded one) and C3 with its data gradient (the
+    flipped pass from 16 to 6 channels, in blocks of 6, 6 and 4); 16 channels to 6
+    filters padded by 4 (its data gradient a flipped pass with no padding); 40 channels
+    in blocks at stride (2, 1) with padding; one filter, and tiles that P and Q leave
+    partial; with bias, relu, offsets and canaries, against float64 of what the engine
+    multiplies; each pass one launch of the engine variant (a strided data gradient
+    takes the engine GEMM)."""
     if not dev.facts.fp64:
         pytest.skip("the reference runs in float64 on the device")
     N, C, H, W, M, R, S, st, pd = geom
