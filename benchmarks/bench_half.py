@@ -184,7 +184,7 @@ def main(argv=None):
              "float-direct": " [direct tiles in float]"}
     contexts = {"all": contextlib.nullcontext, "tuned": tuned_engines_only,
                 "float-direct": direct_tiles_in_float}
-    rows = []
+    rows, failed = [], []
     for dev in _common.devices(args.device):
         print(f"# {dev.name}")
         cases = [(f"GEMM {n}^3", n, n, n, False, False) for n in map(int, args.sizes.split(","))]
@@ -200,15 +200,26 @@ def main(argv=None):
             direct_only = which == "float-direct"
             with contexts[which]():
                 for name, M, N, K, ta, tb in [] if direct_only else cases + DENSE:
-                    rows.append(_row(dev, name + mark,
-                                     gemm_case(dev, M, N, K, ta, tb, args.repeats)))
+                    checked(rows, failed, dev, name + mark, gemm_case, dev, M, N, K, ta,
+                            tb, args.repeats)
                 for name, make, batch, shape in steps[1:] if direct_only else steps:
-                    rows.append(_row(dev, name + mark,
-                                     step_case(dev, make, batch, shape, args.repeats)))
-                    rows.append(_row(dev, name.replace("step", "replayed") + mark,
-                                     step_case(dev, make, batch, shape, args.repeats,
-                                               replay=True)))
+                    checked(rows, failed, dev, name + mark, step_case, dev, make, batch,
+                            shape, args.repeats)
+                    checked(rows, failed, dev, name.replace("step", "replayed") + mark,
+                            step_case, dev, make, batch, shape, args.repeats, replay=True)
     print(f"results: {_common.write_json('bench_half', {'rows': rows}, args.json)}")
+    if failed:
+        raise SystemExit(f"{len(failed)} case(s) failed their check: " + "; ".join(failed))
+
+
+def checked(rows, failed, dev, case, run, *args, **kw):
+    """One case's row, or, where its check fails, the failure named and the next case
+    run (a lent GPU's one command must not lose the cases after a wrong one)."""
+    try:
+        rows.append(_row(dev, case, run(*args, **kw)))
+    except SystemExit as e:
+        print(f"{case:48s} FAILED: {e}", flush=True)
+        failed.append(f"{case}: {e}")
 
 
 if __name__ == "__main__":

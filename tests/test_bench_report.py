@@ -136,6 +136,24 @@ def test_bench_half_runs_the_direct_tiles_in_float_and_back():
     assert conv.tile_direct(dev, np.float16, 64, 6, 16, 5, 5, (1, 1), f16) == (16, 6, f16)
 
 
+def test_bench_half_goes_on_past_a_case_that_fails_its_check(capsys):
+    """A case whose check fails (SystemExit) is named and the next one runs: a lent
+    GPU's one command must not lose the cases after a wrong one."""
+    import types
+    import bench_half
+    dev = types.SimpleNamespace(name="dev")
+    rows, failed = [], []
+
+    def wrong():
+        raise SystemExit("float16 step's loss 3.0 is not the float32 step's 2.3")
+    bench_half.checked(rows, failed, dev, "LeNet-5 step", wrong)
+    times = {"float16": 1.0, "bfloat16": 2.0, "float32": 3.0}
+    bench_half.checked(rows, failed, dev, "MLP step", lambda: times)
+    assert failed == ["LeNet-5 step: float16 step's loss 3.0 is not the float32 step's 2.3"]
+    assert [r["case"] for r in rows] == ["MLP step"] and rows[0]["float32_over_float16"] == 3
+    assert "LeNet-5 step" in capsys.readouterr().out
+
+
 def test_profile_step_lists_a_steps_launches_in_order():
     """profile_step.py --launches: one line per launch, in the order made, with its
     tile, global and local sizes, device time and the idle time before it."""
