@@ -34,7 +34,8 @@ elements lives in the input while the GEMM reads it. Two kernels do this:
 
   except for layers with few filters (TILE_DIRECT_MAXM), whose forward pass (and data
   gradient at unit stride into few channels) convt.cl sums directly from input
-  patches in local memory (tile_direct_op).
+  patches in local memory (tile_direct_op), on the matrix engines where the rows are
+  engine rows (TILE_DIRECT_ENGINES).
 
 Every output element is summed by one work-item in a fixed order: no atomics, bitwise
 reproducible results.
