@@ -16,9 +16,10 @@ where moving half the bytes pays. Steps are timed plain and replayed as fit runs
 With ``--engine-rows all,tuned`` every case runs again with the matrix-engine rows
 that no GPU has timed yet (clnn.tuning.MMA_TABLE's "tuned": False) set aside, the
 rows marked "[tuned engine rows]": what those rows change, in the same run; with
-``float-direct`` too, every case again with the small layers' direct tiles (convt.cl:
-LeNet-5's convolutions on a GPU) summing in float instead of on the engines
-(clnn.ops.conv.TILE_DIRECT_ENGINES off), the rows marked "[direct tiles in float]".
+``float-direct`` too, LeNet-5's steps again with the small layers' direct tiles
+(convt.cl: LeNet-5's convolutions on a GPU) summing in float instead of on the
+engines (clnn.ops.conv.TILE_DIRECT_ENGINES off), the rows marked "[direct tiles in
+float]". A case whose check fails is named and the run goes on; it exits non-zero.
 Writes benchmarks/results/bench_half.json.
 """
 
