@@ -161,14 +161,17 @@ def test_general_kernels_per_element(mode, dtype):
 
 @pytest.mark.parametrize("per", ["row", "element"])
 @pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
-@pytest.mark.parametrize("H,W", [(4, 4), (7, 9), (28, 28), (1 + 2 * 5, 2 * 8), (4, 17)])
+@pytest.mark.parametrize("H,W", [(4, 4), (7, 9), (28, 28), (1 + 2 * 5, 2 * 8), (4, 17),
+                                 (6, 11), (9, 15)])
 def test_2x2_max_pooling_ties_and_nans(H, W, dtype, per):
     """2x2 windows with stride 2 have their own kernels (four windows along a row as
-    vectors, a block at the right edge element by element; a work-item per row of
-    blocks on CPUs, per block on GPUs, forced here): the first maximum in row-major
-    order wins, a NaN beats any number, rows and columns past the last window get no
-    gradient; offsets and canaries around every array. Checked against the reference
-    and against the general kernels."""
+    vectors, a block at the right edge element by element, but for 16-bit storage on
+    CPUs, where it overlaps the block before and only an odd W's last column goes
+    element by element; a work-item per row of blocks on CPUs, per block on GPUs,
+    forced here; rows of 5 and 7 windows, an odd column after them): the first
+    maximum in row-major order wins, a NaN beats any number, rows and columns past the
+    last window get no gradient; offsets and canaries around every array. Checked
+    against the reference and against the general kernels."""
     import sys
     from unittest import mock
     x = RNG.integers(-2, 3, (2, 3, H, W)).astype(dtype)           # many ties
