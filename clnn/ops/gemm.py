@@ -215,7 +215,10 @@ def _k_major_rows(dev, dt, rows, klass, M, N, K, trans_a, trans_b):
     by more than copying its operands along k costs (device-wide traffic and a launch
     each, in the planner's units); else None."""
     nt = tuning.gemm_rows(dev.facts, dt.itemsize, dt, "NT" + klass[2:])
-    if nt is rows:
+    if nt is rows or list(nt) == list(rows) or \
+            any(r.get("variant") != "local" for r in rows):
+        # (a row forced by tuning.override, which gemm_rows returns for every class,
+        # decides alone; a CPU row has no K-major plan to weigh against)
         return None
     ws = SPLITK_BYTES // programs.acc_dtype(dt).itemsize
     best = plans.cached_best(dev.facts, plans.freeze(nt), M, N, K, 1, dt.itemsize, ws)
