@@ -487,7 +487,8 @@ def set_float32_matmul_precision(precision):
     """PyTorch's switch, with its names: "highest" (the default) computes float32
     GEMMs and convolutions in float32; "high" and "medium" let them use TF32 matrix
     engines (10-bit mantissas in the products, float32 sums) where the device has them
-    (NVIDIA, compute capability 8.0 and up); "medium" means what "high" does (clnn
+    (NVIDIA, compute capability 8.0 and up) and the planner expects them to be faster
+    (a small product may keep a float32 tile); "medium" means what "high" does (clnn
     never rounds float32 operands to bfloat16: bfloat16 is a storage dtype of its
     own). Also set by the environment variable CLNN_FLOAT32_MATMUL_PRECISION, read
     when first needed."""
