@@ -30,6 +30,9 @@
 #                                           # it again (same OUT, same machine) to go on
 #                                           # where a cut-off run stopped (3 minutes on an
 #                                           # H100 on 2026-11-23; the suite has grown)
+#   bash benchmarks/gpu_session.sh threads  # which concurrent host calls crash the
+#                                           # driver (threads_probe.py: test_reliability's
+#                                           # threaded test crashed on the H200)
 #   bash benchmarks/gpu_session.sh gemm     # GEMMs with cuBLAS/CLBlast, engines per row,
 #                                           # 16-bit against float32, peers.py
 #   bash benchmarks/gpu_session.sh steps    # convolutions, training steps, host time,
@@ -209,10 +212,11 @@ case $part in
   quick) run_quick ;;
   finish) run_finish ;;
   tests) run_tests ;;
+  threads) LIMIT=${LIMIT:-200} bench threads_probe --repeats 5 ;;
   gemm) run_gemm ;;
   steps) run_steps ;;
   all) run_tests; run_gemm; run_steps ;;
-  *) echo "usage: $0 quick|finish|tests|gemm|steps|all" >&2; exit 2 ;;
+  *) echo "usage: $0 quick|finish|tests|threads|gemm|steps|all" >&2; exit 2 ;;
 esac
 echo "$failed step(s) failed; logs and JSON in $OUT"
 [ $failed -eq 0 ]
