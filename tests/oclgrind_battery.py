@@ -374,6 +374,21 @@ def conv():
     assert {r.params["MB"] for r in prof.records if r.entry == "clnn_convt_forward"} == \
         {4, 8, 16}
     checked += 1
+    # convw.cl's direct weight gradients (the GPU path's, up to 16 filters): position
+    # slices summed through local memory (5 filter rows), one and two filter rows a
+    # work-item (330 and 432), more images than work-groups, strides and padding
+    with tuning.override("gemm", tuning.GEMM_TABLE["type"]["GPU"]), clnn.profile() as prof:
+        for (N, C, M, R, S, st, pd) in ((5, 1, 5, 1, 3, (1, 1), (0, 1)),
+                                        (2, 11, 10, 3, 3, (2, 1), (1, 1)),
+                                        (3, 9, 16, 3, 2, (1, 2), (0, 1))):
+            xt = rng.standard_normal((N, C, 7, 9)).astype(np.float32)
+            wt = rng.standard_normal((M, C, R, S)).astype(np.float32)
+            dyt = rng.standard_normal(conv2d_ref(xt, wt, None, st, pd).shape).astype(np.float32)
+            _, dwt = conv2d_backward_ref(dyt, xt, wt, st, pd)
+            close(clnn.conv2d_backward_weight(clnn.asarray(dyt), clnn.asarray(xt), wt.shape,
+                                              stride=st, padding=pd).get(), dwt, 1e-4)
+    assert [r.entry for r in prof.records].count("clnn_convw_partial") == 3
+    checked += 1
     # conv.cl's gathered kernels: flat and line layouts, the padded copy and the
     # bounds-checked reads, both data-gradient methods, float64's narrower vectors,
     # work-items that walk the rows first (small problems walk the panels first);

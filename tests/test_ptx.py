@@ -95,6 +95,24 @@ def test_direct_convolution_tiles_assemble_without_spills(dtype):
 
 
 @needs_ptxas
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_direct_weight_gradient_assembles_without_spills(dtype):
+    """convw.cl (the GPU path's weight gradients of up to 16 filters): UPT x S sums in
+    registers at every width it is planned for, and the 32 KiB of local memory conv.py
+    plans for."""
+    import sys
+    conv = sys.modules["clnn.ops.conv"]
+    for upt in conv._CONVW_UPT:
+        for s in (1, 5, 8):
+            res = ptx.assemble(programs.render("convw", {"dtype": dtype, "S": s, "UPT": upt,
+                                                         "T": 256, "LM": 8192}))
+            r = res["clnn_convw_partial"]
+            assert r.spill_bytes == 0 and r.stack_bytes == 0 and r.registers <= 64, \
+                (upt, s, r)
+            assert r.local_bytes == conv._CONVW["BYTES"]
+
+
+@needs_ptxas
 @pytest.mark.parametrize("params", list(convt_engine_variants()))
 def test_direct_tiles_on_the_engines_assemble_without_spills(params):
     """convt.cl's engine variant: the fragments and accumulators (2 x MB / 8 tiles of 4

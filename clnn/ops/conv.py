@@ -35,7 +35,9 @@ elements lives in the input while the GEMM reads it. Two kernels do this:
   except for layers with few filters (TILE_DIRECT_MAXM), whose forward pass (and data
   gradient at unit stride into few channels) convt.cl sums directly from input
   patches in local memory (tile_direct_op), on the matrix engines where the rows are
-  engine rows (TILE_DIRECT_ENGINES).
+  engine rows (TILE_DIRECT_ENGINES), and whose weight gradient convw.cl sums from
+  whole images in local memory, a work-group's partial sums added in group order by
+  a second launch (wgrad_direct, WGRAD_DIRECT).
 
 Every output element is summed by one work-item in a fixed order: no atomics, bitwise
 reproducible results.
@@ -541,6 +543,67 @@ programs.register("convt", dict(_CONVT, act="none", MB=16, MMA="none", EMULATE=F
                   lambda: [dict(_CONVT, act=a, MB=mb, MMA="none", EMULATE=False,
                                 KP=_CONVT_KP["f16"])
                            for a in ("none",) + ACTIVATIONS for mb in _CONVT_MB])
+
+
+# convw.cl, the weight gradient summed directly from whole images in local memory,
+# takes the GPU path's weight gradients of layers with at most TILE_DIRECT_MAXM filters
+# (and sums of at most TILE_DIRECT_MAXK taps C R S, filters at most 8 wide) where an
+# image's input and dy fit its local memory: as a GEMM, dw (M x CRS) fills a few rows
+# of every tile and gathers each element of x once per tile step (LeNet-5's C1 at batch
+# 1024 on an H200: 157 us in float32, 275 us on float16's engine tiles). Off (False):
+# the tiled GEMM, as before (benchmarks compare the two).
+WGRAD_DIRECT = True
+# its work-group (T work-items) and local memory (BYTES: an image's padded input and
+# dy, in acc_t); work-groups per compute unit it aims for (each takes IPG images)
+_CONVW = {"T": 256, "BYTES": 32768, "GROUPS_PER_UNIT": 2}
+_CONVW_UPT = (1, 2, 4)
+programs.register("convw", {"S": 5, "UPT": 1, "T": _CONVW["T"], "LM": 8192},
+                  lambda: [{"S": s, "UPT": u, "T": _CONVW["T"], "LM": 8192}
+                           for s in (1, 3, 5, 8) for u in _CONVW_UPT])
+
+
+def wgrad_direct(dev, dt, N, C, H, W, M, R, S, P, Q, st, pd, dilation=(1, 1)):
+    """convw.cl's plan for a weight gradient (dict of its template and launch values),
+    or None where it does not take it: dilated filters, more filters than
+    TILE_DIRECT_MAXM, sums of more than TILE_DIRECT_MAXK taps, filters wider than 8,
+    more units (M C R) than UPT x T, an image's padded input and dy past LM (or LM past
+    the device's local memory), an empty batch, or WGRAD_DIRECT off."""
+    T = _CONVW["T"]
+    if not WGRAD_DIRECT or tuple(dilation) != (1, 1) or N < 1 or \
+            M > TILE_DIRECT_MAXM or C * R * S > TILE_DIRECT_MAXK or S > 8 or \
+            T > dev.facts.max_work_group_size or _CONVW["BYTES"] > dev.facts.local_mem_size:
+        return None
+    lm = _CONVW["BYTES"] // programs.acc_dtype(dt).itemsize
+    units = M * C * R
+    upt = next((u for u in _CONVW_UPT if units <= u * T), None)
+    if upt is None:
+        return None
+    ps = max(1, min(T // units, P * Q)) if upt == 1 else 1
+    hp, wp = (P - 1) * st[0] + R, (Q - 1) * st[1] + S
+    wpl = wp | 1
+    if C * hp * wpl + M * P * Q > lm or units * S * ps > lm:
+        return None
+    ipg = -(-N // min(N, _CONVW["GROUPS_PER_UNIT"] * dev.facts.compute_units))
+    return {"S": S, "UPT": upt, "T": T, "LM": lm, "PS": ps, "HP": hp, "WPL": wpl,
+            "IPG": ipg, "G": -(-N // ipg)}
+
+
+def _run_wgrad_direct(dev, dt, plan, *, dy, x, N, C, H, W, M, P, Q, R, S, st, pd, out,
+                      alpha, beta):
+    """convw.cl's two launches: each work-group's partial sums, then their sum in group
+    order with alpha and beta into ``out``."""
+    params = {"dtype": programs.dtype_name(dt), "S": S, "UPT": plan["UPT"],
+              "T": plan["T"], "LM": plan["LM"]}
+    k = M * C * R * S
+    ws = dev_scratch(dev, plan["G"] * k, programs.acc_dtype(dt))
+    part = programs.get_kernel(dev, "convw", "clnn_convw_partial", params)
+    part((plan["G"] * plan["T"],), (plan["T"],), N=N, C=C, H=H, W=W, M=M, P=P, Q=Q, R=R,
+         SH=st[0], SW=st[1], PH=pd[0], PW=pd[1], IPG=plan["IPG"], PS=plan["PS"],
+         HP=plan["HP"], WPL=plan["WPL"], x=x, x_off=offset(x), dy=dy, dy_off=offset(dy),
+         ws=ws)
+    total = programs.get_kernel(dev, "convw", "clnn_convw_sum", params)
+    return total((k * 64,), (64,), G=plan["G"], K=k, alpha=alpha, beta=beta, ws=ws,
+                 dw=out, dw_off=offset(out))
 
 
 def convt_params(dt, act, plan):
@@ -1339,6 +1402,12 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
                               vectors=WGRAD_VECTORS)
         return done(out, evt)
     if p["variant"] == "local":
+        plan = wgrad_direct(dev, dt, N, C, H, W, M, R, S, P, Q, st, pd, dilation)
+        if plan:
+            evt = _run_wgrad_direct(dev, dt, plan, dy=dy, x=x, N=N, C=C, H=H, W=W, M=M,
+                                    P=P, Q=Q, R=R, S=S, st=st, pd=pd, out=out, alpha=alpha,
+                                    beta=beta)
+            return done(out, evt)
         # dw (M x CRS) = dy (M x NPQ) @ unroll(x)^T (NPQ x CRS): k = (n, p, q), column
         # (c, r, s) reads x[n, c, p sh - ph + r dh, q sw - pw + s dw] and A(m, k)
         # dy[n, m, p, q]

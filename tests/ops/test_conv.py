@@ -892,6 +892,85 @@ def test_gpu_direct_tiles_only_where_they_fit():
     assert [r.entry for r in prof.records].count("clnn_convt_forward") == 1
 
 
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("shape", [(3, 1, 32, 32, 6, 5, 5, (1, 1), (0, 0)),
+                                   (2, 6, 14, 14, 16, 5, 5, (1, 1), (0, 0)),
+                                   (5, 9, 7, 6, 16, 3, 2, (2, 1), (1, 1)),
+                                   (2, 20, 6, 5, 16, 3, 4, (1, 2), (2, 3)),
+                                   (1, 3, 19, 41, 1, 2, 1, (1, 3), (1, 0)),
+                                   (7, 2, 1, 1, 3, 1, 1, (1, 1), (0, 0))],
+                         ids=["C1", "C3", "strided", "4-units-each", "one-filter", "1x1"])
+def test_gpu_direct_weight_gradient(shape, dtype):
+    """convw.cl (the GPU path's weight gradient for up to 16 filters): LeNet-5's C1 (30
+    filter rows, 8 position slices each) and C3 (480 rows: 2 a work-item), 432 and 960
+    rows (2 and 4 a work-item) at strides with padding, one filter, 1x1 images; more
+    images than work-groups (5 and 7 on a 2-unit device: 2 a group), with offsets and
+    canaries; two launches (partial sums, their sum). (C1 in float64, 45 KiB an image
+    in double, takes the tiled GEMM.)"""
+    N, C, H, W, M, R, S, st, pad = shape
+    with variant_in_force("gpu"), clnn.profile() as prof:
+        check_conv(N, C, H, W, M, R, S, st, pad, dtype=dtype)
+    direct = [r.entry for r in prof.records][-2:] == ["clnn_convw_partial", "clnn_convw_sum"]
+    assert direct == (dtype != np.float64 or C != 1 or M != 6)
+
+
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+def test_gpu_direct_weight_gradient_alpha_beta(dtype):
+    """dw = alpha (the gradient) + beta dw in the sum's epilogue; beta 0 never reads dw
+    (NaN there stays out of the result)."""
+    x = RNG.standard_normal((3, 4, 9, 8)).astype(dtype)
+    v = RNG.standard_normal((6, 4, 3, 3)).astype(dtype)
+    dy = RNG.standard_normal((3, 6, 7, 6)).astype(dtype)
+    _, dw = conv2d_backward_ref(dy, x, v, (1, 1), (0, 0))
+    scale = conv2d_backward_ref(np.abs(dy), np.abs(x), np.abs(v), (1, 1), (0, 0))[1]
+    X, DY = guarded_input(clnn.device(), x), guarded_input(clnn.device(), dy)
+    with variant_in_force("gpu"), clnn.profile() as prof:
+        out = Guarded(clnn.device(), v.shape, dtype, fill=v)
+        clnn.conv2d_backward_weight(DY, X, v.shape, out=out.view, alpha=-0.5, beta=0.75)
+        within(out.check(), 0.75 * v.astype(np.float64) - 0.5 * dw,
+               0.75 * np.abs(v.astype(np.float64)) + 0.5 * scale, 3 * 7 * 6 + 1, dtype)
+        nan = Guarded(clnn.device(), v.shape, dtype, fill=np.full(v.shape, np.nan))
+        clnn.conv2d_backward_weight(DY, X, v.shape, out=nan.view, alpha=2.0)
+        within(nan.check(), 2 * dw, 2 * scale, 3 * 7 * 6, dtype)
+    assert [r.entry for r in prof.records].count("clnn_convw_sum") == 2
+
+
+def test_gpu_direct_weight_gradient_plans():
+    """convw.cl's launch plans on an H100's facts: LeNet-5's C1 and C3 at batch 1024
+    (4 images a group, 256 groups: two per unit) and at 64 (one image a group), and
+    where it does not take a layer: more than 16 filters, sums past 1024 taps, filters
+    wider than 8, an image past its 32 KiB, dilation, an empty batch, devices with less
+    local memory or smaller work-groups, and WGRAD_DIRECT off."""
+    import types
+    from test_plans import H100
+    from clnn.ops import conv as conv_module
+    plan = conv_module.wgrad_direct
+    gpu = types.SimpleNamespace(facts=H100)
+    one = (1, 1)
+    assert plan(gpu, np.float32, 1024, 1, 32, 32, 6, 5, 5, 28, 28, one, (0, 0)) == \
+        {"S": 5, "UPT": 1, "T": 256, "LM": 8192, "PS": 8, "HP": 32, "WPL": 33, "IPG": 4,
+         "G": 256}
+    assert plan(gpu, np.float16, 1024, 6, 14, 14, 16, 5, 5, 10, 10, one, (0, 0)) == \
+        {"S": 5, "UPT": 2, "T": 256, "LM": 8192, "PS": 1, "HP": 14, "WPL": 15, "IPG": 4,
+         "G": 256}
+    assert plan(gpu, np.float64, 64, 6, 14, 14, 16, 5, 5, 10, 10, one, (0, 0))["LM"] == 4096
+    assert plan(gpu, np.float64, 64, 1, 32, 32, 6, 5, 5, 28, 28, one, (0, 0)) is None
+    assert plan(gpu, np.float32, 64, 1, 32, 32, 6, 5, 5, 28, 28, one, (0, 0))["G"] == 64
+    assert plan(gpu, np.float32, 1000, 1, 32, 32, 6, 5, 5, 28, 28, one, (0, 0))["G"] == 250
+    assert plan(gpu, np.float32, 8, 1, 32, 32, 17, 5, 5, 28, 28, one, (0, 0)) is None
+    assert plan(gpu, np.float32, 8, 42, 9, 9, 8, 5, 5, 5, 5, one, (0, 0)) is None  # 1050
+    assert plan(gpu, np.float32, 8, 3, 9, 9, 8, 1, 9, 9, 1, one, (0, 0)) is None
+    assert plan(gpu, np.float32, 8, 3, 64, 64, 8, 3, 3, 64, 64, one, one) is None
+    assert plan(gpu, np.float32, 8, 1, 32, 32, 6, 5, 5, 24, 24, one, (0, 0),
+                (2, 2)) is None
+    assert plan(gpu, np.float32, 0, 1, 32, 32, 6, 5, 5, 28, 28, one, (0, 0)) is None
+    for small in (dict(local_mem_size=16384), dict(max_work_group_size=128)):
+        dev = types.SimpleNamespace(facts=dataclasses.replace(H100, **small))
+        assert plan(dev, np.float32, 8, 1, 32, 32, 6, 5, 5, 28, 28, one, (0, 0)) is None
+    with mock.patch.object(conv_module, "WGRAD_DIRECT", False):
+        assert plan(gpu, np.float32, 8, 1, 32, 32, 6, 5, 5, 28, 28, one, (0, 0)) is None
+
+
 def test_gpu_split_k_is_bitwise_reproducible():
     """Split-K sums its slices in a fixed order: the same call gives the same bits."""
     x = clnn.asarray(RNG.standard_normal((4, 5, 12, 12)).astype(np.float32))
