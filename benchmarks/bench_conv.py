@@ -48,7 +48,9 @@ LAYERS = [("LeNet C1", 64, 1, 32, 32, 6, 5, 5, 0, 1), ("LeNet C3", 64, 6, 14, 14
 
 @contextlib.contextmanager
 def _tile_direct(setting):
-    """conv.TILE_DIRECT_MAXM as ``setting`` says ("on": 16, "off": 0, None: as it is)."""
+    """conv.TILE_DIRECT_MAXM as ``setting`` says ("on": 16, "off": 0, None: as it is):
+    convt.cl's forward passes and data gradients and convw.cl's weight gradients, or
+    the tiled GEMM for all three."""
     conv = sys.modules["clnn.ops.conv"]
     old = conv.TILE_DIRECT_MAXM
     if setting:
@@ -93,8 +95,9 @@ def main(argv=None):
     ap.add_argument("--layers", help="comma-separated words: only layers whose name has "
                     "one (e.g. depthwise,LeNet)")
     ap.add_argument("--tile-direct", default="",
-                    help="on,off: time clnn with the GPU path's direct tiles (convt.cl, "
-                         "conv.TILE_DIRECT_MAXM) and without, each also in kernel time")
+                    help="on,off: time clnn with the GPU path's direct kernels (convt.cl, "
+                         "convw.cl: conv.TILE_DIRECT_MAXM) and without, each also in "
+                         "kernel time")
     args = ap.parse_args(argv)
     settings = [v for v in args.tile_direct.split(",") if v] or [None]
     if any(v not in ("on", "off", None) for v in settings):

@@ -18,18 +18,18 @@
 #                                           # steps' kernel profiles; relu, tanh and sums
 #                                           # along rows; the driver's registers per row
 #   bash benchmarks/gpu_session.sh finish   # what the two open issues still need, first
-#                                           # in a session: the engines' GEMMs NN and NT
-#                                           # beside cuBLAS at 4096^3 and 8192^3,
-#                                           # the 16-bit steps, LeNet's layers with and
-#                                           # without convt.cl's tiles, LeNet-5's steps
-#                                           # launch by launch, host time per call with
-#                                           # and without profiling events, then the whole
-#                                           # suite (TESTS_LIMIT, default 240 s; the tests
-#                                           # part goes on from there)
+#                                           # in a session: the threaded launches' crash
+#                                           # (threads_probe.py), the 16-bit LeNet-5
+#                                           # steps, LeNet's layers with and without the
+#                                           # direct kernels, LeNet-5's steps launch by
+#                                           # launch, then the whole suite (TESTS_LIMIT,
+#                                           # default 240 s; the tests part goes on from
+#                                           # there)
 #   bash benchmarks/gpu_session.sh tests    # the whole suite on the GPU, resumable: run
 #                                           # it again (same OUT, same machine) to go on
-#                                           # where a cut-off run stopped (3 minutes on an
-#                                           # H100 on 2026-11-23; the suite has grown)
+#                                           # where a cut-off run stopped (5232 tests:
+#                                           # about 5 minutes with 12 workers on an H200,
+#                                           # 2026-11-28)
 #   bash benchmarks/gpu_session.sh threads  # which concurrent host calls crash the
 #                                           # driver (threads_probe.py: test_reliability's
 #                                           # threaded test crashed on the H200)
@@ -168,23 +168,16 @@ run_quick() {
 
 run_finish() {
   step devices "$PY" -m clnn devices
-  # issue 11's wall-clock table: float32, TF32 and float16 beside cuBLAS, NN (on
-  # Hopper through copies along k to the WGMMA rows, never timed) and NT
-  LIMIT=90 bench bench_engines --sizes 4096,8192
-  # issue 11's LeNet-5 float16 step against float32's, now that LeNet's convolutions
-  # run in convt.cl's direct tiles (never timed), the 16-bit ones on the engines, and
-  # again with those summing in float, at batch 1024 and 4096 (at 64 both formats'
-  # steps are bound by their launches: 0.93-0.97x on the H200); those layers with and
-  # without the tiles; and each launch of a step, in order
-  LIMIT=60 bench bench_half --sizes 1024 --lenet-batches 1024,4096 \
-    --engine-rows all,float-direct
+  # issue 10: test_reliability's threaded launches crashed the H200's driver (a
+  # segfault in a driver thread, 5 runs of 7): which concurrent host calls do
+  LIMIT=200 bench threads_probe --repeats 5
+  # issue 11's LeNet-5 float16 step against float32's, now that convw.cl sums both
+  # formats' weight gradients of C1 and C3 (on the H200 C1's took 157 us in float32 and
+  # 275 on float16's engine tiles at batch 1024, float16's step 0.91x float32's); the
+  # layers with and without the direct kernels; each launch of a step, in order
+  LIMIT=60 bench bench_half --sizes 1024 --lenet-batches 1024,4096 --engine-rows all
   LIMIT=40 bench bench_conv --layers LeNet --tile-direct on,off
-  LIMIT=40 bench profile_step --steps 5 --lenet-batch 64,1024 --mlp-batch 0 --launches
-  # host time per call with and without profiling events on the queue (on the H200 a
-  # replayed launch took about 19 us and a sum along rows 80 us of host time)
-  LIMIT=35 bench bench_host --repeats 3
-  LIMIT=35 step bench_host_noprofiling env CLNN_PROFILING=0 "$PY" benchmarks/bench_host.py \
-    --device "$DEVICE" --repeats 3 --json "$OUT/bench_host_noprofiling.json"
+  LIMIT=40 bench profile_step --steps 5 --lenet-batch 1024,4096 --mlp-batch 0 --launches
   # issue 10's last item: the whole suite on the GPU (resumable: run the tests part
   # next with the same OUT to go on)
   LIMIT=${TESTS_LIMIT:-240} run_tests
