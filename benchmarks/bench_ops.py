@@ -18,7 +18,8 @@ ops whose names start with one of its words; ``--unroll`` times the element-wise
 (relu, tanh) once per value of their kernels' GPU loop unrolling (1: one load at a time
 per work-item; ops/elementwise.py's GPU_UNROLL is the default on GPUs), forced on any
 device; ``--row-group`` times the sums along rows once per work-group size of the GPUs'
-reduction kernel (256: the default; each a tree of that many partial sums per row),
+reduction kernel (64: the default, reduce.ROW_TREE; each a tree of that many partial
+sums per row),
 that kernel forced on any device.
 Writes benchmarks/results/bench_ops.json.
 """

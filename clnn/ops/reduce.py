@@ -63,7 +63,8 @@ def _variants():
     # or as a first stage, rows (images' sums over H*W) and columns (dense layers)
     fused = [{"map": "dact", "op": "sum", "final": "none", "inp": "real", "outp": p,
               "wg": wg, "act": a, "src": s}
-             for wg in ((1, 256), (32, 8)) for p in ("real", "acc") for a, s in DACT]
+             for wg in ((1, 64), (1, 256), (32, 8)) for p in ("real", "acc")
+             for a, s in DACT]
     return plain + fused
 
 
@@ -87,13 +88,20 @@ def _chunks(dev, outputs, R):
     return builtins.max(1, builtins.min(want, R // _MIN_CHUNK))
 
 
+# work-items along a row of the GPUs' row reduction (its tree's partial sums): on an
+# H200 (2026-11-27, kernel time, sums along rows of 16384 x 1024) 64 read 2996 GB/s and
+# 256 read 1986: 16 elements a work-item and 6 levels of barriers instead of 4 and 8
+# (and LeNet-5's bias gradients sum rows of 100 and 784)
+ROW_TREE = 64
+
+
 def _wg_shape(dev, inner, forced=None):
-    """(LX, LY) of the GPU kernel: rows (inner == 1) get 256 work-items along R; columns
-    32 neighbouring outputs by 8 along R, so a warp reads 128 contiguous bytes.
-    ``forced`` (tuning.forced("reduce")) may give rows another LY ({"ly": 64}): a
-    benchmark's way to try shorter trees on short rows (bench_ops.py --row-group)."""
+    """(LX, LY) of the GPU kernel: rows (inner == 1) get ROW_TREE work-items along R;
+    columns 32 neighbouring outputs by 8 along R, so a warp reads 128 contiguous bytes.
+    ``forced`` (tuning.forced("reduce")) may give rows another LY ({"ly": 256}): a
+    benchmark's way to try other trees (bench_ops.py --row-group)."""
     lx = 1 if inner == 1 else 32
-    ly = 256 // lx
+    ly = ROW_TREE if lx == 1 else 8
     if lx == 1 and forced and forced.get("ly"):
         ly = int(forced["ly"])
     while lx * ly > dev.facts.max_work_group_size and ly > 1:

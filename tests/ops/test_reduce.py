@@ -71,10 +71,10 @@ def test_axis_reductions(shape, data):
         assert_close(out.check(), ref, np.float32, k=k, scale=np.maximum(scale, 1e-30), ulps=2)
 
 
-@pytest.mark.parametrize("ly", [None, 64], ids=["ly-default", "ly64"])
+@pytest.mark.parametrize("ly", [None, 256], ids=["ly-default", "ly256"])
 @pytest.mark.parametrize("shape", [(3, 5000, 7), (1, 70000, 1), (40, 33, 70), (1, 3, 100)])
 def test_axes_with_work_group_kernels(dev, shape, ly):
-    """The GPU kernels' rows (inner 1: the default tree of 256, and 64 as bench_ops.py
+    """The GPU kernels' rows (inner 1: the default tree of 64, and 256 as bench_ops.py
     --row-group forces it) and columns (inner > 1), with chunks."""
     from clnn import tuning
     x = RNG.standard_normal(shape).astype(np.float32)
