@@ -159,7 +159,7 @@ run_quick() {
   LIMIT=40 bench profile_step --steps 5 --top 20 --lenet-batch 64,1024 --launches
   # the element-wise GPU loop: one load at a time per work-item against four; the sums
   # along rows with trees of 256 and 64 (call, kernel and host time each)
-  LIMIT=30 bench bench_ops --ops relu,tanh,sum --unroll 1,4 --row-group 256,64 --repeats 9
+  LIMIT=30 bench bench_ops --ops relu,tanh,sum --unroll 1,4 --row-group 64,256 --repeats 9
   # registers and spills from the driver's own compiler (-cl-nv-verbose), every row
   # (the WGMMA rows' from their patched PTX's build)
   LIMIT=60 step nv-registers "$PY" benchmarks/ptx_resources.py --device "$DEVICE" \
@@ -170,7 +170,7 @@ run_finish() {
   step devices "$PY" -m clnn devices
   # issue 10: test_reliability's threaded launches crashed the H200's driver (a
   # segfault in a driver thread, 5 runs of 7): which concurrent host calls do
-  LIMIT=200 bench threads_probe --repeats 5
+  LIMIT=150 bench threads_probe --repeats 4
   # issue 11's LeNet-5 float16 step against float32's, now that convw.cl sums both
   # formats' weight gradients of C1 and C3 (on the H200 C1's took 157 us in float32 and
   # 275 on float16's engine tiles at batch 1024, float16's step 0.91x float32's); the
@@ -178,6 +178,8 @@ run_finish() {
   LIMIT=60 bench bench_half --sizes 1024 --lenet-batches 1024,4096 --engine-rows all
   LIMIT=40 bench bench_conv --layers LeNet --tile-direct on,off
   LIMIT=40 bench profile_step --steps 5 --lenet-batch 1024,4096 --mlp-batch 0 --launches
+  # the rows' reduction trees, 64 now by default (LeNet's bias gradients), against 256
+  LIMIT=30 bench bench_ops --ops sum --row-group 64,256 --repeats 9
   # issue 10's last item: the whole suite on the GPU (resumable: run the tests part
   # next with the same OUT to go on)
   LIMIT=${TESTS_LIMIT:-240} run_tests
