@@ -23,9 +23,10 @@
 // q SW - PW + s] (taps outside x read 0). A unit is a filter row (m, c, r): its S sums
 // stay in a work-item's registers. Work-group g takes images g IPG to g IPG + IPG - 1:
 // for each it loads the input rows and columns the outputs read, zero outside x, in
-// rows of WPL (odd: rows a filter row apart start in different banks), then dy; each
-// work-item adds, for its units, the products at positions sl, sl + PS, sl + 2 PS, ...
-// (PS position slices, consecutive work-items on consecutive positions). At the end
+// rows of WPL (so that a warp's units read different banks: conv.py's wgrad_direct),
+// then dy; each work-item adds, for its units, the products at positions sl, sl + PS,
+// sl + 2 PS, ... (PS position slices, consecutive work-items on consecutive
+// positions). At the end
 // the slices' sums are added in slice order and the group writes its partial sums,
 // ws[g, (m, c, r, s)], which clnn_convw_sum adds in group order: no atomics, the same
 // bits every run.

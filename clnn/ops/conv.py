@@ -578,9 +578,13 @@ def wgrad_direct(dev, dt, N, C, H, W, M, R, S, P, Q, st, pd, dilation=(1, 1)):
     upt = next((u for u in _CONVW_UPT if units <= u * T), None)
     if upt is None:
         return None
-    ps = max(1, min(T // units, P * Q)) if upt == 1 else 1
+    # position slices: a power of two (a warp's 32 work-items then hold whole units,
+    # 32 / PS of them); rows of the local input WPL long, WPL = PS mod 32 where PS < 32,
+    # so that a warp's units, filter rows r apart, read PS banks apart and its slices
+    # the banks between (C1: PS 8, rows of 40); odd otherwise
+    ps = 1 << (max(1, min(T // units, P * Q)).bit_length() - 1) if upt == 1 else 1
     hp, wp = (P - 1) * st[0] + R, (Q - 1) * st[1] + S
-    wpl = wp | 1
+    wpl = wp + (ps - wp) % 32 if 1 < ps < 32 else wp | 1
     if C * hp * wpl + M * P * Q > lm or units * S * ps > lm:
         return None
     ipg = -(-N // min(N, _CONVW["GROUPS_PER_UNIT"] * dev.facts.compute_units))

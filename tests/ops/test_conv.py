@@ -948,7 +948,7 @@ def test_gpu_direct_weight_gradient_plans():
     gpu = types.SimpleNamespace(facts=H100)
     one = (1, 1)
     assert plan(gpu, np.float32, 1024, 1, 32, 32, 6, 5, 5, 28, 28, one, (0, 0)) == \
-        {"S": 5, "UPT": 1, "T": 256, "LM": 8192, "PS": 8, "HP": 32, "WPL": 33, "IPG": 4,
+        {"S": 5, "UPT": 1, "T": 256, "LM": 8192, "PS": 8, "HP": 32, "WPL": 40, "IPG": 4,
          "G": 256}
     assert plan(gpu, np.float16, 1024, 6, 14, 14, 16, 5, 5, 10, 10, one, (0, 0)) == \
         {"S": 5, "UPT": 2, "T": 256, "LM": 8192, "PS": 1, "HP": 14, "WPL": 15, "IPG": 4,
