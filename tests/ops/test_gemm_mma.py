@@ -52,6 +52,8 @@ def ran_wgmma(records):
     one, and wgmma truncates TF32 operands where mma.sync rounds them."""
     return any(dict(r.params.get("tuning", ())).get("WGMMA") for r in records
                if r.entry == "clnn_gemm_tiled")
+
+
 SIZES = [(1, 1, 1), (17, 13, 29), (129, 257, 33), (300, 200, 100), (64, 8, 1000),
          (7, 300, 64)]
 
