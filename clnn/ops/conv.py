@@ -595,7 +595,9 @@ def wgrad_direct(dev, dt, N, C, H, W, M, R, S, P, Q, st, pd, dilation=(1, 1)):
 def _run_wgrad_direct(dev, dt, plan, *, dy, x, N, C, H, W, M, P, Q, R, S, st, pd, out,
                       alpha, beta):
     """convw.cl's two launches: each work-group's partial sums, then their sum in group
-    order with alpha and beta into ``out``."""
+    order with alpha and beta into ``out``. (reduce3's column sums with final "axpby"
+    would add them too, but split G into chunks first on a GPU: a third launch, in
+    steps that launches bound.)"""
     params = {"dtype": programs.dtype_name(dt), "S": S, "UPT": plan["UPT"],
               "T": plan["T"], "LM": plan["LM"]}
     k = M * C * R * S
