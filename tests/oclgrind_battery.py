@@ -376,7 +376,8 @@ def conv():
     checked += 1
     # convw.cl's direct weight gradients (the GPU path's, up to 16 filters): position
     # slices summed through local memory (5 filter rows), one and two filter rows a
-    # work-item (330 and 432), more images than work-groups, strides and padding
+    # work-item (330 and 432), more images than work-groups, strides and padding; the
+    # bias gradient beside them (db=) in the first two
     with tuning.override("gemm", tuning.GEMM_TABLE["type"]["GPU"]), clnn.profile() as prof:
         for (N, C, M, R, S, st, pd) in ((5, 1, 5, 1, 3, (1, 1), (0, 1)),
                                         (2, 11, 10, 3, 3, (2, 1), (1, 1)),
@@ -385,8 +386,11 @@ def conv():
             wt = rng.standard_normal((M, C, R, S)).astype(np.float32)
             dyt = rng.standard_normal(conv2d_ref(xt, wt, None, st, pd).shape).astype(np.float32)
             _, dwt = conv2d_backward_ref(dyt, xt, wt, st, pd)
+            dbt = clnn.empty((M,)) if M < 16 else None
             close(clnn.conv2d_backward_weight(clnn.asarray(dyt), clnn.asarray(xt), wt.shape,
-                                              stride=st, padding=pd).get(), dwt, 1e-4)
+                                              stride=st, padding=pd, db=dbt).get(), dwt, 1e-4)
+            if dbt is not None:
+                close(dbt.get(), dyt.astype(np.float64).sum(axis=(0, 2, 3)), 1e-4)
     assert [r.entry for r in prof.records].count("clnn_convw_partial") == 3
     checked += 1
     # conv.cl's gathered kernels: flat and line layouts, the padded copy and the

@@ -108,10 +108,12 @@ OPS = {
                                  padding=a["padding"], out=a["out"])),
     "conv2d_backward_weight": ({"dy": ("in", (2, 4, 3, 3)), "x": ("in", (2, 3, 6, 5)),
                                 "out": ("out", (4, 3, 3, 2)), "stride": ("size", 2),
-                                "padding": ("size", 1), "alpha": ("scalar", 1.0)},
+                                "padding": ("size", 1), "alpha": ("scalar", 1.0),
+                                "db": ("out2", (4,))},
                                lambda a: clnn.conv2d_backward_weight(
                                    a["dy"], a["x"], (4, 3, 3, 2), stride=a["stride"],
-                                   padding=a["padding"], out=a["out"], alpha=a["alpha"])),
+                                   padding=a["padding"], out=a["out"], alpha=a["alpha"],
+                                   db=a["db"])),
     "max_pool2d": ({"x": ("in", (1, 2, 6, 6)), "out": ("out", (1, 2, 3, 3)),
                     "kernel_size": ("size", 2)},
                    lambda a: clnn.max_pool2d(a["x"], a["kernel_size"], out=a["out"])),
@@ -124,7 +126,7 @@ OPS = {
 
 # None is a valid value there (no bias; the default slope or gradient scale)
 OPTIONAL = {("gemm", "bias"), ("conv2d", "b"), ("leaky_relu", "slope"), ("cross_entropy", "weight"),
-            ("softmax_cross_entropy", "grad_scale")}
+            ("softmax_cross_entropy", "grad_scale"), ("conv2d_backward_weight", "db")}
 ARRAY_FLAWS = ("int32", "past-buffer", "numpy", "None", "misaligned", "strided")
 SHAPED_FLAWS = ("shape", "extra-dim")
 SCALAR_FLAWS = (None, "2", float("nan"), float("inf"), -1e39, 1e39, 1 + 2j, [1.0], True)

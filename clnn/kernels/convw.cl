@@ -26,15 +26,17 @@
 // rows of WPL (so that a warp's units read different banks: conv.py's wgrad_direct),
 // then dy; each work-item adds, for its units, the products at positions sl, sl + PS,
 // sl + 2 PS, ... (PS position slices, consecutive work-items on consecutive
-// positions). At the end
+// positions). With NB = M the group also sums the bias gradient, db[m] = sum over n, p,
+// q of dy[n, m, p, q], from the dy in local memory: T / M work-items a filter, each
+// over positions T / M apart. At the end
 // the slices' sums are added in slice order and the group writes its partial sums,
-// ws[g, (m, c, r, s)], which clnn_convw_sum adds in group order: no atomics, the same
-// bits every run.
+// ws[g, (m, c, r, s)] then ws[g, M C R S + m] (K = M C R S + NB a group), which
+// clnn_convw_sum adds in group order: no atomics, the same bits every run.
 __kernel __attribute__((reqd_work_group_size(T, 1, 1)))
 void clnn_convw_partial(const int N, const int C, const int H, const int W, const int M,
                         const int P, const int Q, const int R, const int SH, const int SW,
                         const int PH, const int PW, const int IPG, const int PS,
-                        const int HP, const int WPL,
+                        const int HP, const int WPL, const int NB,
                         __global const real_t *x, const int x_off,
                         __global const real_t *dy, const int dy_off,
                         __global acc_t *ws)
@@ -46,6 +48,8 @@ void clnn_convw_partial(const int N, const int C, const int H, const int W, cons
     const int XL = C * HP * WPL;                   // the input's local elements
     __local acc_t *dyl = lm + XL;
     const int sl = t % PS, u0 = t / PS;            // position slice, first unit
+    const int TB = T / M, mb = t / TB;             // the bias: work-items a filter, its
+    acc_t bacc = (acc_t)0;                         // filter (mb = M: none) and sum
     acc_t acc[UPT][S];
 #pragma unroll
     for (int i = 0; i < UPT; ++i)
@@ -64,6 +68,9 @@ void clnn_convw_partial(const int N, const int C, const int H, const int W, cons
         for (int j = t; j < M * PQ; j += T)
             dyl[j] = CLNN_LOAD(dy, dy_off + n * M * PQ + j);
         barrier(CLK_LOCAL_MEM_FENCE);
+        if (NB && mb < M)
+            for (int j = t % TB; j < PQ; j += TB)
+                bacc += dyl[mb * PQ + j];
 #pragma unroll
         for (int i = 0; i < UPT; ++i) {
             const int u = u0 + i * (T / PS);
@@ -99,21 +106,29 @@ void clnn_convw_partial(const int N, const int C, const int H, const int W, cons
             for (int s = 0; s < S; ++s)
                 lm[(u * S + s) * PS + sl] = acc[i][s];
     }
+    __local acc_t *bl = lm + U * S * PS;           // (conv.py keeps T elements free here)
+    bl[t] = bacc;
     barrier(CLK_LOCAL_MEM_FENCE);
-    __global acc_t *wg = ws + g * U * S;
-    for (int o = t; o < U * S; o += T) {
+    __global acc_t *wg = ws + g * (U * S + NB);
+    for (int o = t; o < U * S + NB; o += T) {
         acc_t v = (acc_t)0;
-        for (int k = 0; k < PS; ++k)
-            v += lm[o * PS + k];
+        if (o < U * S)
+            for (int k = 0; k < PS; ++k)
+                v += lm[o * PS + k];
+        else
+            for (int k = 0; k < TB; ++k)
+                v += bl[(o - U * S) * TB + k];
         wg[o] = v;
     }
 }
 
-// dw[o] = alpha (sum over groups g of ws[g, o]) (+ beta dw[o]): a work-group an output,
+// dw[o] = alpha (sum over groups g of ws[g, o]) (+ beta dw[o]) for the KW outputs o of
+// dw, then db[o - KW] likewise for the K - KW of the bias: a work-group an output,
 // each work-item adding the groups t, t + 64, ..., then a tree in a fixed order
 __kernel __attribute__((reqd_work_group_size(64, 1, 1)))
-void clnn_convw_sum(const int G, const int K, const acc_t alpha, const acc_t beta,
-                    __global const acc_t *ws, __global real_t *dw, const int dw_off)
+void clnn_convw_sum(const int G, const int K, const int KW, const acc_t alpha,
+                    const acc_t beta, __global const acc_t *ws, __global real_t *dw,
+                    const int dw_off, __global real_t *db, const int db_off)
 {
     __local acc_t part[64];
     const int o = (int)get_group_id(0), t = (int)get_local_id(0);
@@ -127,9 +142,10 @@ void clnn_convw_sum(const int G, const int K, const acc_t alpha, const acc_t bet
             part[t] += part[t + h];
     }
     if (t == 0) {
-        __global real_t *d = dw + dw_off;
+        __global real_t *d = o < KW ? dw + dw_off : db + db_off;
+        const int i = o < KW ? o : o - KW;
         const acc_t y = alpha * part[0];
         // (beta 0 reads nothing: dw may hold anything, NaN included)
-        CLNN_STORE(beta != (acc_t)0 ? y + beta * CLNN_LOAD(d, o) : y, d, o);
+        CLNN_STORE(beta != (acc_t)0 ? y + beta * CLNN_LOAD(d, i) : y, d, i);
     }
 }

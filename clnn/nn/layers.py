@@ -35,6 +35,7 @@ has an output that is a reshaped view of its input.
 import numpy as np
 
 import clnn
+from ..device import device_of
 from ..errors import ArgumentError, ShapeError
 from ..programs import acc_dtype
 from ..ops._args import finite, probability
@@ -305,14 +306,36 @@ class Conv2d(Layer):
         clnn.conv2d_backward_data(delta, self.weight, x.shape, out=dx, **self._opts())
 
     def gradients(self, delta, x, grads, ones):
+        # the bias gradient (delta summed over batch and positions) where
+        # backward_activation left it: in the weight gradient's launches on a GPU's
+        # small layers (convw.cl), else by bias_grad after them
         clnn.conv2d_backward_weight(delta, x, self.weight.shape, out=grads[0],
+                                    db=grads[1] if len(grads) > 1 else None,
                                     **self._opts())
-        if len(grads) > 1:                 # (else backward_activation summed it)
-            clnn.bias_grad(delta, out=grads[1])   # delta summed over batch and positions
 
     @property
     def fuses_bias(self):
         return self.use_bias
+
+    def backward_activation(self, delta, a, grads=None):
+        if grads is not None and len(grads) == 2 and self._wgrad_sums_bias(delta):
+            # the activation's pass alone: one launch on a GPU where, with the bias,
+            # it took two or three (its rows' sums, then theirs over the batch)
+            return super().backward_activation(delta, a)
+        return super().backward_activation(delta, a, grads)
+
+    def _wgrad_sums_bias(self, delta):
+        """Whether the weight gradient sums the bias gradient too at delta's shape
+        (conv.fuses_bias_gradient), kept for the shape, dtype, device and settings."""
+        from ..ops import _memo
+        from ..ops.conv import fuses_bias_gradient
+        dev = device_of(delta)
+        key = (delta.shape, delta.dtype, dev, _memo.settings(dev))
+        if key[-1] is None or getattr(self, "_sums_bias", (None,))[0] != key:
+            self._sums_bias = (key, fuses_bias_gradient(
+                delta, (delta.shape[0],) + tuple(self.in_shape), self.weight.shape,
+                **self._opts()))
+        return self._sums_bias[1]
 
 
 class _Pool(Layer):

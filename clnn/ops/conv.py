@@ -47,10 +47,12 @@ import numpy as np
 import pyopencl.cltypes as cltypes
 
 from .. import programs, tuning
+from ..device import device_of
 from ..errors import ArgumentError, ShapeError
 from ._args import (INT_MAX, check, check_out, common_device, dev_scratch, done, finite,
                     int4, launch, launch_size, offset, pair, scratch_cap)
 from ._memo import memoized
+from .bias import bias_grad
 from .elementwise import ACTIVATIONS, activation_parameter
 from .gemm import Operand, panel_widths, run_gemm, run_panels, tiled_workspace
 
@@ -585,7 +587,8 @@ def wgrad_direct(dev, dt, N, C, H, W, M, R, S, P, Q, st, pd, dilation=(1, 1)):
     ps = 1 << (max(1, min(T // units, P * Q)).bit_length() - 1) if upt == 1 else 1
     hp, wp = (P - 1) * st[0] + R, (Q - 1) * st[1] + S
     wpl = wp + (ps - wp) % 32 if 1 < ps < 32 else wp | 1
-    if C * hp * wpl + M * P * Q > lm or units * S * ps > lm:
+    # (and after the units' sums, T for the bias's)
+    if C * hp * wpl + M * P * Q > lm or units * S * ps + T > lm:
         return None
     ipg = -(-N // min(N, _CONVW["GROUPS_PER_UNIT"] * dev.facts.compute_units))
     return {"S": S, "UPT": upt, "T": T, "LM": lm, "PS": ps, "HP": hp, "WPL": wpl,
@@ -593,23 +596,26 @@ def wgrad_direct(dev, dt, N, C, H, W, M, R, S, P, Q, st, pd, dilation=(1, 1)):
 
 
 def _run_wgrad_direct(dev, dt, plan, *, dy, x, N, C, H, W, M, P, Q, R, S, st, pd, out,
-                      alpha, beta):
+                      alpha, beta, db=None):
     """convw.cl's two launches: each work-group's partial sums, then their sum in group
-    order with alpha and beta into ``out``. (reduce3's column sums with final "axpby"
-    would add them too, but split G into chunks first on a GPU: a third launch, in
-    steps that launches bound.)"""
+    order with alpha and beta into ``out``, and into ``db`` the bias gradient where
+    given (dy's sums per filter, from the dy the groups hold anyway: no launch of its
+    own). (reduce3's column sums with final "axpby" would add them too, but split G
+    into chunks first on a GPU: a third launch, in steps that launches bound.)"""
     params = {"dtype": programs.dtype_name(dt), "S": S, "UPT": plan["UPT"],
               "T": plan["T"], "LM": plan["LM"]}
-    k = M * C * R * S
-    ws = dev_scratch(dev, plan["G"] * k, programs.acc_dtype(dt))
+    kw = M * C * R * S
+    nb = 0 if db is None else M
+    ws = dev_scratch(dev, plan["G"] * (kw + nb), programs.acc_dtype(dt))
     part = programs.get_kernel(dev, "convw", "clnn_convw_partial", params)
     part((plan["G"] * plan["T"],), (plan["T"],), N=N, C=C, H=H, W=W, M=M, P=P, Q=Q, R=R,
          SH=st[0], SW=st[1], PH=pd[0], PW=pd[1], IPG=plan["IPG"], PS=plan["PS"],
-         HP=plan["HP"], WPL=plan["WPL"], x=x, x_off=offset(x), dy=dy, dy_off=offset(dy),
-         ws=ws)
+         HP=plan["HP"], WPL=plan["WPL"], NB=nb, x=x, x_off=offset(x), dy=dy,
+         dy_off=offset(dy), ws=ws)
     total = programs.get_kernel(dev, "convw", "clnn_convw_sum", params)
-    return total((k * 64,), (64,), G=plan["G"], K=k, alpha=alpha, beta=beta, ws=ws,
-                 dw=out, dw_off=offset(out))
+    return total(((kw + nb) * 64,), (64,), G=plan["G"], K=kw + nb, KW=kw, alpha=alpha,
+                 beta=beta, ws=ws, dw=out, dw_off=offset(out),
+                 db=out if db is None else db, db_off=offset(out if db is None else db))
 
 
 def convt_params(dt, act, plan):
@@ -1349,7 +1355,8 @@ def _conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None,
 
 
 def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, alpha=1.0,
-                            beta=0.0, dilation=(1, 1)):
+                            beta=0.0, dilation=(1, 1), db=None):
+    """(dw, whether its launches summed the bias gradient into ``db`` too)."""
     dev = common_device(dy=dy, x=x, out=out)
     dt = check(dy, "dy", dev, ndim=4)
     check(x, "x", dev, dtype=dt, ndim=4)
@@ -1366,12 +1373,12 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
     p = rows[0]
     if tuple(dilation) != (1, 1) and p["variant"] not in ("gather", "local"):
         return _direct_backward_weight(dy, x, (M, C, R, S), stride, padding,
-                                       tuple(dilation), 1, out, alpha, beta)
+                                       tuple(dilation), 1, out, alpha, beta), False
     if _winograd(p, C, M, R, S, st, dilation, dt=dt, P=P, Q=Q):
         evt = _run_winograd_wgrad(dev, dt, p, dy=dy, x=x, N=N, C=C, H=H, W=W, M=M, ph=pd[0],
                                   pw=pd[1], out=out, alpha=alpha, beta=beta,
                                   dilation=tuple(dilation))
-        return done(out, evt)
+        return done(out, evt), False
     if p["variant"] == "gather":
         xg, xg_off, Hg, Wg, phg, pwg, zr = _pad_input(dev, dt, x, N * C, H, W, *pd)
         # dy^T is packed for a group of images at a time (at most SCRATCH_BYTES), and
@@ -1406,14 +1413,14 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
                               out_steps=(R * S, S, 1, C * R * S), alpha=alpha,
                               beta=beta if n0 == 0 else 1.0, scratch=scratch, pixels=px,
                               vectors=WGRAD_VECTORS)
-        return done(out, evt)
+        return done(out, evt), False
     if p["variant"] == "local":
         plan = wgrad_direct(dev, dt, N, C, H, W, M, R, S, P, Q, st, pd, dilation)
         if plan:
             evt = _run_wgrad_direct(dev, dt, plan, dy=dy, x=x, N=N, C=C, H=H, W=W, M=M,
                                     P=P, Q=Q, R=R, S=S, st=st, pd=pd, out=out, alpha=alpha,
-                                    beta=beta)
-            return done(out, evt)
+                                    beta=beta, db=db)
+            return done(out, evt), db is not None
         # dw (M x CRS) = dy (M x NPQ) @ unroll(x)^T (NPQ x CRS): k = (n, p, q), column
         # (c, r, s) reads x[n, c, p sh - ph + r dh, q sw - pw + s dw] and A(m, k)
         # dy[n, m, p, q]
@@ -1426,12 +1433,12 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
                            (M * P * Q, Q, 1, 0)),
                      cols=_colmap((R, S), (H * W, dh * W, dw, 0), (dh, 0), (dw, 0), (H, W)),
                      alpha=alpha, beta=beta)
-        return done(out, evt)
+        return done(out, evt), False
     evt = run_gemm(dev, dt, M=M, N=C * R * S, K=N * P * Q, nbatch=1, a=Operand(dy, offset(dy)),
                    b=Operand(x, offset(x)), c=Operand(out, offset(out), C * R * S),
                    alpha=alpha, beta=beta, conv="wgrad",
                    conv_args=_geometry_args(C, H, W, M, P, Q, R, S, st, pd), params=p)
-    return done(out, evt)
+    return done(out, evt), False
 
 
 # ------------------------------------------------------------ the public ops: PyTorch's
@@ -1539,24 +1546,58 @@ def conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, dilation=1, gro
 
 @memoized
 def conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, dilation=1, groups=1,
-                           out=None, alpha=1.0, beta=0.0):
+                           out=None, alpha=1.0, beta=0.0, db=None):
     """dw = alpha * dL/dw + beta * out for y = conv2d(x, w): dy (N, M, P, Q), x (N, C, H, W)
     (or unbatched (M, P, Q) and (C, H, W)), dw of ``w_shape`` (M, C / groups, R, S).
 
     With the defaults it overwrites ``out``; ``alpha = -lr/batch, beta = momentum`` makes
     it the update step of a training loop, as for dense layers. A batch of 0 gives
     dw = beta * out.
+
+    ``db``, an (M,) array, also gets the bias gradient, alpha * dy summed over the
+    batch and positions + beta * db (``bias_grad``'s): in the weight gradient's own
+    launches where the GPU path sums from images in local memory (convw.cl: LeNet's
+    layers), by bias_grad after it elsewhere. ``fuses_bias_gradient`` says which.
     """
-    padding, dl, groups, direct = _options("conv2d_backward_weight",
-                                           _shape(w_shape, "w_shape"), stride, padding,
-                                           dilation, groups)
+    w_shape = _shape(w_shape, "w_shape")
+    padding, dl, groups, direct = _options("conv2d_backward_weight", w_shape, stride,
+                                           padding, dilation, groups)
+    if db is not None:        # (checked before anything is enqueued)
+        dev = common_device(dy=dy, x=x, out=out, db=db)
+        db = check_out(db, w_shape[:1], check(dy, "dy", dev), dev, inputs=(dy, x, out),
+                       name="db", allow_alias=False)
     if getattr(x, "ndim", 0) == 3:
         x, dy = _four(x, "x"), _four(dy, "dy")
+    summed = False
     if direct or (getattr(x, "ndim", 0) == 4 and x.shape[0] == 0):
-        return _direct_backward_weight(dy, x, w_shape, stride, padding, dl, groups, out,
-                                       alpha, beta)
-    return _conv2d_backward_weight(dy, x, w_shape, stride=stride, padding=padding, out=out,
-                                   alpha=alpha, beta=beta, dilation=dl)
+        dw = _direct_backward_weight(dy, x, w_shape, stride, padding, dl, groups, out,
+                                     alpha, beta)
+    else:
+        dw, summed = _conv2d_backward_weight(dy, x, w_shape, stride=stride, padding=padding,
+                                             out=out, alpha=alpha, beta=beta, dilation=dl,
+                                             db=db)
+    if db is not None and not summed:
+        bias_grad.unplanned(dy, out=db, alpha=alpha, beta=beta)
+    return dw
+
+
+def fuses_bias_gradient(dy, x_shape, w_shape, *, stride=1, padding=0, dilation=1,
+                        groups=1):
+    """Whether conv2d_backward_weight(dy, x, w_shape, ..., db=) with an x of ``x_shape``
+    sums the bias gradient in the weight gradient's own launches (a layer then leaves it
+    out of its activation's backward pass). Reads dy's device and dtype only."""
+    w_shape = _shape(w_shape, "w_shape")
+    padding, dl, groups, direct = _options("conv2d_backward_weight", w_shape, stride,
+                                           padding, dilation, groups)
+    if direct or len(x_shape) != 4 or x_shape[0] == 0 or not WGRAD_DIRECT:
+        return False
+    dev, dt = device_of(dy), np.dtype(dy.dtype)
+    N, C, H, W, M, R, S, P, Q, st, pd = conv_geometry(tuple(x_shape), w_shape, stride,
+                                                      padding, 0, dl)
+    p = _rows(dev, dt, "wgrad", M, C * R * S, N * P * Q)[0]
+    return p["variant"] == "local" and not _winograd(p, C, M, R, S, st, dl, dt=dt, P=P,
+                                                     Q=Q) and \
+        wgrad_direct(dev, dt, N, C, H, W, M, R, S, P, Q, st, pd, dl) is not None
 
 
 # ------------------------------------------------------------ direct kernels (convd.cl)

@@ -549,9 +549,12 @@ def test_bias_gradients_come_with_the_activations_backward_pass(dev, monkeypatch
     a launch fewer per such layer; the output layer's too, the quadratic loss's in its
     activation's pass, the cross-entropy's in the loss's launch (a small batch's: its
     sum over the batch in an order of its own, so to rounding only; with 64 examples,
-    which the loss's work-group splits unlike bias_grad's)."""
+    which the loss's work-group splits unlike bias_grad's). (A GPU's small convolutions
+    sum theirs in the weight gradient's launches instead: off here, the next test.)"""
     from clnn import optim, programs, tuning
     from clnn.nn import layers
+    from clnn.ops import conv as conv_module
+    monkeypatch.setattr(conv_module, "WGRAD_DIRECT", False)
 
     def net():
         return nn.Sequential([nn.Conv2d(4, 3, activation="relu"), nn.MaxPool2d(2),
@@ -581,3 +584,46 @@ def test_bias_gradients_come_with_the_activations_backward_pass(dev, monkeypatch
     np.testing.assert_allclose(got[True][0][head], got[False][0][head], rtol=1e-6,
                                atol=1e-7)
     assert got[True][1] == got[False][1] - 4
+
+
+@pytest.mark.parametrize("precision", ["float32", "float16"])
+def test_gpu_small_convolutions_sum_their_bias_gradient_with_the_weights(dev, monkeypatch,
+                                                                         precision):
+    """On a GPU's path (forced here), a Conv2d layer whose weight gradient convw.cl sums
+    (up to 16 filters) gets its bias gradient from those launches, and its activation's
+    backward pass runs alone: a step makes as many launches as the same network with
+    bias-free convolutions, and its gradients are those of the activation pass's sums
+    (WGRAD_DIRECT off) to rounding (float16: the mixed-precision step's)."""
+    from clnn import optim, programs, tuning
+    from clnn.ops import conv as conv_module
+
+    def net(bias):
+        return nn.Sequential([nn.Conv2d(4, 3, activation="relu", bias=bias),
+                              nn.MaxPool2d(2),
+                              nn.Conv2d(5, 3, padding=1, activation="tanh", bias=bias),
+                              nn.AvgPool2d(2), nn.Flatten(), nn.Dense(11, "elu"),
+                              nn.Dense(7, "softmax")], in_shape=(2, 13, 13), seed=5,
+                             device=dev)
+    x = clnn.asarray(RNG.standard_normal((9, 2, 13, 13)).astype(np.float32), device=dev)
+    y = clnn.asarray(np.eye(7, dtype=np.float32)[RNG.integers(0, 7, 9)], device=dev)
+    got = {}
+    for direct, bias in ((True, True), (True, False), (False, True)):
+        monkeypatch.setattr(conv_module, "WGRAD_DIRECT", direct)
+        n = net(bias)
+        n.optimizer = optim.SGD(lr=0.0)
+        with tuning.override("gemm", tuning.GEMM_TABLE["type"]["GPU"]), \
+                tuning.override("reduce", {"wg": True}), clnn.profile() as prof:
+            n.train_step(x, y, loss="cross_entropy", precision=precision)
+            with programs.captured() as launches:
+                n.train_step(x, y, loss="cross_entropy", replay=False, precision=precision)
+        entries = [r.entry for r in prof.records]
+        assert ("clnn_convw_partial" in entries) == direct
+        got[direct, bias] = (n.flat_gradients.get().astype(np.float64), len(launches))
+    assert got[True, True][1] == got[True, False][1]
+    assert got[True, True][1] < got[False, True][1]
+    ref = got[False, True][0]
+    # (float16's gradients are stored in half, scaled: a sum in another order may land
+    # a half's unit of rounding, 2^-10 relative, apart)
+    rtol = 1e-4 if precision == "float32" else 2.0 ** -9
+    np.testing.assert_allclose(got[True, True][0], ref, rtol=rtol,
+                               atol=1e-5 * np.abs(ref).max())

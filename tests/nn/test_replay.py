@@ -84,7 +84,11 @@ def test_a_captured_step_reuses_its_temporaries(dev, monkeypatch):
     """A step's temporaries (padded copies, packed panels, workspaces) go back to the
     pool inside the capture as in a plain step, so the replayed launches use fewer
     blocks than a capture that kept each one (whose kernels, on a CIFAR CNN, ran 20-40%
-    slower, their temporaries no longer in the cache), with bitwise the same steps."""
+    slower, their temporaries no longer in the cache), with bitwise the same steps.
+    (A GPU's direct weight gradients, convw.cl, which sum the bias too, leave this
+    small network's step without temporaries to reuse: the tiled GEMMs here.)"""
+    from clnn.ops import conv as conv_module
+    monkeypatch.setattr(conv_module, "WGRAD_DIRECT", False)
     x, y = data(dev, 6, (2, 13, 13), 7)
     blocks, losses = [], []
     for reuse in (True, False):
@@ -247,7 +251,7 @@ def test_a_capture_that_runs_out_of_memory_falls_back(dev):
     nets[0].train_step(x, y, 0.1, loss="cross_entropy")
     nets[1].train_step(x, y, 0.1, loss="cross_entropy", replay=True)    # seen once
     pool = dev.pool
-    fail = FailAt(pool, at=3)                 # during the capture
+    fail = FailAt(pool, at=1)                 # during the capture
     pool.allocate = fail
     try:
         nets[1].train_step(x, y, 0.1, loss="cross_entropy", replay=True)

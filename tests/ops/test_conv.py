@@ -111,10 +111,15 @@ def check_conv(N, C, H, W, M, R, S, stride, padding, dtype=np.float32, act=None)
     clnn.conv2d_backward_data(guarded_input(clnn.device(), dy), Wd, x.shape, stride=stride,
                               padding=padding, out=dx.view)
     within(dx.check(), dx_ref, dx_scale, M * R * S, dtype)
-    dw = Guarded(clnn.device(), w.shape, dtype)
+    # with the bias gradient beside it (db=): in the same launches on the GPU path's
+    # direct kernel (convw.cl), by bias_grad elsewhere
+    dw, db = Guarded(clnn.device(), w.shape, dtype), Guarded(clnn.device(), b.shape, dtype)
     clnn.conv2d_backward_weight(guarded_input(clnn.device(), dy), X, w.shape, stride=stride,
-                                padding=padding, out=dw.view)
+                                padding=padding, out=dw.view, db=db.view)
     within(dw.check(), dw_ref, dw_scale, N * ref.shape[2] * ref.shape[3], dtype)
+    within(db.check(), dy.astype(np.float64).sum(axis=(0, 2, 3)),
+           np.abs(dy.astype(np.float64)).sum(axis=(0, 2, 3)),
+           N * ref.shape[2] * ref.shape[3], dtype)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -916,23 +921,89 @@ def test_gpu_direct_weight_gradient(shape, dtype):
 
 @pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
 def test_gpu_direct_weight_gradient_alpha_beta(dtype):
-    """dw = alpha (the gradient) + beta dw in the sum's epilogue; beta 0 never reads dw
-    (NaN there stays out of the result)."""
+    """dw = alpha (the gradient) + beta dw in the sum's epilogue, and the bias gradient
+    db likewise where asked for; beta 0 never reads dw or db (NaN there stays out of the
+    result). Without db the launches are the same two."""
     x = RNG.standard_normal((3, 4, 9, 8)).astype(dtype)
     v = RNG.standard_normal((6, 4, 3, 3)).astype(dtype)
+    c = RNG.standard_normal(6).astype(dtype)
     dy = RNG.standard_normal((3, 6, 7, 6)).astype(dtype)
     _, dw = conv2d_backward_ref(dy, x, v, (1, 1), (0, 0))
     scale = conv2d_backward_ref(np.abs(dy), np.abs(x), np.abs(v), (1, 1), (0, 0))[1]
+    d64 = dy.astype(np.float64)
+    db, db_scale = d64.sum(axis=(0, 2, 3)), np.abs(d64).sum(axis=(0, 2, 3))
     X, DY = guarded_input(clnn.device(), x), guarded_input(clnn.device(), dy)
     with variant_in_force("gpu"), clnn.profile() as prof:
         out = Guarded(clnn.device(), v.shape, dtype, fill=v)
-        clnn.conv2d_backward_weight(DY, X, v.shape, out=out.view, alpha=-0.5, beta=0.75)
+        bias = Guarded(clnn.device(), c.shape, dtype, fill=c)
+        clnn.conv2d_backward_weight(DY, X, v.shape, out=out.view, alpha=-0.5, beta=0.75,
+                                    db=bias.view)
         within(out.check(), 0.75 * v.astype(np.float64) - 0.5 * dw,
                0.75 * np.abs(v.astype(np.float64)) + 0.5 * scale, 3 * 7 * 6 + 1, dtype)
+        within(bias.check(), 0.75 * c.astype(np.float64) - 0.5 * db,
+               0.75 * np.abs(c.astype(np.float64)) + 0.5 * db_scale, 3 * 7 * 6 + 1, dtype)
         nan = Guarded(clnn.device(), v.shape, dtype, fill=np.full(v.shape, np.nan))
-        clnn.conv2d_backward_weight(DY, X, v.shape, out=nan.view, alpha=2.0)
+        nan_b = Guarded(clnn.device(), c.shape, dtype, fill=np.full(c.shape, np.nan))
+        clnn.conv2d_backward_weight(DY, X, v.shape, out=nan.view, alpha=2.0, db=nan_b.view)
         within(nan.check(), 2 * dw, 2 * scale, 3 * 7 * 6, dtype)
-    assert [r.entry for r in prof.records].count("clnn_convw_sum") == 2
+        within(nan_b.check(), 2 * db, 2 * db_scale, 3 * 7 * 6, dtype)
+        plain = Guarded(clnn.device(), v.shape, dtype)
+        clnn.conv2d_backward_weight(DY, X, v.shape, out=plain.view)
+        within(plain.check(), dw, scale, 3 * 7 * 6, dtype)
+    assert [r.entry for r in prof.records] == ["clnn_convw_partial", "clnn_convw_sum"] * 3
+
+
+@pytest.mark.parametrize("path", ["cpu", "gpu", "gpu-17-filters", "groups", "dilated",
+                                  "unbatched", "empty"])
+def test_bias_gradient_beside_the_weight_gradient(path):
+    """conv2d_backward_weight(db=): the bias gradient, alpha * dy summed over the batch
+    and positions + beta * db, on every path: in convw.cl's launches (the GPU path up to
+    16 filters, unbatched too, and there only), by bias_grad after the GPU's GEMM (17
+    filters), the CPU gather, the dilated GPU GEMM, the grouped kernels and an empty
+    batch; dw as without it. A db that overlaps dy or dw is refused before anything runs."""
+    N, C, H, W, M, G, dl = 3, 4, 9, 8, 6, 1, 1
+    if path == "gpu-17-filters":
+        M = 17
+    elif path == "groups":
+        G = 2
+    elif path == "dilated":
+        dl = 2
+    elif path == "empty":
+        N = 0
+    x = RNG.standard_normal((N, C, H, W)).astype(np.float32)
+    w = RNG.standard_normal((M, C // G, 3, 3)).astype(np.float32)
+    c = RNG.standard_normal(M).astype(np.float32)
+    dy = RNG.standard_normal((N, M, H - 2 * dl + 2, W - 2 * dl + 2)).astype(np.float32)
+    d64 = dy.astype(np.float64)
+    want = 0.5 * c - 2.0 * d64.sum(axis=(0, 2, 3))
+    scale = 0.5 * np.abs(c) + 2.0 * np.abs(d64).sum(axis=(0, 2, 3))
+    opts = dict(padding=1, dilation=dl, groups=G)
+    X, DY = (guarded_input(clnn.device(), x), guarded_input(clnn.device(), dy)) if N else \
+        (clnn.asarray(x), clnn.asarray(dy))
+    if path == "unbatched":
+        X, DY, x, dy = X[0], DY[0], x[:1], dy[:1]
+        want = 0.5 * c - 2.0 * dy.astype(np.float64).sum(axis=(0, 2, 3))
+    fused = path in ("gpu", "unbatched")
+    with variant_in_force("gather-flat" if path == "cpu" else "gpu"), \
+            clnn.profile() as prof:
+        dw, db = Guarded(clnn.device(), w.shape, np.float32, fill=w), \
+            Guarded(clnn.device(), c.shape, np.float32, fill=c)
+        clnn.conv2d_backward_weight(DY, X, w.shape, out=dw.view, db=db.view, alpha=-2.0,
+                                    beta=0.5, **opts)
+        alone = clnn.conv2d_backward_weight(DY, X, w.shape, out=clnn.asarray(w), alpha=-2.0,
+                                            beta=0.5, **opts)
+    within(db.check(), want, scale, max(1, dy[:, 0].size), np.float32)
+    np.testing.assert_array_equal(dw.check(), alone.get())
+    entries = [r.entry for r in prof.records]
+    assert ("clnn_convw_partial" in entries) == fused
+    if fused:
+        assert entries == ["clnn_convw_partial", "clnn_convw_sum"] * 2
+    # overlaps: db within dy (an empty dy has no bytes to share), db within dw
+    for other in (DY, dw.view)[0 if N else 1:]:
+        with pytest.raises(clnn.ShapeError, match="overlaps"):
+            clnn.conv2d_backward_weight(DY, X, w.shape, out=dw.view,
+                                        db=other.reshape(-1)[1:M + 1], **opts)
+    np.testing.assert_array_equal(dw.check(), alone.get())
 
 
 def test_gpu_direct_weight_gradient_plans():
