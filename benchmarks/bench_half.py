@@ -13,6 +13,9 @@ bfloat16's 8-bit mantissas). Then the three are timed alternately (warm-up, repe
 medians) and each format's speed printed as float32's time over its own: above 1
 where moving half the bytes pays. Steps are timed plain and replayed as fit runs them
 ("replayed" rows: the batch kept in the step's format, the kernels captured once).
+On a GPU where PyTorch has CUDA, each step also runs in PyTorch (rows "PyTorch
+CUDA: ..."): float32 with TF32 off against autocast to float16 (GradScaler) and
+bfloat16, the same network and batch: what 16-bit steps gain with cuDNN and cuBLAS.
 With ``--engine-rows all,tuned`` every case runs again with the matrix-engine rows
 that no GPU has timed yet (clnn.tuning.MMA_TABLE's "tuned": False) set aside, the
 rows marked "[tuned engine rows]": what those rows change, in the same run; with
@@ -82,6 +85,58 @@ def lenet():
     return nn.Sequential([nn.Conv2d(6, 5), nn.MaxPool2d(2), nn.Conv2d(16, 5), nn.MaxPool2d(2),
                           nn.Flatten(), nn.Dense(120, "relu"), nn.Dense(84, "relu"),
                           nn.Dense(10, "softmax")], in_shape=(1, 32, 32), seed=0)
+
+
+def torch_models(torch, make, net):
+    """PyTorch's copy of ``net`` (made by mlp or lenet), its weights and loss."""
+    T = torch.nn
+    if make is mlp:
+        mods = [T.Linear(2000, 5000), T.Linear(5000, 1000), T.Linear(1000, 10)]
+        return _common.torch_classifier(torch, net, mods, [0, T.Tanh(), 1, T.Sigmoid(), 2])
+    mods = [T.Conv2d(1, 6, 5), T.Conv2d(6, 16, 5), T.Linear(400, 120), T.Linear(120, 84),
+            T.Linear(84, 10)]
+    return _common.torch_classifier(torch, net, mods, [
+        0, T.ReLU(), T.MaxPool2d(2), 1, T.ReLU(), T.MaxPool2d(2), T.Flatten(), 2, T.ReLU(),
+        3, T.ReLU(), 4])
+
+
+def torch_step_case(torch, make, batch, in_shape, repeats, device="cuda"):
+    """Seconds per step of PyTorch's copy of the network, float32 (TF32 off) and under
+    autocast to float16 (with a GradScaler) and bfloat16: what the 16-bit steps gain
+    there, the reference for clnn's ratios (cuDNN's LeNet-5 is bound by launches too).
+    Checked first as clnn's: each 16-bit step's loss to the float32 step's."""
+    rng = np.random.default_rng(1)
+    x = torch.from_numpy(rng.random((batch,) + in_shape, dtype=np.float32)).to(device)
+    y = torch.from_numpy(np.eye(10, dtype=np.float32)[rng.integers(0, 10, batch)]).to(device)
+    steps = {}
+    for precision in FORMATS + ("float32",):
+        model, loss_fn = torch_models(torch, make, make())
+        model = model.to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        half = precision != "float32"
+        scaler = torch.amp.GradScaler(device, enabled=precision == "float16")
+
+        def step(model=model, loss_fn=loss_fn, opt=opt, scaler=scaler, half=half,
+                 dtype=getattr(torch, precision)):
+            opt.zero_grad(set_to_none=False)
+            with torch.autocast(device, dtype=dtype, enabled=half):
+                value = loss_fn(model(x), y)
+            scaler.scale(value).backward()
+            scaler.step(opt)
+            scaler.update()
+            return value
+        steps[precision] = step
+    losses = {p: float(steps[p]().detach()) for p in steps}
+    for p in FORMATS:
+        if abs(losses[p] - losses["float32"]) > LOSS_TOL[p] * max(1.0, losses["float32"]):
+            raise SystemExit(f"PyTorch's {p} step's loss {losses[p]} is not its float32 "
+                             f"step's {losses['float32']}")
+    sync = torch.cuda.synchronize if device == "cuda" else None
+    samples = {p: [] for p in steps}
+    for _ in range(repeats):
+        for p in steps:
+            samples[p].append(_common.median_time(steps[p], 1, warmup=1, sync=sync))
+    return {p: float(np.median(s)) for p, s in samples.items()}
 
 
 def step_case(dev, make, batch, in_shape, repeats, replay=False):
@@ -192,6 +247,7 @@ def main(argv=None):
         steps = [("MLP step (batch 1000)", mlp, 1000, (2000,))] + \
             [(f"LeNet-5 step (batch {n})", lenet, n, (1, 32, 32))
              for n in map(int, args.lenet_batches.split(","))]
+        torch = _common.torch_cuda() if not dev.facts.is_cpu else None
         for which in passes:
             if which == "tuned" and not untuned_engine_rows(dev):
                 print(f"(no untimed engine rows fit {dev.name}: nothing to set aside)")
@@ -208,6 +264,9 @@ def main(argv=None):
                             shape, args.repeats)
                     checked(rows, failed, dev, name.replace("step", "replayed") + mark,
                             step_case, dev, make, batch, shape, args.repeats, replay=True)
+                    if torch is not None and which == "all":
+                        checked(rows, failed, dev, "PyTorch CUDA: " + name,
+                                torch_step_case, torch, make, batch, shape, args.repeats)
     print(f"results: {_common.write_json('bench_half', {'rows': rows}, args.json)}")
     if failed:
         raise SystemExit(f"{len(failed)} case(s) failed their check: " + "; ".join(failed))
