@@ -488,6 +488,9 @@ def conv():
             with tuning.override("rows", {"wg": per_element}):
                 close(fwd(X, k, st, pad, **opts).get(), y_ref)
                 close(bwd(clnn.asarray(g), X, k, st, pad, **opts).get(), backward(g))
+                # through the derivative of a tanh whose output x would be
+                close(bwd(clnn.asarray(g), X, k, st, pad, activation="tanh", **opts).get(),
+                      backward(g) * (1 - x.astype(np.float64) ** 2))
     # the direct kernels of grouped and dilated convolutions (both work-group sizes of
     # the weight gradient's reduction, and its CPU form: a work-item per weight)
     from reference import conv2d_general_ref

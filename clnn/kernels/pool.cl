@@ -4,8 +4,13 @@
 ##              per    "row": a work-item per row of outputs (forward) or inputs
 ##                     (backward), CPUs; "element": a work-item per element, GPUs (the
 ##                     2x2 kernels: per row of blocks of four windows, or per block)
+##              act    the backward kernels: "none", or the activation whose output x
+##                     is (its parameters ap, aq): dx times its derivative from x, in
+##                     the same pass (activation_backward's, a launch and a pass fewer
+##                     for a convolution's activation under the pooling)
 ## Used by clnn/ops/pool.py.
 <%include file="_common.cl"/>
+<%include file="_activation.cl" args="act=act, derivative_from='a', vector=4"/>
 //
 // x (N, C, H, W) -> y (N, C, P, Q) over KH x KW windows with stride (SH, SW), zero
 // padding (PH, PW) and dilation (DH, DW): tap (r, s) of window (p, q) reads
@@ -158,11 +163,19 @@ ${forward_one()}
                 }
             }
 </%def>
+<%def name="store_dx(g, at)">\
+% if act == "none":
+            CLNN_STORE(${g}, dx, dx_off + ${at});
+% else:
+            CLNN_STORE(${g} * clnn_df(CLNN_LOAD(x, x_off + ${at}), ap, aq), dx, dx_off + ${at});
+% endif
+</%def>
 __kernel void clnn_pool_backward(
         ${pool_args},
                                  __global const real_t *x, const int x_off,
                                  __global const real_t *dy, const int dy_off,
-                                 __global real_t *dx, const int dx_off)
+                                 __global real_t *dx, const int dx_off, const acc_t ap,
+                                 const acc_t aq)
 {
 % if per == "element":
     // one work-item per element (plane, h, w) of dx, i = plane * H + h its row: the
@@ -175,7 +188,7 @@ __kernel void clnn_pool_backward(
 %   endif
         {
 ${gather_one()}
-            CLNN_STORE(g, dx, dx_off + i * W + w);
+${store_dx("g", "i * W + w")}\
         }
     }
 % else:
@@ -210,7 +223,7 @@ ${gather_one()}
                     g = CLNN_LOAD(dy, dy_off + (plane * P + p) * Q + q) / CLNN_DIVISOR(p, q);
 % endif
                 }
-                CLNN_STORE(g, dx, dx_off + i * W + w);
+${store_dx("g", "i * W + w")}\
                 if (++rq == SW) {
                     rq = 0;
                     ++q;
@@ -221,7 +234,7 @@ ${gather_one()}
         // the general case: tap r of window p covers h when p SH - PH + r DH = h
         for (int w = 0; w < W; ++w) {
 ${gather_one()}
-            CLNN_STORE(g, dx, dx_off + i * W + w);
+${store_dx("g", "i * W + w")}\
         }
     }
 % endif
@@ -346,7 +359,8 @@ ${load8("u", "x + i0 + W")}\
 __kernel void clnn_pool22_backward(const int planes, const int H, const int W, const int P,
                                    const int Q, __global const real_t *x, const int x_off,
                                    __global const real_t *dy, const int dy_off,
-                                   __global real_t *dx, const int dx_off)
+                                   __global real_t *dx, const int dx_off, const acc_t ap,
+                                   const acc_t aq)
 {
     const int P2 = (H + 1) / 2, Q2 = (W + 1) / 2, Q4 = (Q2 + 3) / 4;
 ${blocks("planes * P2")}\
@@ -362,7 +376,7 @@ ${blocks("planes * P2")}\
         if (p < P && q0 + 4 <= Q) {
 ${load8("t", "x + x_off + at")}\
 ${load8("u", "x + x_off + at + W")}\
-            const ${v4} g = CLNN_LOADV(4, dy + dy_off + (plane * P + p) * Q + q0);
+            ${v4} g = CLNN_LOADV(4, dy + dy_off + (plane * P + p) * Q + q0);
             // m1, m2, m3: the second, third, fourth element beats those before it;
             // the last that does is the window's first maximum, so g goes to the
             // fourth where m3, else to the third where m2, ... (selects only: a mask
@@ -373,6 +387,10 @@ ${load8("u", "x + x_off + at + W")}\
             const ${m4} m2 = clnn_beats4(u_e, v);
             v = select(v, u_e, m2);
             const ${m4} m3 = clnn_beats4(u_o, v);
+% if act != "none":
+            // the activation's derivative at each window's winner (the others get 0)
+            g *= clnn_df4(select(v, u_o, m3), ap, aq);
+% endif
             const ${v4} z = (${v4})(0);
             const ${v4} r3 = select(z, g, m3);
             ${v4} rest = select(g, z, m3);      // g where no later element won
@@ -400,7 +418,13 @@ ${store8("dx + dx_off + at + W", "r2", "r3")}\
                 best = clnn_beats(c, v) ? 2 : best;
                 v = clnn_beats(c, v) ? c : v;
                 best = clnn_beats(d, v) ? 3 : best;
+% if act == "none":
                 const acc_t g = CLNN_LOAD(dy, dy_off + (plane * P + p) * Q + q);
+% else:
+                v = clnn_beats(d, v) ? d : v;
+                const acc_t g = CLNN_LOAD(dy, dy_off + (plane * P + p) * Q + q) *
+                    clnn_df(v, ap, aq);
+% endif
                 CLNN_STORE(best == 0 ? g : (acc_t)0, dx, o);
                 CLNN_STORE(best == 1 ? g : (acc_t)0, dx, o + 1);
                 CLNN_STORE(best == 2 ? g : (acc_t)0, dx, o + W);

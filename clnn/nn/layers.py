@@ -97,6 +97,16 @@ class Layer:
     # whether backward_activation may sum the bias gradient as it goes (a layer whose
     # parameters are (weight, bias), with the bias over delta's axis 1)
     fuses_bias = False
+    # whether backward_input takes activation= (the derivative of the activation of the
+    # layer below, from its output x, applied in the same pass: pooling)
+    takes_activation = False
+
+    def activation_to_fuse(self):
+        """(activation, param) that the layer above may apply to this layer's delta in
+        its own backward pass (its derivative from this layer's output) instead of
+        backward_activation; None where this layer's activation pass must run itself.
+        The layer's gradients then get the bias's buffer too."""
+        return None
 
     def backward_activation(self, delta, a, grads=None):
         if self.activation in ("identity", "softmax"):
@@ -317,6 +327,13 @@ class Conv2d(Layer):
     def fuses_bias(self):
         return self.use_bias
 
+    def activation_to_fuse(self):
+        # (every activation a layer takes has its derivative from the output: softplus
+        # keeps PyTorch's threshold, the layer's param being its beta)
+        if self.activation in ("identity", "softmax"):
+            return None
+        return self.activation, self.param
+
     def backward_activation(self, delta, a, grads=None):
         if grads is not None and len(grads) == 2 and self._wgrad_sums_bias(delta):
             # the activation's pass alone: one launch on a GPU where, with the bias,
@@ -377,10 +394,15 @@ class _Pool(Layer):
         return fwd(x, self.kernel_size, self.stride, self.padding, ceil_mode=self.ceil_mode,
                    out=out, **self.options)
 
-    def backward_input(self, delta, x, dx):
+    takes_activation = True
+
+    def backward_input(self, delta, x, dx, activation=None):
+        """dx, times the derivative of ``activation`` = (name, param) of the layer
+        below (whose output x is) where given: that layer's activation pass, here."""
         bwd = clnn.max_pool2d_backward if self.mode == "max" else clnn.avg_pool2d_backward
+        name, param = activation or (None, None)
         bwd(delta, x, self.kernel_size, self.stride, self.padding, ceil_mode=self.ceil_mode,
-            out=dx, **self.options)
+            out=dx, activation=name, activation_param=param, **self.options)
 
 
 class MaxPool2d(_Pool):

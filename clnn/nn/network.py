@@ -840,12 +840,20 @@ class Sequential:
         for i in range(L - 1, -1, -1):
             # below the first layer with parameters no delta is needed
             need_dx = i - 1 >= self._first_trainable
-            if need_dx or grads[i]:
+            # a pooling layer applies the derivative of the activation below it in its
+            # own pass (a launch and a pass over the delta fewer: LeNet-5's step on a
+            # GPU 31 -> 29 launches); that layer's gradients then sum its bias
+            act = self.layers[i - 1].activation_to_fuse() \
+                if need_dx and self.layers[i].takes_activation else None
+            if act is not None:
+                self.layers[i].backward_input(ws.delta[i], inputs[i], ws.delta[i - 1],
+                                              activation=act)
+            elif need_dx or grads[i]:
                 # (a bias gradient its activation's backward pass summed: left out)
                 self.layers[i].backward(ws.delta[i], inputs[i],
                                         ws.delta[i - 1] if need_dx else None,
                                         grads[i][:1] if fused[i] else grads[i], ws.ones)
-            if need_dx:
+            if need_dx and act is None:
                 fused[i - 1] = self.layers[i - 1].backward_activation(
                     ws.delta[i - 1], inputs[i], grads[i - 1] or None)
             if layer_hook is not None and grads[i]:

@@ -7,10 +7,11 @@ from ..errors import ArgumentError, ShapeError
 from ._args import (INT_MAX, check, check_ints, check_out, common_device, dev_empty, done,
                     launch_size, offset, overlaps, pair)
 from ._memo import memoized
+from .elementwise import _check_source, activation_parameter
 
-programs.register("pool", {"mode": "max", "per": "row"},
-                  lambda: [{"mode": m, "per": per} for m in ("max", "avg")
-                           for per in ("row", "element")])
+programs.register("pool", {"mode": "max", "per": "row", "act": "none"},
+                  lambda: [{"mode": m, "per": per, "act": act} for m in ("max", "avg")
+                           for per in ("row", "element") for act in ("none", "tanh")])
 
 
 def _per(dev):
@@ -152,14 +153,20 @@ def _forward(mode, x, kernel_size, stride, padding, out, dilation=1, ceil_mode=F
 
 
 def _backward(mode, dy, x, kernel_size, stride, padding, out, dilation=1, ceil_mode=False,
-              divisor=(0, 1)):
+              divisor=(0, 1), activation=None, activation_param=None):
     if getattr(x, "ndim", 0) == 3:
         dy4, x4, o4 = _unbatched(dy, x, out)
         dx = _backward(mode, dy4, x4, kernel_size, stride, padding, o4, dilation,
-                       ceil_mode, divisor)
+                       ceil_mode, divisor, activation, activation_param)
         return out if out is not None else dx.reshape(dx.shape[1:])
     dev = common_device(dy=dy, x=x, out=out)
     dt = check(x, "x", dev, ndim=4)
+    act = "none" if activation is None else activation
+    ap, aq = 0.0, 0.0
+    if activation is not None:
+        # (the derivative from the activation's output, x: activation_backward's a=)
+        ap, aq = activation_parameter(activation, activation_param, dt)
+        _check_source(activation, "a", aq)
     N, C, H, W, P, Q, k, s, p, d = pool_geometry(x.shape, kernel_size, stride, padding,
                                                  dilation, ceil_mode)
     check(dy, "dy", dev, dtype=dt, shape=(N, C, P, Q))
@@ -167,19 +174,20 @@ def _backward(mode, dy, x, kernel_size, stride, padding, out, dilation=1, ceil_m
     if out.size == 0:
         return out
     per = _per(dev)
-    prm = {"dtype": programs.dtype_name(dt), "mode": mode, "per": per}
+    prm = {"dtype": programs.dtype_name(dt), "mode": mode, "per": per, "act": act}
     if _is_22(mode, k, s, p, d, H, W, P, Q):
         kern = programs.get_kernel(dev, "pool", "clnn_pool22_backward", prm)
         windows_h, windows_w = -(-H // 2), -(-W // 2)      # odd edges included
         blocks = -(-windows_w // 4) if per == "element" else 1
         evt = kern(*_flat(dev, N * C * windows_h * blocks), planes=N * C, H=H,
                    W=W, P=P, Q=Q, x=x, x_off=offset(x), dy=dy, dy_off=offset(dy), dx=out,
-                   dx_off=offset(out))
+                   dx_off=offset(out), ap=ap, aq=aq)
         return done(out, evt)
     kern = programs.get_kernel(dev, "pool", "clnn_pool_backward", prm)
     g, l = launch_size(dev, N * C * H * (W if per == "element" else 1))
     evt = kern(g, l, x=x, x_off=offset(x), dy=dy, dy_off=offset(dy), dx=out,
-               dx_off=offset(out), **_args(N, C, H, W, P, Q, k, s, p, d, *divisor))
+               dx_off=offset(out), ap=ap, aq=aq, **_args(N, C, H, W, P, Q, k, s, p, d,
+                                                       *divisor))
     return done(out, evt)
 
 
@@ -211,15 +219,22 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0, ceil_mode=False,
 
 @memoized
 def max_pool2d_backward(dy, x, kernel_size, stride=None, padding=0, dilation=1,
-                        ceil_mode=False, out=None):
-    """dx: dy routed to each window's (first) maximum of x. Overwrites ``out``."""
-    return _backward("max", dy, x, kernel_size, stride, padding, out, dilation, ceil_mode)
+                        ceil_mode=False, out=None, activation=None, activation_param=None):
+    """dx: dy routed to each window's (first) maximum of x. Overwrites ``out``.
+
+    ``activation``: the activation whose output x is (a layer's, under the pooling):
+    dx is then also multiplied by its derivative, as ``activation_backward(activation,
+    dx, a=x)`` would, in the same pass (the gradient wrt the layer's pre-activation)."""
+    return _backward("max", dy, x, kernel_size, stride, padding, out, dilation, ceil_mode,
+                     activation=activation, activation_param=activation_param)
 
 
 @memoized
 def avg_pool2d_backward(dy, x, kernel_size, stride=None, padding=0, ceil_mode=False,
-                        count_include_pad=True, divisor_override=None, out=None):
+                        count_include_pad=True, divisor_override=None, out=None,
+                        activation=None, activation_param=None):
     """dx: each window's dy over its divisor, spread over the window. Overwrites
-    ``out``."""
+    ``out``. ``activation``: as max_pool2d_backward's (x is then read too)."""
     return _backward("avg", dy, x, kernel_size, stride, padding, out, 1, ceil_mode,
-                     _divisor(count_include_pad, divisor_override))
+                     _divisor(count_include_pad, divisor_override), activation,
+                     activation_param)

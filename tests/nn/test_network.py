@@ -550,11 +550,13 @@ def test_bias_gradients_come_with_the_activations_backward_pass(dev, monkeypatch
     activation's pass, the cross-entropy's in the loss's launch (a small batch's: its
     sum over the batch in an order of its own, so to rounding only; with 64 examples,
     which the loss's work-group splits unlike bias_grad's). (A GPU's small convolutions
-    sum theirs in the weight gradient's launches instead: off here, the next test.)"""
+    sum theirs in the weight gradient's launches instead, and a pooling layer applies
+    the derivative of the activation under it: both off here, the next tests.)"""
     from clnn import optim, programs, tuning
     from clnn.nn import layers
     from clnn.ops import conv as conv_module
     monkeypatch.setattr(conv_module, "WGRAD_DIRECT", False)
+    monkeypatch.setattr(layers._Pool, "takes_activation", False)
 
     def net():
         return nn.Sequential([nn.Conv2d(4, 3, activation="relu"), nn.MaxPool2d(2),
@@ -627,3 +629,50 @@ def test_gpu_small_convolutions_sum_their_bias_gradient_with_the_weights(dev, mo
     rtol = 1e-4 if precision == "float32" else 2.0 ** -9
     np.testing.assert_allclose(got[True, True][0], ref, rtol=rtol,
                                atol=1e-5 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("wg", [False, True], ids=["cpu", "gpu"])
+@pytest.mark.parametrize("precision", ["float32", "float16"])
+def test_pooling_applies_the_derivative_of_the_activation_under_it(dev, monkeypatch, wg,
+                                                                   precision):
+    """A MaxPool2d or AvgPool2d layer over a Conv2d's activation multiplies its dx by the
+    activation's derivative in its own pass (the pooling kernels' activation=), so the
+    convolution's activation pass does not run: a launch fewer per such pair on CPUs
+    and where the GPU's weight gradient sums the bias (convw.cl, forced); the
+    convolution's bias gradient then comes from its weight gradient's call (db=). The gradients are those
+    of the two passes to rounding."""
+    from clnn import optim, programs, tuning
+    from clnn.nn import layers
+
+    def net():
+        return nn.Sequential([nn.Conv2d(4, 3, activation="relu"), nn.MaxPool2d(2),
+                              nn.Conv2d(5, 3, padding=1, activation="tanh"),
+                              nn.AvgPool2d(2), nn.Flatten(), nn.Dense(11, "elu"),
+                              nn.Dense(7, "softmax")], in_shape=(2, 13, 13), seed=5,
+                             device=dev)
+    x = clnn.asarray(RNG.standard_normal((9, 2, 13, 13)).astype(np.float32), device=dev)
+    y = clnn.asarray(np.eye(7, dtype=np.float32)[RNG.integers(0, 7, 9)], device=dev)
+    gemm = tuning.GEMM_TABLE["type"]["GPU" if wg else "CPU"]
+
+    def step(make):
+        n = make()
+        n.optimizer = optim.SGD(lr=0.0)
+        with tuning.override("gemm", gemm), tuning.override("reduce", {"wg": wg}), \
+                tuning.override("rows", {"wg": wg}):
+            n.train_step(x, y, loss="cross_entropy", precision=precision)
+            with programs.captured() as launches:
+                n.train_step(x, y, loss="cross_entropy", replay=False, precision=precision)
+        return n.flat_gradients.get().astype(np.float64), len(launches)
+
+    fused, n_fused = step(net)
+    monkeypatch.setattr(layers._Pool, "takes_activation", False)
+    apart, n_apart = step(net)
+    # a launch fewer per convolution where its activation pass ran alone or in turn
+    # with bias_grad; where a GPU's reduction took the activation's derivative with the
+    # bias's sums (no convw.cl: the CPU's GEMM row on a GPU's facts), as many
+    assert n_fused == n_apart - (2 if wg or dev.facts.is_cpu else 0)
+    rtol = 1e-4 if precision == "float32" else 2.0 ** -9
+    np.testing.assert_allclose(fused, apart, rtol=rtol, atol=1e-5 * np.abs(apart).max())
+    assert nn.Conv2d(5, 3, activation="identity").activation_to_fuse() is None
+    assert nn.Conv2d(5, 3, activation="softplus", param=2.0).activation_to_fuse() == \
+        ("softplus", 2.0)

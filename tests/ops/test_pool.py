@@ -215,3 +215,72 @@ def test_2x2_pooling_passes_every_half_through(dev):
     dx = clnn.max_pool2d_backward(clnn.asarray(dy), clnn.asarray(x), 2).get()[0, 0]
     assert np.array_equal(dx[0::2, 0::2], np.ones((2, v.size), np.float16))
     assert not dx[0::2, 1::2].any() and not dx[1::2].any()
+
+
+def df_from_a(name, a, p):
+    """f'(z) from the output a = f(z), float64 (the activations a pooling passes)."""
+    a = a.astype(np.float64)
+    return {"relu": lambda: (a > 0) * 1.0, "tanh": lambda: 1 - a * a,
+            "sigmoid": lambda: a * (1 - a), "leaky_relu": lambda: np.where(a > 0, 1.0, p),
+            "elu": lambda: np.where(a > 0, 1.0, a + p)}[name]()
+
+
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("act,param", [("relu", None), ("tanh", None), ("sigmoid", None),
+                                       ("leaky_relu", 0.1), ("elu", 0.7)])
+def test_backward_through_the_activation_below(act, param, dtype):
+    """max_pool2d_backward and avg_pool2d_backward with ``activation=``: dx times the
+    derivative of the activation whose output x is, in the pooling's pass (a network's
+    convolution under a pooling layer); the 2x2 kernels (rows of 5 windows and an odd
+    column: blocks and single windows) and the general ones, a work-item per row and
+    per element. Against float64, and the two ops in turn (to rounding: the compilers
+    contract the derivative's products into fused multiply-adds their own ways)."""
+    from reference import f_ref
+    p = {"leaky_relu": 0.1, "elu": 0.7}.get(act, 0.0)
+    cases = [("max", 2, 2, 0, {}), ("max", (3, 2), 2, (1, 0), {}),
+             ("avg", 2, 2, 0, {}), ("avg", 3, (1, 2), 1, {"count_include_pad": False})]
+    for mode, k, s, pad, opts in cases:
+        z = RNG.standard_normal((2, 3, 11, 11)) * 2
+        x = f_ref(act, z, p).astype(dtype)
+        bwd = clnn.max_pool2d_backward if mode == "max" else clnn.avg_pool2d_backward
+        ref, backward, _ = pool2d_ref(x.astype(np.float64), pair(k), pair(s), pair(pad),
+                                      mode, **opts)
+        dy = RNG.standard_normal(ref.shape).astype(dtype)
+        want = backward(dy.astype(np.float64)) * df_from_a(act, x, p)
+        # (the derivative's own terms: 1 - a^2 and a + p cancel near a = 1 and -p)
+        scale = backward(np.abs(dy.astype(np.float64))) * \
+            (np.abs(df_from_a(act, x, p)) + np.abs(x.astype(np.float64)) + 1)
+        X, DY = guarded_input(clnn.device(), x), guarded_input(clnn.device(), dy)
+        for per in ("row", "element"):
+            with tuning.override("rows", {"wg": per == "element"}), \
+                    clnn.profile() as prof:
+                dx = Guarded(clnn.device(), x.shape, dtype)
+                bwd(DY, X, k, s, pad, out=dx.view, activation=act, activation_param=param,
+                    **opts)
+                two = clnn.activation_backward(act, bwd(DY, X, k, s, pad, **opts), a=X,
+                                               param=param)
+            entries = [r.entry for r in prof.records]
+            assert entries[0] == ("clnn_pool22_backward" if (mode, k) == ("max", 2) else
+                                  "clnn_pool_backward") and len(entries) == 3
+            got = dx.check()
+            assert_close(got, want, dtype, k=4, scale=np.maximum(scale, 1e-3))
+            assert_close(got, two.get(), dtype, k=2, scale=np.maximum(scale, 1e-3))
+
+
+def pair(v):
+    return tuple(v) if isinstance(v, tuple) else (v, v)
+
+
+def test_backward_through_an_activation_is_checked_first(dev):
+    """An unknown activation, a bad parameter, or softplus with a threshold whose
+    derivative needs z: a typed error, and the output as it was."""
+    x = clnn.asarray(RNG.random((1, 2, 4, 4)).astype(np.float32), device=dev)
+    dy = clnn.asarray(RNG.random((1, 2, 2, 2)).astype(np.float32), device=dev)
+    out = Guarded(dev, (1, 2, 4, 4), np.float32, fill=np.ones((1, 2, 4, 4)))
+    for act, param in (("swish", None), ("elu", -1.0), ("leaky_relu", float("nan")),
+                       ("softplus", (1.0, 5.0))):
+        for bwd in (clnn.max_pool2d_backward, clnn.avg_pool2d_backward):
+            with pytest.raises(clnn.ArgumentError):
+                bwd(dy, x, 2, out=out.view, activation=act, activation_param=param)
+    dev.queue.finish()
+    np.testing.assert_array_equal(out.check(), np.ones((1, 2, 4, 4), np.float32))
