@@ -24,6 +24,13 @@ The protocol a network drives, batch-first, for output a = f(z):
                                    by default gradients(), then backward_input(); a
                                    bias gradient that backward_activation wrote is left
                                    out of ``grads`` (the network passes grads[:1])
+    activation_to_fuse(), takes_activation
+                                   a layer whose backward_input takes ``activation=``
+                                   (pooling) applies the derivative the layer below
+                                   names (Conv2d: its activation, from its output) in
+                                   its own pass; the network then skips that layer's
+                                   backward_activation, and its gradients get the
+                                   bias's buffer
     after_step()                   once the step has succeeded (BatchNorm moves its
                                    running statistics here, so a failed step keeps them)
 The network's optimizer (clnn.optim) then updates every parameter from its gradient,
