@@ -593,7 +593,8 @@ def test_gpu_small_convolutions_sum_their_bias_gradient_with_the_weights(dev, mo
                                                                          precision):
     """On a GPU's path (forced here), a Conv2d layer whose weight gradient convw.cl sums
     (up to 16 filters) gets its bias gradient from those launches, and its activation's
-    backward pass runs alone: a step makes as many launches as the same network with
+    backward pass runs alone (the first convolution, under the second) or in the
+    pooling's (the second): a step makes as many launches as the same network with
     bias-free convolutions, and its gradients are those of the activation pass's sums
     (WGRAD_DIRECT off) to rounding (float16: the mixed-precision step's)."""
     from clnn import optim, programs, tuning
@@ -601,7 +602,6 @@ def test_gpu_small_convolutions_sum_their_bias_gradient_with_the_weights(dev, mo
 
     def net(bias):
         return nn.Sequential([nn.Conv2d(4, 3, activation="relu", bias=bias),
-                              nn.MaxPool2d(2),
                               nn.Conv2d(5, 3, padding=1, activation="tanh", bias=bias),
                               nn.AvgPool2d(2), nn.Flatten(), nn.Dense(11, "elu"),
                               nn.Dense(7, "softmax")], in_shape=(2, 13, 13), seed=5,
@@ -639,8 +639,8 @@ def test_pooling_applies_the_derivative_of_the_activation_under_it(dev, monkeypa
     activation's derivative in its own pass (the pooling kernels' activation=), so the
     convolution's activation pass does not run: a launch fewer per such pair on CPUs
     and where the GPU's weight gradient sums the bias (convw.cl, forced); the
-    convolution's bias gradient then comes from its weight gradient's call (db=). The gradients are those
-    of the two passes to rounding."""
+    convolution's bias gradient then comes from its weight gradient's call (db=). The
+    gradients are those of the two passes to rounding."""
     from clnn import optim, programs, tuning
     from clnn.nn import layers
 
