@@ -225,6 +225,30 @@ def test_4_a_failed_allocation_never_leaves_a_half_written_output(dev, case):
     out.check()
 
 
+@pytest.mark.parametrize("rows", ["cpu-groups", "gpu-convw", "gpu-gemm"])
+def test_4_a_weight_gradient_with_its_bias_is_all_or_nothing(dev, rows):
+    """conv2d_backward_weight(db=) writes two outputs: an allocation failure anywhere
+    (the CPU's image groups, convw.cl's workspace, the GPU's GEMM beside bias_grad's
+    temporaries) leaves dw and db both as they were, beta 0.5 reading both."""
+    dy, x = dev_rand(dev, 5, 3, 6, 7), dev_rand(dev, 5, 2, 6, 7)
+    dw = Guarded(dev, (3, 2, 3, 3), np.float32, fill=RNG.standard_normal((3, 2, 3, 3)))
+    db = Guarded(dev, (3,), np.float32, fill=RNG.standard_normal(3))
+    patch = {"cpu-groups": _all(mock.patch.object(conv_module, "SCRATCH_BYTES", 4 << 10),
+                                tuning.override("conv", tuning.CONV_TABLE["type"]["CPU"])),
+             "gpu-convw": tuning.override("gemm", tuning.GEMM_TABLE["type"]["GPU"]),
+             "gpu-gemm": _all(mock.patch.object(conv_module, "WGRAD_DIRECT", False),
+                              tuning.override("gemm", dict(NV[-1], KSPLIT=2)))}[rows]
+    def call():
+        clnn.conv2d_backward_weight(dy, x, (3, 2, 3, 3), padding=1, out=dw.view,
+                                    db=db.view, beta=0.5)
+    with patch, clnn.profile() as prof:
+        call()            # (what a first call makes once: a GPU's tables of k)
+        n = walk(dev, call, lambda: [dw.big.get(), db.big.get()])
+    assert n >= (1 if rows == "gpu-convw" else 2)     # (convw.cl: its workspace alone)
+    assert ("clnn_convw_partial" in [r.entry for r in prof.records]) == (rows == "gpu-convw")
+    dw.check(), db.check()
+
+
 def lenet_like(dev, seed=0):
     return nn.Sequential([nn.Conv2d(3, 3, padding=1), nn.MaxPool2d(2), nn.Conv2d(4, 3),
                           nn.AvgPool2d(2), nn.Flatten(), nn.Dense(5, "softmax")],

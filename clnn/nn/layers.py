@@ -325,10 +325,14 @@ class Conv2d(Layer):
     def gradients(self, delta, x, grads, ones):
         # the bias gradient (delta summed over batch and positions) where
         # backward_activation left it: in the weight gradient's launches on a GPU's
-        # small layers (convw.cl), else by bias_grad after them
+        # small layers (convw.cl), else by bias_grad first (delta still in the cache
+        # from the pass that wrote it, where conv2d_backward_weight's own db= would
+        # sum into a temporary and copy it after)
+        fused = len(grads) > 1 and self._wgrad_sums_bias(delta)
+        if len(grads) > 1 and not fused:
+            clnn.bias_grad(delta, out=grads[1])
         clnn.conv2d_backward_weight(delta, x, self.weight.shape, out=grads[0],
-                                    db=grads[1] if len(grads) > 1 else None,
-                                    **self._opts())
+                                    db=grads[1] if fused else None, **self._opts())
 
     @property
     def fuses_bias(self):

@@ -53,7 +53,7 @@ from ._args import (INT_MAX, check, check_out, common_device, dev_scratch, done,
                     int4, launch, launch_size, offset, pair, scratch_cap)
 from ._memo import memoized
 from .bias import bias_grad
-from .elementwise import ACTIVATIONS, activation_parameter
+from .elementwise import ACTIVATIONS, activation_parameter, axpy, copy
 from .gemm import Operand, panel_widths, run_gemm, run_panels, tiled_workspace
 
 programs.register("convd", {"act": "none", "wg": 64},
@@ -1357,17 +1357,9 @@ def _conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None,
 def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, alpha=1.0,
                             beta=0.0, dilation=(1, 1), db=None):
     """(dw, whether its launches summed the bias gradient into ``db`` too)."""
-    dev = common_device(dy=dy, x=x, out=out)
-    dt = check(dy, "dy", dev, ndim=4)
-    check(x, "x", dev, dtype=dt, ndim=4)
-    N, C, H, W, M, R, S, P, Q, st, pd = conv_geometry(x.shape, _shape(w_shape, "w_shape"),
-                                                      stride, padding, offset(x), dilation)
-    if dy.shape != (N, M, P, Q):
-        raise ShapeError(f"dy has shape {dy.shape}; this convolution's output is "
-                         f"{(N, M, P, Q)}")
-    alpha, beta = finite(alpha, "alpha", dt), finite(beta, "beta", dt)
-    if out is None and beta != 0:
-        raise ShapeError("beta != 0 reads out: pass the out array")
+    dev, dt, g, alpha, beta = _wgrad_checked(dy, x, _shape(w_shape, "w_shape"), stride,
+                                             padding, dilation, 1, out, alpha, beta)
+    N, C, H, W, M, R, S, P, Q, st, pd = g
     out = check_out(out, (M, C, R, S), dt, dev, inputs=(dy, x), allow_alias=False)
     rows = _rows(dev, dt, "wgrad", M, C * R * S, N * P * Q)
     p = rows[0]
@@ -1557,28 +1549,72 @@ def conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, dilation=1, g
     ``db``, an (M,) array, also gets the bias gradient, alpha * dy summed over the
     batch and positions + beta * db (``bias_grad``'s): in the weight gradient's own
     launches where the GPU path sums from images in local memory (convw.cl: LeNet's
-    layers), by bias_grad after it elsewhere. ``fuses_bias_gradient`` says which.
+    layers; ``fuses_bias_gradient`` says where). Elsewhere bias_grad sums it into a
+    temporary first and a copy (an axpy where beta is not 0) writes db last, so that
+    an allocation failure leaves both outputs as they were (a network, which calls
+    bias_grad itself there, saves the copy).
     """
     w_shape = _shape(w_shape, "w_shape")
     padding, dl, groups, direct = _options("conv2d_backward_weight", w_shape, stride,
                                            padding, dilation, groups)
     if db is not None:        # (checked before anything is enqueued)
         dev = common_device(dy=dy, x=x, out=out, db=db)
-        db = check_out(db, w_shape[:1], check(dy, "dy", dev), dev, inputs=(dy, x, out),
-                       name="db", allow_alias=False)
+        dt = check(dy, "dy", dev)
+        db = check_out(db, w_shape[:1], dt, dev, inputs=(dy, x, out), name="db",
+                       allow_alias=False)
     if getattr(x, "ndim", 0) == 3:
         x, dy = _four(x, "x"), _four(dy, "dy")
-    summed = False
-    if direct or (getattr(x, "ndim", 0) == 4 and x.shape[0] == 0):
+    direct = direct or (getattr(x, "ndim", 0) == 4 and x.shape[0] == 0)
+    fused, part = False, None
+    if db is not None:
+        # (the weight gradient's own checks first: a bad argument must not get as far
+        # as bias_grad's launches)
+        _wgrad_checked(dy, x, w_shape, stride, padding, dl, groups, out, alpha, beta,
+                       direct)
+        fused = not direct and fuses_bias_gradient(dy, x.shape, w_shape, stride=stride,
+                                                   padding=padding, dilation=dl)
+        if not fused:
+            part = bias_grad.unplanned(dy, alpha=alpha)
+    if direct:
         dw = _direct_backward_weight(dy, x, w_shape, stride, padding, dl, groups, out,
                                      alpha, beta)
     else:
         dw, summed = _conv2d_backward_weight(dy, x, w_shape, stride=stride, padding=padding,
                                              out=out, alpha=alpha, beta=beta, dilation=dl,
-                                             db=db)
-    if db is not None and not summed:
-        bias_grad.unplanned(dy, out=db, alpha=alpha, beta=beta)
+                                             db=db if fused else None)
+        if fused and not summed:
+            # (fuses_bias_gradient and the routine disagree, which tests rule out: the
+            # bias still right, after dw)
+            bias_grad.unplanned(dy, out=db, alpha=alpha, beta=beta)
+    if part is not None:              # db written last, by kernels that allocate nothing
+        if beta == 0:
+            copy(part, out=db)
+        else:
+            axpy.unplanned(beta, db, part, out=db)
     return dw
+
+
+def _wgrad_checked(dy, x, w_shape, stride, padding, dl, groups, out, alpha, beta,
+                   direct=False):
+    """The checks of conv2d_backward_weight's routines (the direct kernels' where
+    ``direct``, else the implicit GEMMs'), all before anything is enqueued: (device,
+    dtype, geometry, alpha, beta), the geometry conv_geometry's or direct_geometry's;
+    ``out`` where given (check_out takes it again, or allocates it)."""
+    dev = common_device(dy=dy, x=x, out=out)
+    dt = check(dy, "dy", dev, ndim=4)
+    check(x, "x", dev, dtype=dt, ndim=4)
+    g = direct_geometry(x.shape, w_shape, stride, padding, dl, groups) if direct else \
+        conv_geometry(x.shape, w_shape, stride, padding, offset(x), dl)
+    N, M, P, Q = g[0], g[4], g[7], g[8]          # (the same places in both)
+    if tuple(dy.shape) != (N, M, P, Q):
+        raise ShapeError(f"dy has shape {dy.shape}; this convolution's output is "
+                         f"{(N, M, P, Q)}")
+    alpha, beta = finite(alpha, "alpha", dt), finite(beta, "beta", dt)
+    if out is None and beta != 0:
+        raise ShapeError("beta != 0 reads out: pass the out array")
+    if out is not None:
+        check_out(out, w_shape, dt, dev, inputs=(dy, x), allow_alias=False)
+    return dev, dt, g, alpha, beta
 
 
 def fuses_bias_gradient(dy, x_shape, w_shape, *, stride=1, padding=0, dilation=1,
@@ -1703,18 +1739,9 @@ def _direct_backward_data(dy, w, shape, stride, padding, dl, groups, out):
 
 
 def _direct_backward_weight(dy, x, w_shape, stride, padding, dl, groups, out, alpha, beta):
-    dev = common_device(dy=dy, x=x, out=out)
-    dt = check(dy, "dy", dev, ndim=4)
-    check(x, "x", dev, dtype=dt, ndim=4)
     w_shape = _shape(w_shape, "w_shape")
-    g = direct_geometry(x.shape, w_shape, stride, padding, dl, groups)
-    N, M, P, Q = g[0], g[4], g[7], g[8]
-    if tuple(dy.shape) != (N, M, P, Q):
-        raise ShapeError(f"dy has shape {dy.shape}; this convolution's output is "
-                         f"{(N, M, P, Q)}")
-    alpha, beta = finite(alpha, "alpha", dt), finite(beta, "beta", dt)
-    if out is None and beta != 0:
-        raise ShapeError("beta != 0 reads out: pass the out array")
+    dev, dt, g, alpha, beta = _wgrad_checked(dy, x, w_shape, stride, padding, dl, groups,
+                                             out, alpha, beta, direct=True)
     out = check_out(out, w_shape, dt, dev, inputs=(dy, x), allow_alias=False)
     if out.size == 0:
         return out
