@@ -1356,7 +1356,8 @@ def _conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None,
 
 def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, alpha=1.0,
                             beta=0.0, dilation=(1, 1), db=None):
-    """(dw, whether its launches summed the bias gradient into ``db`` too)."""
+    """dw, and the bias gradient into ``db`` in the same launches where given (only
+    where convw.cl takes the layer: fuses_bias_gradient)."""
     dev, dt, g, alpha, beta = _wgrad_checked(dy, x, _shape(w_shape, "w_shape"), stride,
                                              padding, dilation, 1, out, alpha, beta)
     N, C, H, W, M, R, S, P, Q, st, pd = g
@@ -1365,12 +1366,12 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
     p = rows[0]
     if tuple(dilation) != (1, 1) and p["variant"] not in ("gather", "local"):
         return _direct_backward_weight(dy, x, (M, C, R, S), stride, padding,
-                                       tuple(dilation), 1, out, alpha, beta), False
+                                       tuple(dilation), 1, out, alpha, beta)
     if _winograd(p, C, M, R, S, st, dilation, dt=dt, P=P, Q=Q):
         evt = _run_winograd_wgrad(dev, dt, p, dy=dy, x=x, N=N, C=C, H=H, W=W, M=M, ph=pd[0],
                                   pw=pd[1], out=out, alpha=alpha, beta=beta,
                                   dilation=tuple(dilation))
-        return done(out, evt), False
+        return done(out, evt)
     if p["variant"] == "gather":
         xg, xg_off, Hg, Wg, phg, pwg, zr = _pad_input(dev, dt, x, N * C, H, W, *pd)
         # dy^T is packed for a group of images at a time (at most SCRATCH_BYTES), and
@@ -1405,14 +1406,14 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
                               out_steps=(R * S, S, 1, C * R * S), alpha=alpha,
                               beta=beta if n0 == 0 else 1.0, scratch=scratch, pixels=px,
                               vectors=WGRAD_VECTORS)
-        return done(out, evt), False
+        return done(out, evt)
     if p["variant"] == "local":
-        plan = wgrad_direct(dev, dt, N, C, H, W, M, R, S, P, Q, st, pd, dilation)
+        plan = _convw_plan(dev, dt, p, N, C, H, W, M, R, S, P, Q, st, pd, dilation)
         if plan:
             evt = _run_wgrad_direct(dev, dt, plan, dy=dy, x=x, N=N, C=C, H=H, W=W, M=M,
                                     P=P, Q=Q, R=R, S=S, st=st, pd=pd, out=out, alpha=alpha,
                                     beta=beta, db=db)
-            return done(out, evt), db is not None
+            return done(out, evt)
         # dw (M x CRS) = dy (M x NPQ) @ unroll(x)^T (NPQ x CRS): k = (n, p, q), column
         # (c, r, s) reads x[n, c, p sh - ph + r dh, q sw - pw + s dw] and A(m, k)
         # dy[n, m, p, q]
@@ -1425,12 +1426,12 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
                            (M * P * Q, Q, 1, 0)),
                      cols=_colmap((R, S), (H * W, dh * W, dw, 0), (dh, 0), (dw, 0), (H, W)),
                      alpha=alpha, beta=beta)
-        return done(out, evt), False
+        return done(out, evt)
     evt = run_gemm(dev, dt, M=M, N=C * R * S, K=N * P * Q, nbatch=1, a=Operand(dy, offset(dy)),
                    b=Operand(x, offset(x)), c=Operand(out, offset(out), C * R * S),
                    alpha=alpha, beta=beta, conv="wgrad",
                    conv_args=_geometry_args(C, H, W, M, P, Q, R, S, st, pd), params=p)
-    return done(out, evt), False
+    return done(out, evt)
 
 
 # ------------------------------------------------------------ the public ops: PyTorch's
@@ -1579,13 +1580,10 @@ def conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, dilation=1, g
         dw = _direct_backward_weight(dy, x, w_shape, stride, padding, dl, groups, out,
                                      alpha, beta)
     else:
-        dw, summed = _conv2d_backward_weight(dy, x, w_shape, stride=stride, padding=padding,
-                                             out=out, alpha=alpha, beta=beta, dilation=dl,
-                                             db=db if fused else None)
-        if fused and not summed:
-            # (fuses_bias_gradient and the routine disagree, which tests rule out: the
-            # bias still right, after dw)
-            bias_grad.unplanned(dy, out=db, alpha=alpha, beta=beta)
+        # (fused: the routine's own choice of convw.cl, made by the same _convw_plan)
+        dw = _conv2d_backward_weight(dy, x, w_shape, stride=stride, padding=padding,
+                                     out=out, alpha=alpha, beta=beta, dilation=dl,
+                                     db=db if fused else None)
     if part is not None:              # db written last, by kernels that allocate nothing
         if beta == 0:
             copy(part, out=db)
@@ -1631,9 +1629,16 @@ def fuses_bias_gradient(dy, x_shape, w_shape, *, stride=1, padding=0, dilation=1
     N, C, H, W, M, R, S, P, Q, st, pd = conv_geometry(tuple(x_shape), w_shape, stride,
                                                       padding, 0, dl)
     p = _rows(dev, dt, "wgrad", M, C * R * S, N * P * Q)[0]
-    return p["variant"] == "local" and not _winograd(p, C, M, R, S, st, dl, dt=dt, P=P,
-                                                     Q=Q) and \
-        wgrad_direct(dev, dt, N, C, H, W, M, R, S, P, Q, st, pd, dl) is not None
+    return _convw_plan(dev, dt, p, N, C, H, W, M, R, S, P, Q, st, pd, dl) is not None
+
+
+def _convw_plan(dev, dt, p, N, C, H, W, M, R, S, P, Q, st, pd, dl):
+    """convw.cl's plan (wgrad_direct) where the weight gradient's routine, given its
+    row ``p``, reaches the GPU path's local branch and convw.cl takes the layer; else
+    None. The routine and fuses_bias_gradient both ask here, so they agree."""
+    if p["variant"] != "local" or _winograd(p, C, M, R, S, st, dl, dt=dt, P=P, Q=Q):
+        return None
+    return wgrad_direct(dev, dt, N, C, H, W, M, R, S, P, Q, st, pd, dl)
 
 
 # ------------------------------------------------------------ direct kernels (convd.cl)
