@@ -106,7 +106,7 @@ PYEOF
 }
 
 run_quick() {
-  step devices "$PY" -m clnn devices
+  step devices "$PY" -m clnn devices --extensions
   command -v nvidia-smi >/dev/null && step smi nvidia-smi \
     --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
   # issue 11's GEMM targets in one run: clnn's float32, TF32 and float16 beside
@@ -167,7 +167,9 @@ run_quick() {
 }
 
 run_finish() {
-  step devices "$PY" -m clnn devices
+  # (with the extensions: whether the driver has cl_khr_command_buffer, which could
+  # record a replayed step's launches once and enqueue them in one call)
+  step devices "$PY" -m clnn devices --extensions
   # issue 10: test_reliability's threaded launches crashed the H200's driver (a
   # segfault in a driver thread, 5 runs of 7): which concurrent host calls do
   LIMIT=150 bench threads_probe --repeats 4

@@ -6,7 +6,7 @@ import sys
 
 def _devices(args):
     from .device import print_devices
-    return 0 if print_devices() else 1
+    return 0 if print_devices(extensions=args.extensions) else 1
 
 
 def _parse_value(text):
@@ -98,7 +98,9 @@ def _tune(args):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="clnn", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("devices", help="list every OpenCL platform and device with its facts")
+    p = sub.add_parser("devices", help="list every OpenCL platform and device with its facts")
+    p.add_argument("--extensions", action="store_true",
+                   help="also list each device's OpenCL extensions")
     p = sub.add_parser("render", help="print the OpenCL source a template renders to")
     p.add_argument("template", help="template stem, e.g. elementwise, reduce, gemm")
     p.add_argument("--dtype", default="float32",

@@ -9,6 +9,7 @@ same context and can be mixed freely.
 
 import math
 import os
+import textwrap
 import threading
 from dataclasses import dataclass, asdict
 
@@ -411,10 +412,11 @@ def _driver_notes(found):
               f"platform is listed: {advice}")
 
 
-def print_devices():
+def print_devices(extensions=False):
     """Print every OpenCL platform's devices with their facts, marking the default,
-    and notes on installed drivers no platform lists (``clnn devices``). Returns
-    whether any device was found."""
+    and notes on installed drivers no platform lists (``clnn devices``); with
+    ``extensions``, each device's OpenCL extensions too. Returns whether any device
+    was found."""
     try:
         found = all_devices()
     except Exception:  # noqa: BLE001 - no ICD loader at all: still explain what is there
@@ -446,6 +448,10 @@ def print_devices():
         if f.is_cpu and f.float_lanes:
             print(f"      {f.float_lanes * 32}-bit vectors in its compiled code"
                   + (" (512-bit GEMM and convolution tiles)" if f.float_lanes >= 16 else ""))
+        if extensions:
+            names = sorted(d.extensions.split())
+            print(textwrap.fill("extensions: " + (" ".join(names) or "none"), width=88,
+                                initial_indent=" " * 6, subsequent_indent=" " * 8))
     print("(* = the default device; choose another with CLNN_DEVICE=gpu|cpu|pocl|NAME|P:D)")
     _driver_notes(found)
     return True

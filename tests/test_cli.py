@@ -15,6 +15,19 @@ def test_devices_lists_facts():
     # the vectors of a CPU's code, which decide its GEMM and convolution tiles
     cpus = r.stdout.count("type CPU")
     assert cpus and r.stdout.count("-bit vectors in its compiled code") == cpus
+    assert "extensions:" not in r.stdout
+
+
+def test_devices_lists_extensions_when_asked():
+    import clnn
+    r = clnn_cli("devices", "--extensions")
+    assert r.returncode == 0, r.stderr
+    devices = r.stdout.count("  type ")
+    assert devices and r.stdout.count("      extensions: ") == devices
+    # every extension of the default device (the lines wrap between names)
+    words = r.stdout.split()
+    for name in clnn.device().cl_device.extensions.split():
+        assert words.count(name) >= 1, name
 
 
 def test_render_prints_the_source():
