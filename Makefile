@@ -34,7 +34,7 @@ demo: $(STAMP)
 	$(PY) -m clnn train mnist
 
 # one pytest worker per core (pytest-xdist): PoCL compiles a kernel on one thread, and
-# compiling the variants the tests force is about half of the suite's time
+# compiling the variants the tests force is most of the suite's time (docs/DESIGN.md)
 test: $(STAMP)
 	$(PY) -m pytest -ra -n auto
 
