@@ -451,7 +451,8 @@ def print_devices(extensions=False):
         if extensions:
             names = sorted(d.extensions.split())
             print(textwrap.fill("extensions: " + (" ".join(names) or "none"), width=88,
-                                initial_indent=" " * 6, subsequent_indent=" " * 8))
+                                initial_indent=" " * 6, subsequent_indent=" " * 8,
+                                break_long_words=False, break_on_hyphens=False))
     print("(* = the default device; choose another with CLNN_DEVICE=gpu|cpu|pocl|NAME|P:D)")
     _driver_notes(found)
     return True
