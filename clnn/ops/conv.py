@@ -1358,10 +1358,10 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
                             beta=0.0, dilation=(1, 1), db=None):
     """dw, and the bias gradient into ``db`` in the same launches where given (only
     where convw.cl takes the layer: fuses_bias_gradient)."""
-    dev, dt, g, alpha, beta = _wgrad_checked(dy, x, _shape(w_shape, "w_shape"), stride,
-                                             padding, dilation, 1, out, alpha, beta)
+    dev, dt, g, alpha, beta, out = _wgrad_checked(dy, x, _shape(w_shape, "w_shape"),
+                                                  stride, padding, dilation, 1, out,
+                                                  alpha, beta)
     N, C, H, W, M, R, S, P, Q, st, pd = g
-    out = check_out(out, (M, C, R, S), dt, dev, inputs=(dy, x), allow_alias=False)
     rows = _rows(dev, dt, "wgrad", M, C * R * S, N * P * Q)
     p = rows[0]
     if tuple(dilation) != (1, 1) and p["variant"] not in ("gather", "local"):
@@ -1569,9 +1569,10 @@ def conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, dilation=1, g
     fused, part = False, None
     if db is not None:
         # (the weight gradient's own checks first: a bad argument must not get as far
-        # as bias_grad's launches)
-        _wgrad_checked(dy, x, w_shape, stride, padding, dl, groups, out, alpha, beta,
-                       direct)
+        # as bias_grad's launches; out allocated here where not given, which the
+        # routine then takes as given)
+        out = _wgrad_checked(dy, x, w_shape, stride, padding, dl, groups, out, alpha,
+                             beta, direct)[-1]
         fused = not direct and fuses_bias_gradient(dy, x.shape, w_shape, stride=stride,
                                                    padding=padding, dilation=dl)
         if not fused:
@@ -1596,8 +1597,8 @@ def _wgrad_checked(dy, x, w_shape, stride, padding, dl, groups, out, alpha, beta
                    direct=False):
     """The checks of conv2d_backward_weight's routines (the direct kernels' where
     ``direct``, else the implicit GEMMs'), all before anything is enqueued: (device,
-    dtype, geometry, alpha, beta), the geometry conv_geometry's or direct_geometry's;
-    ``out`` where given (check_out takes it again, or allocates it)."""
+    dtype, geometry, alpha, beta, out), the geometry conv_geometry's or
+    direct_geometry's, ``out`` checked (check_out), or allocated where None."""
     dev = common_device(dy=dy, x=x, out=out)
     dt = check(dy, "dy", dev, ndim=4)
     check(x, "x", dev, dtype=dt, ndim=4)
@@ -1610,9 +1611,8 @@ def _wgrad_checked(dy, x, w_shape, stride, padding, dl, groups, out, alpha, beta
     alpha, beta = finite(alpha, "alpha", dt), finite(beta, "beta", dt)
     if out is None and beta != 0:
         raise ShapeError("beta != 0 reads out: pass the out array")
-    if out is not None:
-        check_out(out, w_shape, dt, dev, inputs=(dy, x), allow_alias=False)
-    return dev, dt, g, alpha, beta
+    out = check_out(out, w_shape, dt, dev, inputs=(dy, x), allow_alias=False)
+    return dev, dt, g, alpha, beta, out
 
 
 def fuses_bias_gradient(dy, x_shape, w_shape, *, stride=1, padding=0, dilation=1,
@@ -1745,9 +1745,8 @@ def _direct_backward_data(dy, w, shape, stride, padding, dl, groups, out):
 
 def _direct_backward_weight(dy, x, w_shape, stride, padding, dl, groups, out, alpha, beta):
     w_shape = _shape(w_shape, "w_shape")
-    dev, dt, g, alpha, beta = _wgrad_checked(dy, x, w_shape, stride, padding, dl, groups,
-                                             out, alpha, beta, direct=True)
-    out = check_out(out, w_shape, dt, dev, inputs=(dy, x), allow_alias=False)
+    dev, dt, g, alpha, beta, out = _wgrad_checked(dy, x, w_shape, stride, padding, dl,
+                                                  groups, out, alpha, beta, direct=True)
     if out.size == 0:
         return out
     args = dict(alpha=alpha, beta=beta, dy=dy, dy_off=offset(dy), x=x, x_off=offset(x),
