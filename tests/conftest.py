@@ -3,7 +3,9 @@
 The device comes from CLNN_TEST_DEVICE (default "pocl", the driver-free CPU device).
 """
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -17,9 +19,13 @@ import pytest
 # default device, so arrays made without an explicit device live there too.
 TEST_DEVICE = os.environ.get("CLNN_TEST_DEVICE", "pocl")
 os.environ["CLNN_DEVICE"] = TEST_DEVICE
-# Tests never read the developer's own tuning database (clnn tune writes one).
-os.environ.setdefault("CLNN_TUNING_DB", os.path.join(tempfile.mkdtemp(prefix="clnn-tests-"),
-                                                     "tuning.json"))
+# Tests never read the developer's own tuning database (clnn tune writes one). The
+# process that makes the folder (pytest's, whose workers and child processes inherit
+# the variable) removes it when it exits: every run had left one in /tmp.
+if "CLNN_TUNING_DB" not in os.environ:
+    _tuning_dir = tempfile.mkdtemp(prefix="clnn-tests-")
+    atexit.register(shutil.rmtree, _tuning_dir, ignore_errors=True)
+    os.environ["CLNN_TUNING_DB"] = os.path.join(_tuning_dir, "tuning.json")
 
 import clnn  # noqa: E402
 from clnn.device import is_floating  # noqa: E402
