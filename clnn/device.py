@@ -151,7 +151,7 @@ class Device:
     """One OpenCL device with its context, queue, pool and kernel cache."""
 
     def __init__(self, cl_device):
-        from .memory import Pool
+        from .memory import Pool, huge_page_size
         from .cache import KernelCache
 
         self.cl_device = cl_device
@@ -166,7 +166,11 @@ class Device:
             if self.profiling else 0)
         self.pool = Pool(self.context, self.queue, max_alloc=self.facts.max_alloc_size,
                          budget=_default_budget(self.facts),
-                         exact=os.environ.get("CLNN_POOL_EXACT", "") not in ("", "0"))
+                         exact=os.environ.get("CLNN_POOL_EXACT", "") not in ("", "0"),
+                         # a CPU's buffers are host memory: huge pages where Linux
+                         # gives them on request (memory.huge_page_size)
+                         huge_page=huge_page_size()
+                         if cl_device.type & cl.device_type.CPU else 0)
         self.kernels = KernelCache()
         # one program build at a time on this device (programs.get_kernel): threads that
         # ask for the same new kernel build it once, and no driver's compiler is entered

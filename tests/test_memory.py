@@ -187,3 +187,69 @@ def test_arrays_come_from_the_pool(dev):
     y = clnn.sigmoid(x)
     assert dev.pool.requests >= before + 2
     assert y.allocator is dev.pool
+
+
+def _vm_flags(addr):
+    """The VmFlags of the mapping of this process that holds ``addr`` (proc(5))."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {addr:#x}")
+
+
+def test_huge_pages_are_asked_for_under_large_blocks_of_a_cpu(dev):
+    """A CPU device's pool asks Linux for huge pages ("hg" among the mapping's
+    flags) under a new block of two huge pages or more, found by mapping it; the
+    data in it is what was written, and ops on it compute as anywhere."""
+    import sys
+    from clnn import memory
+    if dev.facts.type != "CPU" or not sys.platform.startswith("linux") or \
+            not hasattr(__import__("mmap"), "MADV_HUGEPAGE"):
+        pytest.skip(f"the advice is for a CPU device's host memory on Linux; {dev.name} "
+                    f"on {sys.platform} is not one")
+    page = 2 << 20
+    p = Pool(dev.context, dev.queue, budget=1 << 30, max_alloc=1 << 30, huge_page=page)
+    n = 3 * page + 12345
+    block = p(n)
+    arr, _ = cl.enqueue_map_buffer(dev.queue, block, cl.map_flags.READ, 0, (n,), np.uint8)
+    addr = arr.__array_interface__["data"][0]
+    lo = -(-addr // page) * page
+    arr.base.release(dev.queue)
+    assert "hg" in _vm_flags(lo)
+    # the device's own pool does the same where Linux gives huge pages on request
+    want = memory.huge_page_size()
+    assert dev.pool.huge_page == want
+    # and the contents: an array in an advised block, summed as numpy sums it
+    import pyopencl.array as cla
+    host = np.random.default_rng(5).standard_normal(n // 4, dtype=np.float32)
+    x = cla.to_device(dev.queue, host, allocator=p)
+    assert x.base_data.int_ptr != block.int_ptr          # a block of its own
+    np.testing.assert_array_equal(x.get(), host)
+    got = clnn.sum(x).get()
+    ref = host.astype(np.float64).sum()
+    assert abs(got - ref) <= 2 * (host.size + 8) * np.finfo(np.float32).eps * \
+        np.abs(host.astype(np.float64)).sum()
+
+
+def test_huge_page_size_follows_linux_mode(tmp_path, monkeypatch):
+    """Huge pages are asked for only where Linux gives them on request: in "always"
+    mode every large allocation has them already, in "never" none."""
+    from clnn import memory
+    (tmp_path / "hpage_pmd_size").write_text("2097152\n")
+    monkeypatch.setattr(memory, "_THP", str(tmp_path) + "/")
+    for mode, want in (("always [madvise] never", 2097152), ("[always] madvise never", 0),
+                       ("always madvise [never]", 0)):
+        (tmp_path / "enabled").write_text(mode + "\n")
+        assert memory.huge_page_size() == want, mode
+    monkeypatch.setenv("CLNN_HUGE_PAGES", "0")
+    (tmp_path / "enabled").write_text("always [madvise] never\n")
+    assert memory.huge_page_size() == 0
+    monkeypatch.delenv("CLNN_HUGE_PAGES")
+    (tmp_path / "enabled").unlink()                 # no transparent huge pages at all
+    assert memory.huge_page_size() == 0
