@@ -99,8 +99,8 @@ def advise_huge_pages(queue, buf, nbytes, page):
     buffer's host memory, before anything touches it (it is touched page by page on
     first use, each then a huge page). The memory is found by mapping the buffer: a CPU
     device's map of its own buffer is that memory (PoCL's: measured). Not mapped in
-    place, the advice falls on a copy and changes nothing. Returns whether madvise
-    took the advice."""
+    place, the advice falls on a copy and changes nothing; refused (a kernel without
+    transparent huge pages), it changes nothing either."""
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
@@ -111,7 +111,8 @@ def advise_huge_pages(queue, buf, nbytes, page):
     try:
         addr = arr.__array_interface__["data"][0]
         lo, hi = -(-addr // page) * page, (addr + nbytes) // page * page
-        return hi > lo and _libc.madvise(lo, hi - lo, mmap.MADV_HUGEPAGE) == 0
+        if hi > lo:
+            _libc.madvise(lo, hi - lo, mmap.MADV_HUGEPAGE)
     finally:
         arr.base.release(queue)
 
