@@ -1,12 +1,16 @@
 """The bounded pool, with an injected allocator: PoCL never fails an allocation."""
 
 import gc
+import mmap
+import sys
 
 import numpy as np
 import pyopencl as cl
+import pyopencl.array as cla
 import pytest
 
 import clnn
+from clnn import memory
 from clnn.memory import Pool, bin_size
 
 
@@ -207,10 +211,10 @@ def test_huge_pages_are_asked_for_under_large_blocks_of_a_cpu(dev):
     """A CPU device's pool asks Linux for huge pages ("hg" among the mapping's
     flags) under a new block of two huge pages or more, found by mapping it; the
     data in it is what was written, and ops on it compute as anywhere."""
-    import sys
-    from clnn import memory
-    if dev.facts.type != "CPU" or not sys.platform.startswith("linux") or \
-            not hasattr(__import__("mmap"), "MADV_HUGEPAGE"):
+    cpu = bool(dev.cl_device.type & cl.device_type.CPU)
+    # the device's own pool asks where Linux gives huge pages on request, on a CPU
+    assert dev.pool.huge_page == (memory.huge_page_size() if cpu else 0)
+    if not cpu or not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"):
         pytest.skip(f"the advice is for a CPU device's host memory on Linux; {dev.name} "
                     f"on {sys.platform} is not one")
     page = 2 << 20
@@ -222,11 +226,7 @@ def test_huge_pages_are_asked_for_under_large_blocks_of_a_cpu(dev):
     lo = -(-addr // page) * page
     arr.base.release(dev.queue)
     assert "hg" in _vm_flags(lo)
-    # the device's own pool does the same where Linux gives huge pages on request
-    want = memory.huge_page_size()
-    assert dev.pool.huge_page == want
     # and the contents: an array in an advised block, summed as numpy sums it
-    import pyopencl.array as cla
     host = np.random.default_rng(5).standard_normal(n // 4, dtype=np.float32)
     x = cla.to_device(dev.queue, host, allocator=p)
     assert x.base_data.int_ptr != block.int_ptr          # a block of its own
@@ -240,7 +240,7 @@ def test_huge_pages_are_asked_for_under_large_blocks_of_a_cpu(dev):
 def test_huge_page_size_follows_linux_mode(tmp_path, monkeypatch):
     """Huge pages are asked for only where Linux gives them on request: in "always"
     mode every large allocation has them already, in "never" none."""
-    from clnn import memory
+    monkeypatch.delenv("CLNN_HUGE_PAGES", raising=False)
     (tmp_path / "hpage_pmd_size").write_text("2097152\n")
     monkeypatch.setattr(memory, "_THP", str(tmp_path) + "/")
     for mode, want in (("always [madvise] never", 2097152), ("[always] madvise never", 0),
