@@ -37,6 +37,17 @@ BUILD_OPTIONS = ("-cl-std=CL1.2",)
 # loops and float16 conversions that suit a CPU's compiler)
 CPU_OPTIONS = ("-DCLNN_CPU=1",)
 
+
+def cpu_options(facts):
+    """CPU_OPTIONS for a CPU device, with -DCLNN_HALF_BITS=1 on PoCL from 3.1 on: its
+    float16 vector built-ins on global memory crashed PoCL 3.1 (Debian 12's) at
+    addresses not 16-byte aligned (_half.cl); 3.0 (pip's) runs them faster, and later
+    versions, not tried, get the safe form."""
+    m = re.match(r"(\d+)\.(\d+)", facts.driver_version) if facts.is_pocl else None
+    if m and (int(m.group(1)), int(m.group(2))) >= (3, 1):
+        return CPU_OPTIONS + ("-DCLNN_HALF_BITS=1",)
+    return CPU_OPTIONS
+
 log = logging.getLogger("clnn")
 
 
@@ -415,8 +426,8 @@ def get_kernel(device, stem, entry, params, options=()):
             log.debug("cache hit %s:%s %s", stem, entry, params)
         return kern
     params = full_params(stem, params)
-    options = tuple(BUILD_OPTIONS) + (CPU_OPTIONS if device.facts.is_cpu else ()) + \
-        tuple(options)
+    options = tuple(BUILD_OPTIONS) + (cpu_options(device.facts) if device.facts.is_cpu
+                                      else ()) + tuple(options)
     key = (stem, entry, _freeze(params), options)
     kern = device.kernels.get(key)
     if kern is not None:

@@ -211,3 +211,57 @@ def test_recorded_events_cover_every_launch_of_an_op(dev, monkeypatch):
     assert all(e.profile.end >= e.profile.start > 0 for e in events)
     clnn.scale(0.5, a, out=a)          # outside: nothing records it
     assert len(events) == 4
+
+
+def test_float16_vectors_through_their_bits_from_pocl_3_1():
+    """PoCL from 3.1 on builds float16 kernels with CLNN_HALF_BITS (3.1's vector
+    built-ins crashed at addresses not 16-byte aligned); 3.0, other CPUs' drivers and
+    GPUs keep the built-ins."""
+    import dataclasses
+    facts = clnn.device().facts
+    pocl = dataclasses.replace(facts, platform="Portable Computing Language", type="CPU")
+    for version, bits in (("3.0-rc2", False), ("3.1+debian", True), ("6.0", True),
+                          ("", False)):
+        got = programs.cpu_options(dataclasses.replace(pocl, driver_version=version))
+        assert ("-DCLNN_HALF_BITS=1" in got) == bits, version
+        assert programs.CPU_OPTIONS[0] in got
+    intel = dataclasses.replace(pocl, platform="Intel(R) OpenCL", driver_version="2024.18")
+    assert programs.cpu_options(intel) == programs.CPU_OPTIONS
+
+
+def test_float16_vectors_through_their_bits_compute_as_the_built_ins(dev, monkeypatch):
+    """The CLNN_HALF_BITS form of the float16 vector loads and stores gives bitwise
+    what the built-ins give, on arrays at odd element offsets (where PoCL 3.1 crashed)
+    in element-wise ops, sums, pooling, softmax and a GEMM's packing."""
+    import dataclasses
+    if not (dev.facts.is_pocl and dev.facts.is_cpu):
+        pytest.skip(f"the form is PoCL's on CPUs; {dev.name} is not one")
+    rng = np.random.default_rng(3)
+
+    def run():
+        x = clnn.asarray(rng.standard_normal(8 * 97 + 1).astype(np.float16))[1:]
+        img = clnn.asarray(rng.standard_normal(2 * 3 * 10 * 16 + 3).astype(np.float16))
+        img = img[3:].reshape(2, 3, 10, 16)
+        m = clnn.asarray(rng.standard_normal(37 * 41 + 5).astype(np.float16))[5:]
+        m = m.reshape(37, 41)
+        return [clnn.tanh(x).get(), clnn.sum(x).get(), clnn.max(x).get(),
+                clnn.max_pool2d(img, 2).get(), clnn.softmax(m).get(),
+                clnn.gemm(m, m, trans_b=True).get()]
+
+    state = rng.bit_generator.state
+    want = run()
+    rng.bit_generator.state = state
+    monkeypatch.setattr(dev, "facts", dataclasses.replace(dev.facts, driver_version="3.1"))
+    built = []
+    build = programs._build
+    monkeypatch.setattr(programs, "_build", lambda device, stem, params, options:
+                        built.append(options) or build(device, stem, params, options))
+    clnn.clear_caches()
+    try:
+        got = run()
+        assert built and all("-DCLNN_HALF_BITS=1" in o for o in built)
+    finally:
+        monkeypatch.undo()
+        clnn.clear_caches()
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and np.array_equal(g, w, equal_nan=True)
