@@ -48,6 +48,7 @@ def cpu_options(facts):
         return CPU_OPTIONS + ("-DCLNN_HALF_BITS=1",)
     return CPU_OPTIONS
 
+
 log = logging.getLogger("clnn")
 
 

@@ -1,5 +1,6 @@
 """Rendering, the kernel cache, build errors and debug output."""
 
+import dataclasses
 import logging
 import os
 import sys
@@ -217,7 +218,6 @@ def test_float16_vectors_through_their_bits_from_pocl_3_1():
     """PoCL from 3.1 on builds float16 kernels with CLNN_HALF_BITS (3.1's vector
     built-ins crashed at addresses not 16-byte aligned); 3.0, other CPUs' drivers and
     GPUs keep the built-ins."""
-    import dataclasses
     facts = clnn.device().facts
     pocl = dataclasses.replace(facts, platform="Portable Computing Language", type="CPU")
     for version, bits in (("3.0-rc2", False), ("3.1+debian", True), ("6.0", True),
@@ -233,7 +233,6 @@ def test_float16_vectors_through_their_bits_compute_as_the_built_ins(dev, monkey
     """The CLNN_HALF_BITS form of the float16 vector loads and stores gives bitwise
     what the built-ins give, on arrays at odd element offsets (where PoCL 3.1 crashed)
     in element-wise ops, sums, pooling, softmax and a GEMM's packing."""
-    import dataclasses
     if not (dev.facts.is_pocl and dev.facts.is_cpu):
         pytest.skip(f"the form is PoCL's on CPUs; {dev.name} is not one")
     rng = np.random.default_rng(3)
