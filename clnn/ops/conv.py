@@ -238,6 +238,42 @@ PANELS_FIRST_BYTES = 1 << 20
 # 1.4x slower on the 3x3 layers, three or four slower everywhere.
 WGRAD_VECTORS = 2
 
+# Where a row holds 512-bit vectors (VW 16: CPUs whose code has them) and a panel of
+# the weight gradient's B at that width is at least WGRAD_STREAM_BYTES, the panel
+# streams from memory once per row block: the tile takes the whole vectors and the
+# most rows per work-item, WGRAD_ROWS for one or two vectors of columns (one where
+# two would leave fewer than two work-items a compute unit), rows at offsets of their
+# own. Columns that one 256-bit vector holds keep _tiles' tile (LeNet C1's 6 filters:
+# 0.53 ms, 0.66 in a 512-bit vector). Measured on the 2-core Intel Xeon (AVX-512, 32
+# registers), PoCL 3.0, float32, kernel times, medians of 5 alternating runs in one
+# process, the tile _tiles picks -> this one: the ResNet stem (64 filters, 147 taps)
+# 15.2 -> 10.6 ms (7 x 16 in 256-bit vectors before), 3x3 stride 2 (128 filters)
+# 23.8 -> 20.9 (8 x 32), CIFAR's 32-channel layer 8.3 -> 7.6 (8 x 16), its 3-channel
+# input layer 1.50 -> 1.32 (one vector: its 27 taps make 3 work-items of two, 1.58),
+# the 1x1 stride-2 projection 62.9 -> 58.4 (8 x 32; 12 rows 53.2, but 7-20% slower
+# than 10 on the others). Panels that stay in the cache keep _tiles' choice: LeNet
+# C3's (400 KB) ran alike, C5's (4 KB, k = 64) 2x slower with 512-bit tiles.
+WGRAD_STREAM_BYTES = 1 << 19
+WGRAD_ROWS = {1: 14, 2: 10}
+
+
+def _wgrad_tile(p, dt, cols, rows, k, compute_units):
+    """(MWI, NWI, VW, line) of a weight gradient's gathered kernel over ``rows`` taps,
+    ``cols`` filters and sums of ``k`` terms when its B panels stream (see
+    WGRAD_STREAM_BYTES), else None (_tiles decides). A parameter set that fixes the
+    tile decides instead."""
+    if p.get("NWI") or "MWI" in p:
+        return None
+    vw = programs.vector_width(p["VW"], dt)
+    if vw <= programs.helper_width(vw, dt) or cols <= programs.helper_width(vw, dt) or \
+            k * vw * programs.acc_dtype(dt).itemsize < WGRAD_STREAM_BYTES:
+        return None
+    nvw = min(WGRAD_VECTORS, -(-cols // vw))
+    if nvw > 1 and -(-rows // WGRAD_ROWS[nvw]) * -(-cols // (nvw * vw)) < 2 * compute_units:
+        nvw = 1
+    mwi = min(WGRAD_ROWS[nvw], _most_rows(nvw, p.get("REGS", DEFAULT_REGS)))
+    return mwi, nvw * vw, vw, False
+
 
 def _panels_first(dt, b_elems, x_elems):
     """Whether the gathered kernel's work-items walk the panels first: the packed B
@@ -304,7 +340,7 @@ def _pixel_tile(p, dt, cols, rows3, row_steps, out_steps, K, *, padded, vstore):
 def _run_gather(dev, dt, p, *, x, x_off, H, W, ph, pw, rows3, row_steps, k3, k_steps,
                 cols, src, src_off, CS, KD, KS, flip, out, out_steps, alpha=1.0,
                 beta=0.0, act="none", act_p=(0.0, 0.0), bias=None, vstore=False, nwi=None,
-                zero_rows=None, scratch=None, pixels="auto", vectors=4):
+                zero_rows=None, scratch=None, pixels="auto", vectors=4, tile=None):
     """One gathered GEMM (conv.cl): pack B, then the kernel. See conv.cl for the
     meaning of the row, k and output steps; ``zero_rows`` (top, bottom) counts the
     all-zero border rows of a padded copy, which the kernel skips. ``scratch``: the
@@ -312,7 +348,8 @@ def _run_gather(dev, dt, p, *, x, x_off, H, W, ph, pw, rows3, row_steps, k3, k_s
     several times must hold them all before its first write (wide enough for either
     kernel's panels). Pixel rows (convpx.cl) instead where _pixel_tile picks them
     (``pixels``: "auto", or a tile or None decided by the caller). ``vectors``: the
-    most B vectors per k (_tiles)."""
+    most B vectors per k (_tiles); ``tile``: (MWI, NWI, VW, line) decided by the
+    caller instead (_wgrad_tile)."""
     K = k3[0] * k3[1] * k3[2]
     if pixels == "auto":
         pixels = _pixel_tile(p, dt, cols, rows3, row_steps, out_steps, K,
@@ -323,8 +360,9 @@ def _run_gather(dev, dt, p, *, x, x_off, H, W, ph, pw, rows3, row_steps, k3, k_s
                            src_off=src_off, CS=CS, KD=KD, KS=KS, flip=flip, out=out,
                            out_steps=out_steps, alpha=alpha, beta=beta, act=act,
                            act_p=act_p, bias=bias, zero_rows=zero_rows, scratch=scratch)
-    mwi, nwi_auto, vw, line = _tiles(p, dt, cols, rows3[2] if row_steps[2] == 1 else 0, K,
-                                     vectors)
+    mwi, nwi_auto, vw, line = tile or _tiles(p, dt, cols,
+                                             rows3[2] if row_steps[2] == 1 else 0, K,
+                                             vectors)
     nwi = nwi or nwi_auto
     rows = rows3[0] * rows3[1] * rows3[2]
     Nb = -(-cols // nwi)
@@ -1381,8 +1419,6 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
         px = _pixel_tile(p, dt, M, (C, R, S), (Hg * Wg, dilation[0], dilation[1]),
                          (R * S, S, 1, C * R * S), N * P * Q, padded=bool(phg or pwg),
                          vstore=False)
-        nwi = px[0] if px else _tiles(p, dt, M, 0, vectors=WGRAD_VECTORS)[1]
-        per_image = -(-M // nwi) * nwi * P * Q * programs.acc_dtype(dt).itemsize
         # every group after the first adds its sum into dw, which rounds: the groups
         # come from the constant SCRATCH_BYTES, not the budget, so the bits do not
         # depend on the budget; and all scratch is taken before the first write
@@ -1391,9 +1427,20 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
         # alone bounded, the stem's weight gradient took 12.8 ms instead of 11.4 and
         # the 1x1 stride-2 projection's 48.7 instead of 44.3 on the Zen 4)
         x_image = C * Hg * Wg * programs.acc_dtype(dt).itemsize
-        cached = dev.facts.cache_size // 2 // (x_image + per_image) \
-            if dev.facts.cache_size else N
-        group = max(1, min(N, SCRATCH_BYTES // per_image, cached))
+        # the streamed panels' tile, where a group's sums are long enough for it
+        tile = None if px else _wgrad_tile(p, dt, M, C * R * S, N * P * Q,
+                                           dev.facts.compute_units)
+        while True:
+            nwi = px[0] if px else tile[1] if tile else \
+                _tiles(p, dt, M, 0, vectors=WGRAD_VECTORS)[1]
+            per_image = -(-M // nwi) * nwi * P * Q * programs.acc_dtype(dt).itemsize
+            cached = dev.facts.cache_size // 2 // (x_image + per_image) \
+                if dev.facts.cache_size else N
+            group = max(1, min(N, SCRATCH_BYTES // per_image, cached))
+            if not tile or _wgrad_tile(p, dt, M, C * R * S, group * P * Q,
+                                       dev.facts.compute_units):
+                break
+            tile = None
         scratch = _gather_scratch(dev, dt, M, group * P * Q, nwi)
         for n0 in range(0, N, group):
             g = min(group, N - n0)
@@ -1405,7 +1452,7 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
                               KS=M * P * Q, flip=0, out=out,
                               out_steps=(R * S, S, 1, C * R * S), alpha=alpha,
                               beta=beta if n0 == 0 else 1.0, scratch=scratch, pixels=px,
-                              vectors=WGRAD_VECTORS)
+                              vectors=WGRAD_VECTORS, tile=tile)
         return done(out, evt)
     if p["variant"] == "local":
         plan = _convw_plan(dev, dt, p, N, C, H, W, M, R, S, P, Q, st, pd, dilation)

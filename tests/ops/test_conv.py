@@ -181,6 +181,80 @@ def test_weight_gradient_tiles_take_two_vectors():
     np.testing.assert_allclose(dw.check(), dw_ref, rtol=1e-4, atol=1e-4)
 
 
+def test_streamed_weight_gradient_tiles():
+    """Where a weight gradient's B panels stream from memory and the row has 512-bit
+    vectors, its tile takes them whole and the most rows (WGRAD_ROWS), one vector
+    where two would leave a compute unit less than two work-items; elsewhere _tiles
+    decides (None)."""
+    wide = dict(GATHER, VW=16, REGS=32)
+    tile = conv_module._wgrad_tile
+    f32, f64 = np.float32, np.float64
+    assert tile(wide, f32, 64, 147, 8 * 112 * 112, 2) == (10, 32, 16, False)   # the stem
+    assert tile(wide, f32, 512, 256, 20 * 28 * 28, 2) == (10, 32, 16, False)
+    assert tile(wide, f32, 32, 27, 64 * 32 * 32, 2) == (14, 16, 16, False)     # 27 taps
+    assert tile(wide, f32, 32, 27, 64 * 32 * 32, 1) == (10, 32, 16, False)
+    assert tile(wide, f32, 17, 400, 1 << 16, 2) == (10, 32, 16, False)
+    assert tile(wide, f64, 64, 147, 8 * 112 * 112, 2) == (10, 16, 8, False)    # doubles
+    assert tile(wide, f64, 6, 25, 64 * 28 * 28, 2) == (14, 8, 8, False)
+    assert tile(wide, np.float16, 64, 147, 8 * 112 * 112, 2) == (10, 32, 16, False)
+    # columns one 256-bit vector holds (LeNet C1's 6 filters), panels that stay in the
+    # cache (LeNet C3's 400 KB at 16 lanes), 256-bit rows, tiles a row fixes
+    assert tile(wide, f32, 6, 25, 64 * 28 * 28, 2) is None
+    assert tile(wide, f32, 8, 25, 64 * 28 * 28, 2) is None
+    assert tile(wide, f32, 16, 150, 64 * 10 * 10, 2) is None
+    assert tile(wide, f32, 16, 150, conv_module.WGRAD_STREAM_BYTES // 64, 2) is not None
+    assert tile(wide, f32, 16, 150, conv_module.WGRAD_STREAM_BYTES // 64 - 1, 2) is None
+    assert tile(GATHER, f32, 64, 147, 8 * 112 * 112, 2) is None
+    assert tile(dict(wide, NWI=16), f32, 64, 147, 8 * 112 * 112, 2) is None
+    assert tile(dict(wide, MWI=4), f32, 64, 147, 8 * 112 * 112, 2) is None
+    for cols in range(1, 70):
+        for rows in (1, 9, 27, 147):
+            t = tile(wide, f32, cols, rows, 1 << 20, 2)
+            if t:
+                mwi, nwi, vw, _ = t
+                assert nwi % vw == 0 and mwi * (nwi // vw) + nwi // vw + 1 <= 32
+                assert nwi // vw <= conv_module.WGRAD_VECTORS
+
+
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("shape", [(3, 5, 11, 13, 37, 3, 3, 2, 1),     # two panels of 32
+                                   (2, 1, 12, 9, 20, 3, 3, 1, 0)])     # 9 taps: one vector
+def test_streamed_weight_gradient(shape, dtype):
+    """The weight gradient through the streamed panels' tile (the threshold patched
+    to 0, so small sizes take it): partial panels and row blocks, strides, padding,
+    groups of images that add into dw (SCRATCH_BYTES small), alpha and beta, against
+    float64 with canaries around dw."""
+    N, C, H, W, M, R, S, st_, pd = shape
+    wide = dict(GATHER, VW=16, REGS=32, PIXELS=False)
+    if tuning.gemm_problems(wide, clnn.device().facts):
+        pytest.skip(f"512-bit tiles do not fit {clnn.device().facts.name}")
+    x = RNG.standard_normal((N, C, H, W)).astype(dtype)
+    w = RNG.standard_normal((M, C, R, S)).astype(dtype)
+    P, Q = (H + 2 * pd - R) // st_ + 1, (W + 2 * pd - S) // st_ + 1
+    dy = RNG.standard_normal((N, M, P, Q)).astype(dtype)
+    _, dw_ref = conv2d_backward_ref(dy, x, w, (st_, st_), (pd, pd))
+    _, dw_scale = conv2d_backward_ref(np.abs(dy), np.abs(x), np.abs(w), (st_, st_),
+                                      (pd, pd))
+    dw = Guarded(clnn.device(), w.shape, dtype, fill=w)
+    per_image = 32 * P * Q * (8 if np.dtype(dtype) == np.float64 else 4)
+    with tuning.override("conv", wide), clnn.profile() as prof, \
+            mock.patch.object(conv_module, "WGRAD_STREAM_BYTES", 0), \
+            mock.patch.object(conv_module, "SCRATCH_BYTES", per_image):
+        clnn.conv2d_backward_weight(guarded_input(clnn.device(), dy),
+                                    guarded_input(clnn.device(), x), w.shape,
+                                    stride=st_, padding=pd, out=dw.view, alpha=-0.5,
+                                    beta=0.75)
+        want = conv_module._wgrad_tile(wide, np.dtype(dtype), M, C * R * S, P * Q,
+                                       clnn.device().facts.compute_units)
+    assert want is not None
+    gathers = ran(prof, "clnn_conv_gather")
+    assert len(gathers) == N                                   # a group per image
+    assert {dict(r.params["tuning"])["MWI"] for r in gathers} == {want[0]}
+    assert {dict(r.params["tuning"])["NWI"] for r in gathers} == {want[1]}
+    ref = 0.75 * w.astype(np.float64) - 0.5 * dw_ref
+    within(dw.check(), ref, 0.5 * dw_scale + 0.75 * np.abs(w), N * P * Q + 1, dtype)
+
+
 @pytest.mark.parametrize("dgrad", ["col2im", "flip"])
 @pytest.mark.parametrize("layer", LENET)
 def test_lenet5_layers(layer, dgrad):
