@@ -81,10 +81,11 @@ def mlp():
                           nn.Dense(10, "softmax")], in_features=2000, seed=0)
 
 
-def lenet():
+def lenet(device=None):
     return nn.Sequential([nn.Conv2d(6, 5), nn.MaxPool2d(2), nn.Conv2d(16, 5), nn.MaxPool2d(2),
                           nn.Flatten(), nn.Dense(120, "relu"), nn.Dense(84, "relu"),
-                          nn.Dense(10, "softmax")], in_shape=(1, 32, 32), seed=0)
+                          nn.Dense(10, "softmax")], in_shape=(1, 32, 32), device=device,
+                         seed=0)
 
 
 def torch_models(torch, make, net):

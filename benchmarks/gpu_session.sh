@@ -18,7 +18,9 @@
 #                                           # steps' kernel profiles; relu, tanh and sums
 #                                           # along rows; the driver's registers per row
 #   bash benchmarks/gpu_session.sh finish   # what the two open issues still need, first
-#                                           # in a session: the threaded launches' crash
+#                                           # in a session: command buffers for replayed
+#                                           # steps (cmdbuf_probe.py), the threaded
+#                                           # launches' crash
 #                                           # (threads_probe.py), the 16-bit LeNet-5
 #                                           # steps, LeNet's layers with and without the
 #                                           # direct kernels, LeNet-5's steps launch by
@@ -167,9 +169,11 @@ run_quick() {
 }
 
 run_finish() {
-  # (with the extensions: whether the driver has cl_khr_command_buffer, which could
-  # record a replayed step's launches once and enqueue them in one call)
   step devices "$PY" -m clnn devices --extensions
+  # whether the driver has cl_khr_command_buffer and what one enqueue of a replayed
+  # LeNet-5 step's launches saves against one enqueue per launch (a few seconds; where
+  # the driver lacks it, one line)
+  LIMIT=60 bench cmdbuf_probe --batches 64,1024 --repeats 3
   # issue 10: test_reliability's threaded launches crashed the H200's driver (a
   # segfault in a driver thread, 5 runs of 7): which concurrent host calls do
   LIMIT=150 bench threads_probe --repeats 4

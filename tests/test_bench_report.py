@@ -154,6 +154,27 @@ def test_bench_half_goes_on_past_a_case_that_fails_its_check(capsys):
     assert "LeNet-5 step" in capsys.readouterr().out
 
 
+def test_cmdbuf_probe_says_what_the_device_has(tmp_path, capsys):
+    """benchmarks/cmdbuf_probe.py on the test device: where it lacks
+    cl_khr_command_buffer (pip's PoCL 3.0) one line and a row saying so; where it has
+    it (Debian's PoCL 3.1) a LeNet-5 step recorded into one command buffer computes
+    bitwise the replay's gradients."""
+    import cmdbuf_probe
+    import clnn
+    from conftest import TEST_DEVICE
+    path = tmp_path / "probe.json"
+    rc = cmdbuf_probe.main(["--device", TEST_DEVICE, "--batches", "5",
+                            "--precisions", "float32", "--repeats", "1", "--json",
+                            str(path)])
+    rows = json.loads(path.read_text())["rows"]
+    has = cmdbuf_probe.EXTENSION in clnn.device(TEST_DEVICE).queue.device.extensions.split()
+    assert [r["supported"] for r in rows] == [has]
+    if has:
+        assert rc == 0 and rows[0]["bitwise_equal"] and rows[0]["launches"] > 10
+    else:
+        assert rc == 0 and "nothing to probe" in capsys.readouterr().out
+
+
 def test_profile_step_lists_a_steps_launches_in_order():
     """profile_step.py --launches: one line per launch, in the order made, with its
     tile, global and local sizes, device time and the idle time before it."""
