@@ -385,6 +385,12 @@ def captured(reuse=False):
             yield launches
 
 
+def recording_active():
+    """Whether anything records this thread's launches (events, profiles, captures)."""
+    return bool(getattr(_recording, "lists", ()) or getattr(_recording, "profiles", ()) or
+                getattr(_recording, "captures", ()))
+
+
 def replay(launches):
     """Enqueue captured launches again, in order; the last event (None for none)."""
     evt = None

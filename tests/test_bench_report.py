@@ -167,7 +167,7 @@ def test_cmdbuf_probe_says_what_the_device_has(tmp_path, capsys):
                             "--precisions", "float32", "--repeats", "1", "--json",
                             str(path)])
     rows = json.loads(path.read_text())["rows"]
-    has = cmdbuf_probe.EXTENSION in clnn.device(TEST_DEVICE).queue.device.extensions.split()
+    has = cmdbuf_probe.cmdbuf.has(clnn.device(TEST_DEVICE).queue.device)
     assert [r["supported"] for r in rows] == [has]
     if has:
         assert rc == 0 and rows[0]["bitwise_equal"] and rows[0]["launches"] > 10

@@ -10,8 +10,8 @@ import clnn
 ROOT = pathlib.Path(clnn.__file__).parent
 # bottom to top, as docs/DESIGN.md draws them; a module may import lower ranks only
 RANKS = {"errors": 0, "cache": 1, "datasets": 1, "ptx": 1, "memory": 2, "device": 3, "programs": 4,
-         "plans": 5, "profiler": 5, "tuning": 6, "ops": 7, "optim": 8, "nn": 9, "distributed": 10,
-         "train": 11, "tuner": 11, "selfcheck": 11, "cli": 12, "__main__": 13}
+         "plans": 5, "profiler": 5, "cmdbuf": 5, "tuning": 6, "ops": 7, "optim": 8, "nn": 9,
+         "distributed": 10, "train": 11, "tuner": 11, "selfcheck": 11, "cli": 12, "__main__": 13}
 
 
 def modules():

@@ -67,6 +67,7 @@ class _Replay:
         self.launches = self.value = self.grad_scale = self.states = None
         self.patches = ()               # (launch, argument, layer) of dropout keys
         self.disabled = False           # capturing ran out of memory: never again
+        self.graph = None               # its command buffers (cmdbuf.replay), if any
 
 
 def _ident(a):
@@ -95,6 +96,7 @@ class _InferReplay:
         self.bufs = bufs                # the work buffers its launches read
         self.launches = self.x = self.out = None
         self.disabled = False           # capturing ran out of memory: never again
+        self.graph = None               # its command buffers (cmdbuf.replay), if any
 
 
 class GradientStep:
@@ -366,7 +368,7 @@ class Sequential:
                     self._infer_replays.pop(next(iter(self._infer_replays)))
                 self._infer_replays[rkey] = _InferReplay(bufs)
             return self._forward_eval(x, bufs, logits)
-        from .. import programs
+        from .. import cmdbuf, programs
         if rep.launches is None:
             try:
                 rep.x = clnn.copy(x)                                      # fixed input
@@ -381,7 +383,7 @@ class Sequential:
             rep.launches = launches
         else:
             clnn.copy(x, out=rep.x)
-            programs.replay(rep.launches)
+            cmdbuf.replay(rep.launches, rep)
         return clnn.copy(rep.out)
 
     def _infer_key(self, x, logits):
@@ -637,14 +639,16 @@ class Sequential:
     def _replayed(self, key, ws, x, y, loss, grads, scale, layer_hook, example_offset,
                   low=None, gate=None, count=None, cast=True):
         """_passes, captured and replayed under ``key`` (None: just run)."""
-        from .. import programs
+        from .. import cmdbuf, programs
         rep = self._replays.get(key) if key is not None else None
         if rep is not None and rep.launches is not None:
             if rep.patches:               # this step's dropout keys into the launches
                 keys = self._dropout_keys(example_offset)
                 for launch, arg, layer in rep.patches:
                     rep.launches[launch][3][arg] = keys[layer]
-            programs.replay(rep.launches)
+                programs.replay(rep.launches)
+            else:                         # (command buffers where asked for)
+                cmdbuf.replay(rep.launches, rep)
             for layer, state in zip(self.layers, rep.states):
                 layer.restore_step_state(state)     # what after_step needs (BatchNorm)
             return rep.value, rep.grad_scale

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import clnn
-from clnn import nn, optim, programs, tuning
+from clnn import cmdbuf, nn, optim, programs, tuning
 from clnn.ops import optim as optim_ops
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -207,9 +207,9 @@ def test_float16_steps_replay_across_loss_scales(dev, monkeypatch, where):
     captured loss kernel, so a new scale captures anew (seen, captured, replayed). Both
     give the same losses, weights and scale history as plain float16 steps."""
     replays, casts = [], []
-    real = programs.replay
-    monkeypatch.setattr(programs, "replay", lambda launches: replays.append(1) or
-                        real(launches))
+    real = cmdbuf.replay           # (programs.replay, or command buffers where asked for)
+    monkeypatch.setattr(cmdbuf, "replay", lambda launches, owner: replays.append(1) or
+                        real(launches, owner))
     # (the gradients' cast, where the scale lives on the device, is cast_gradients,
     # which marks the state)
     for module, name in ((clnn, "cast"), (optim_ops, "cast_gradients")):
