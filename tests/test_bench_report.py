@@ -70,6 +70,11 @@ def test_the_gpu_session_script_names_scripts_and_options_that_exist():
             capture_output=True, text=True, timeout=120).stdout
         for opt in re.findall(r"--[\w-]+", rest) + ["--device", "--json"]:
             assert opt in help_text, (script, opt)
+    # the finish part (a session's first command) fits one command on a lent machine
+    # (10 minutes): its steps' limits, the suite's default share included, add up to less
+    body = re.search(r"^run_finish\(\) {\n(.*?)^}", text, re.M | re.S).group(1)
+    limits = [int(v) for v in re.findall(r"LIMIT=(?:\$\{\w+:-)?(\d+)", body)]
+    assert len(limits) >= 7 and sum(limits) <= 580, limits
     # and every test file and test it names exists (pytest stops at a missing one)
     root = os.path.dirname(HERE)
     nodes = re.findall(r"(tests/[\w/]+\.py)(?:::(\w+))?", text)
