@@ -151,20 +151,25 @@ class Graph:
         self.launches = launches
         self.kernels = []
         self.sets = []
-        for _ in range(1 if api_.simultaneous else 2):
-            items, run = [], []
-            for launch in launches + [None]:
-                if launch is not None and isinstance(launch[0], programs.Kernel):
-                    run.append(launch)
-                    continue
-                if run:
-                    buf, kernels = api_.record(queue, run)
-                    items.append((buf, None))
-                    self.kernels.append(kernels)
-                    run = []
-                if launch is not None:
-                    items.append((None, launch))
-            self.sets.append([items, None])        # (items, the last run's event)
+        try:
+            for _ in range(1 if api_.simultaneous else 2):
+                items = []
+                self.sets.append([items, None])        # (items, the last run's event)
+                run = []
+                for launch in launches + [None]:
+                    if launch is not None and isinstance(launch[0], programs.Kernel):
+                        run.append(launch)
+                        continue
+                    if run:
+                        buf, kernels = api_.record(queue, run)
+                        items.append((buf, None))
+                        self.kernels.append(kernels)
+                        run = []
+                    if launch is not None:
+                        items.append((None, launch))
+        except Exception:
+            self.release()           # the buffers recorded before the one refused
+            raise
         self.turn = 0
 
     def run(self):
@@ -197,17 +202,35 @@ class Graph:
             pass
 
 
+class Refused:
+    """What ``owner.graph`` holds where recording ``launches`` failed: they replay
+    launch by launch from then on."""
+
+    def __init__(self, launches):
+        self.launches = launches
+
+
 def replay(launches, owner):
     """programs.replay(launches), from command buffers kept on ``owner.graph`` (any
     object; made on the first call) where the device has the extension and
     CLNN_COMMAND_BUFFERS=1 asks for it, and nothing records this thread's launches.
     The launches' arguments must not change afterwards (callers whose steps patch
-    them, Dropout's keys, call programs.replay)."""
+    them, Dropout's keys, call programs.replay). Where the driver refuses to record
+    them (a command it does not take, a queue it cannot record for), a warning says
+    why and they replay launch by launch, without another try."""
     dev = next((k.device for k, *_ in launches if isinstance(k, programs.Kernel)), None)
     if dev is None or not asked() or programs.recording_active() or \
             not has(dev.queue.device):
         return programs.replay(launches)
     graph = getattr(owner, "graph", None)
     if graph is None or graph.launches is not launches:
-        graph = owner.graph = Graph(api(dev.queue.device), dev.queue, launches)
+        try:
+            graph = Graph(api(dev.queue.device), dev.queue, launches)
+        except (cl.Error, RuntimeError, OSError, AttributeError) as e:
+            programs.log.warning("clnn: replaying launch by launch: %s could not record "
+                                 "command buffers (%s)", dev.name, e)
+            graph = Refused(launches)
+        owner.graph = graph
+    if isinstance(graph, Refused):
+        return programs.replay(launches)
     return graph.run()

@@ -212,3 +212,34 @@ def test_the_extension_where_the_device_has_it(dev, monkeypatch):
     assert same_weights(*nets)
     (rep,) = nets[1]._replays.values()
     assert rep.graph is not None
+
+
+def test_a_refused_recording_replays_launch_by_launch(dev, fake, caplog):
+    """Where the driver refuses to record (a command it does not take), a warning says
+    so, the buffers recorded before are released, and the launches replay one by one
+    with the same results, without another try."""
+    launches, x, outs = captured_ops(dev)
+
+    record = fake.record
+
+    def refuse(queue, launches):            # the second run of kernels, after the copy
+        if len(fake.recorded) == 1:
+            fake.recorded.append(None)
+            raise cl.RuntimeError("clCommandNDRangeKernelKHR (clnn_relu) failed: -59")
+        return record(queue, launches)
+    fake.record = refuse
+
+    class Owner:
+        graph = None
+    with caplog.at_level("WARNING", logger="clnn"):
+        for _ in range(3):
+            x.set(RNG.standard_normal(x.shape).astype(np.float32))
+            cmdbuf.replay(launches, Owner)
+            np.testing.assert_allclose(outs[3].get(), 1 / (1 + np.exp(-np.tanh(np.maximum(
+                x.get().astype(np.float64), 0)))), rtol=1e-5, atol=1e-6)
+    # (the buffer recorded before the refusal released)
+    assert isinstance(Owner.graph, cmdbuf.Refused) and len(fake.recorded) == 2
+    assert fake.released == 1 and fake.runs == 0
+    assert [r.message for r in caplog.records].count(
+        f"clnn: replaying launch by launch: {dev.name} could not record command buffers "
+        "(clCommandNDRangeKernelKHR (clnn_relu) failed: -59)") == 1
