@@ -452,6 +452,9 @@ def print_devices(extensions=False):
         if f.is_cpu and f.float_lanes:
             print(f"      {f.float_lanes * 32}-bit vectors in its compiled code"
                   + (" (512-bit GEMM and convolution tiles)" if f.float_lanes >= 16 else ""))
+        if "cl_khr_command_buffer" in d.extensions.split():
+            print("      command buffers (cl_khr_command_buffer): CLNN_COMMAND_BUFFERS=1 "
+                  "replays training steps through them")
         if extensions:
             names = sorted(d.extensions.split())
             print(textwrap.fill("extensions: " + (" ".join(names) or "none"), width=88,

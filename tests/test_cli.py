@@ -16,6 +16,10 @@ def test_devices_lists_facts():
     cpus = r.stdout.count("type CPU")
     assert cpus and r.stdout.count("-bit vectors in its compiled code") == cpus
     assert "extensions:" not in r.stdout
+    # and the command buffers clnn.cmdbuf can replay steps through, where a device has them
+    from clnn.device import all_devices
+    have = sum("cl_khr_command_buffer" in d.extensions.split() for _, _, d in all_devices())
+    assert r.stdout.count("command buffers (cl_khr_command_buffer)") == have
 
 
 def test_devices_lists_extensions_when_asked():
