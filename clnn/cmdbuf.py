@@ -143,8 +143,9 @@ def has(cl_device):
 
 class Graph:
     """Captured ``launches`` recorded for ``queue``: each run of kernel launches one
-    command buffer (``copies`` sets of them, used in turn), other launches as they are.
-    ``run()`` enqueues them in order and returns the last event."""
+    command buffer, other launches (buffer copies) as they are; two sets of buffers,
+    used in turn, where the device cannot enqueue a pending one again. ``run()``
+    enqueues them in order and returns the last event."""
 
     def __init__(self, api_, queue, launches):
         self.api = api_
