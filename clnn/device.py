@@ -74,6 +74,9 @@ class DeviceFacts:
     # WGMMA rows: programs.PTX_PATCH_OPTION); set False on the device once such a build
     # failed, which takes those rows out of its plans (ops/gemm.py)
     patched_ptx: bool = True
+    # a CPU device's level-2 cache per core in bytes (PoCL runs on the host: Linux's
+    # sysfs says), 0 elsewhere or where unknown; OpenCL reports only the last level
+    l2_size: int = 0
 
     @property
     def is_pocl(self):
@@ -109,7 +112,31 @@ class DeviceFacts:
             cache_size=int(dev.global_mem_cache_size),
             float_lanes=code_float_lanes(dev.platform.name, dev.version,
                                          int(dev.native_vector_width_float)),
+            l2_size=host_l2_size() if _POCL_PLATFORM in dev.platform.name.lower() and
+            dev.type & cl.device_type.CPU else 0,
         )
+
+
+SYS_CPU = "/sys/devices/system/cpu/cpu0/cache"
+
+
+def host_l2_size(root=None):
+    """The host CPU's level-2 cache per core in bytes, from Linux's sysfs (``root``:
+    cpu0's cache folder), 0 where it says none."""
+    root = root or SYS_CPU
+    try:
+        for index in sorted(os.listdir(root)):
+            folder = os.path.join(root, index)
+            with open(os.path.join(folder, "level")) as f:
+                if f.read().strip() != "2":
+                    continue
+            with open(os.path.join(folder, "size")) as f:
+                text = f.read().strip().upper()
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            return int(text.rstrip("KMG")) * scale
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 # LLVM's x86 CPU names whose code has AVX-512 (-target-cpu): PoCL names the one it

@@ -42,6 +42,26 @@ def test_facts(dev):
     assert set(f.as_dict()) >= {"name", "vendor", "type", "driver_version", "fp64", "fp16"}
 
 
+def test_l2_size_of_a_cpu_device_from_sysfs(dev, tmp_path):
+    """A PoCL CPU device's facts carry the host's level-2 cache per core, read from
+    Linux's sysfs (the cache levels in any order, sizes in K or M); other devices,
+    and hosts that say nothing, 0."""
+    from clnn.device import host_l2_size
+    for index, level, size in (("index0", "1", "48K"), ("index1", "1", "32K"),
+                               ("index2", "2", "2048K"), ("index3", "3", "105M")):
+        (tmp_path / index).mkdir()
+        (tmp_path / index / "level").write_text(level + "\n")
+        (tmp_path / index / "size").write_text(size + "\n")
+    assert host_l2_size(str(tmp_path)) == 2 << 20
+    (tmp_path / "index2" / "size").write_text("1M\n")
+    assert host_l2_size(str(tmp_path)) == 1 << 20
+    (tmp_path / "index2" / "level").write_text("4\n")
+    assert host_l2_size(str(tmp_path)) == 0
+    assert host_l2_size(str(tmp_path / "none")) == 0
+    f = DeviceFacts.of(dev.cl_device)
+    assert f.l2_size == (host_l2_size() if f.is_pocl and f.is_cpu else 0)
+
+
 @pytest.mark.parametrize("platform,version,native,lanes", [
     # PoCL compiling AVX-512 code, and AVX2 code on an AVX-512 CPU (PoCL 3.0 on a Zen
     # 4: it reports the hardware's 16 lanes)

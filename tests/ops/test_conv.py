@@ -3,6 +3,7 @@
 import contextlib
 import dataclasses
 import sys
+import types
 from unittest import mock
 
 import numpy as np
@@ -767,6 +768,56 @@ def test_weight_gradient_groups_fit_half_the_cache(monkeypatch):
                                                        "clnn_conv_pixels")]
     assert [dict(r.params["tuning"])["NWI"] for r in gathers] == [8, 8, 8]
     np.testing.assert_allclose(V.check(), 0.9 * v - 0.5 * dw, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+def test_weight_gradient_groups_keep_their_panels_in_half_of_l2(monkeypatch, dtype):
+    """With a core's L2 known (a CPU's), a weight gradient whose tile has
+    WGRAD_L2_BLOCKS row blocks or more runs in groups of images whose panel of dy^T
+    fits half of it: 5 images of 8 channels, 3x3 (72 taps, 9 blocks of 8), 3 filters
+    (a panel of 8 columns), with room for two images' panels, run in groups of 2, 2
+    and 1, alpha and beta applied once, the canaries intact. 16-bit weights stay one
+    group (each group's sum added into dw would round to 16 bits again); so does
+    every dtype where the L2 is unknown."""
+    dev = clnn.device()
+    x = RNG.standard_normal((5, 8, 7, 7)).astype(dtype)
+    dy = RNG.standard_normal((5, 3, 7, 7)).astype(dtype)
+    v = RNG.standard_normal((3, 8, 3, 3)).astype(dtype)
+    _, dw = conv2d_backward_ref(dy, x, v, (1, 1), (1, 1))
+    _, scale = conv2d_backward_ref(np.abs(dy), np.abs(x), np.abs(v), (1, 1), (1, 1))
+    panel = 7 * 7 * 8 * (8 if np.dtype(dtype) == np.float64 else 4)
+    wide = np.dtype(dtype).itemsize >= 4
+    for l2, groups in ((2 * 2 * panel, 3 if wide else 1), (0, 1)):
+        monkeypatch.setattr(dev, "facts", dataclasses.replace(dev.facts, cache_size=0,
+                                                              l2_size=l2))
+        V = Guarded(dev, v.shape, dtype, fill=v)
+        with tuning.override("conv", dict(GATHER, MWI=8, NWI=8, LINE=False)), \
+                clnn.profile() as prof:
+            clnn.conv2d_backward_weight(guarded_input(dev, dy), guarded_input(dev, x),
+                                        v.shape, out=V.view, padding=1, alpha=-0.5,
+                                        beta=0.75)
+        assert len(ran(prof, "clnn_conv_gather")) == groups, l2
+        within(V.check(), 0.75 * v.astype(np.float64) - 0.5 * dw,
+               0.5 * scale + 0.75 * np.abs(v.astype(np.float64)), 5 * 7 * 7 + 1, dtype)
+
+
+def test_l2_groups_only_where_they_help():
+    """_l2_group: fewer images only with a known L2, float32 or float64 weights,
+    enough row blocks to read the panel again, and an image's panel within half of
+    L2."""
+    dev = types.SimpleNamespace(facts=dataclasses.replace(clnn.device().facts,
+                                                          l2_size=2 << 20))
+    group = conv_module._l2_group
+    assert group(dev, np.float32, 64, 1024 * 32, 29) == 8        # CIFAR's 128 KB panels
+    assert group(dev, np.float32, 20, 784 * 32, 26) == 10        # the projection's
+    assert group(dev, np.float64, 64, 1024 * 32, 29) == 4
+    assert group(dev, np.float32, 4, 1024 * 32, 29) == 4         # never more
+    assert group(dev, np.float32, 64, 1024 * 32, 7) == 64        # 7 row blocks
+    assert group(dev, np.float32, 8, 12544 * 32, 15) == 8        # the stem: 1.6 MB each
+    assert group(dev, np.float16, 64, 1024 * 32, 29) == 64
+    assert group(dev, clnn.bfloat16, 64, 1024 * 32, 29) == 64
+    dev.facts = dataclasses.replace(dev.facts, l2_size=0)
+    assert group(dev, np.float32, 64, 1024 * 32, 29) == 64
 
 
 @pytest.mark.parametrize("dtype", [np.float16, clnn.bfloat16], ids=["float16", "bfloat16"])
