@@ -21,7 +21,6 @@ benchmarks/results/cmdbuf_probe.json.
 """
 
 import argparse
-import ctypes
 import os
 import sys
 import time
@@ -37,17 +36,6 @@ from clnn import cmdbuf, programs  # noqa: E402
 
 # the device's required queue properties (cl_ext.h)
 DEVICE_REQUIRED_QUEUE_PROPERTIES = 0x12AA
-
-
-def required_queue_properties(cl_device):
-    lib = cmdbuf._loader()
-    info = lib.clGetDeviceInfo
-    info.restype = ctypes.c_int32
-    info.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_size_t, ctypes.c_void_p,
-                     ctypes.c_void_p]
-    value = ctypes.c_uint64(0)
-    info(cl_device.int_ptr, DEVICE_REQUIRED_QUEUE_PROPERTIES, 8, ctypes.byref(value), None)
-    return value.value
 
 
 def step_case(dev, precision, batch, repeats):
@@ -111,10 +99,11 @@ def main(argv=None):
             rows.append({"device": dev.name, "driver": d.driver_version, "supported": False})
             continue
         versions = {e.name: e.version for e in getattr(d, "extensions_with_version", ())}
+        required = cmdbuf.device_uint64(d, DEVICE_REQUIRED_QUEUE_PROPERTIES)
         print(f"{dev.name}: {cmdbuf.EXTENSION} version "
               f"{versions.get(cmdbuf.EXTENSION, '?')}, simultaneous use "
-              f"{cmdbuf.api(d).simultaneous}, required queue properties "
-              f"{required_queue_properties(d):#x} (clnn's queue: {dev.queue.properties:#x})")
+              f"{cmdbuf.api(d).simultaneous}, required queue properties {required:#x} "
+              f"(clnn's queue: {dev.queue.properties:#x})")
         for precision in args.precisions.split(","):
             for batch in (int(b) for b in args.batches.split(",")):
                 try:

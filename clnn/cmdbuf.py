@@ -55,6 +55,28 @@ def _loader():
     return ctypes.CDLL("libOpenCL.so.1")
 
 
+def device_uint64(cl_device, param):
+    """A 64-bit device query PyOpenCL does not know (the extension's), 0 where the
+    driver answers none."""
+    lib = _loader()
+    info = lib.clGetDeviceInfo
+    info.restype = ctypes.c_int32
+    info.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_size_t, ctypes.c_void_p,
+                     ctypes.c_void_p]
+    value = ctypes.c_uint64(0)
+    info(cl_device.int_ptr, param, 8, ctypes.byref(value), None)
+    return value.value
+
+
+def command_kernel(kern, values):
+    """A kernel object of its own for one recorded launch of ``kern`` (a
+    programs.Kernel) with its argument ``values`` set (see the module's docstring)."""
+    k = cl.Kernel(kern.cl_kernel.program, kern.cl_kernel.function_name)
+    k.set_scalar_arg_dtypes(kern.types)
+    k.set_args(*values)
+    return k
+
+
 class Api:
     """The extension's entry points on one device's platform, and the device's
     capabilities; ``api(cl_device)`` makes them once per device."""
@@ -79,11 +101,8 @@ class Api:
         self.enqueue = entry("clEnqueueCommandBufferKHR", I, U, P, P, U, P,
                              ctypes.POINTER(P))
         self.release = entry("clReleaseCommandBufferKHR", I, P)
-        info = lib.clGetDeviceInfo
-        info.restype, info.argtypes = I, [P, U, S, P, P]
-        caps = ctypes.c_uint64(0)
-        info(cl_device.int_ptr, DEVICE_CAPABILITIES, 8, ctypes.byref(caps), None)
-        self.simultaneous = bool(caps.value & CAPABILITY_SIMULTANEOUS_USE)
+        caps = device_uint64(cl_device, DEVICE_CAPABILITIES)
+        self.simultaneous = bool(caps & CAPABILITY_SIMULTANEOUS_USE)
 
     def record(self, queue, launches):
         """A finalized command buffer of kernel ``launches`` on ``queue``, and the
@@ -99,9 +118,7 @@ class Api:
         kernels = []
         try:
             for kern, gs, ls, values in launches:
-                k = cl.Kernel(kern.cl_kernel.program, kern.cl_kernel.function_name)
-                k.set_scalar_arg_dtypes(kern.types)
-                k.set_args(*values)
+                k = command_kernel(kern, values)
                 kernels.append(k)
                 rc = self.ndrange(buf, None, None, k.int_ptr, len(gs), None,
                                   (S * len(gs))(*gs), (S * len(ls))(*ls) if ls else None,

@@ -22,8 +22,8 @@ RNG = np.random.default_rng(12)
 
 class FakeApi:
     """cmdbuf.Api's calls done with plain enqueues: a "command buffer" is the list of
-    its commands, each with a kernel object of its own whose arguments are set when it
-    is recorded (as the extension keeps them)."""
+    its commands, each with the kernel object of its own cmdbuf.command_kernel makes,
+    its arguments set when it is recorded (as the extension keeps them)."""
 
     def __init__(self, simultaneous=False):
         self.simultaneous = simultaneous
@@ -32,9 +32,7 @@ class FakeApi:
     def record(self, queue, launches):
         cmds, kernels = [], []
         for kern, gs, ls, values in launches:
-            k = cl.Kernel(kern.cl_kernel.program, kern.cl_kernel.function_name)
-            k.set_scalar_arg_dtypes(kern.types)
-            k.set_args(*values)
+            k = cmdbuf.command_kernel(kern, values)
             kernels.append(k)
             cmds.append((k, gs, ls))
         buf = (queue, cmds)
