@@ -145,13 +145,9 @@ class Api:
 
 
 @functools.lru_cache(maxsize=None)
-def _api(device_ptr, cl_device):
-    return Api(cl_device)
-
-
 def api(cl_device):
-    """The Api of ``cl_device`` (a pyopencl.Device), made once."""
-    return _api(cl_device.int_ptr, cl_device)
+    """The Api of ``cl_device`` (a pyopencl.Device, hashed by its handle), made once."""
+    return Api(cl_device)
 
 
 def has(cl_device):
