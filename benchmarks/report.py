@@ -88,12 +88,14 @@ def host_table(data):
     lines = ["| device | op | enqueue | unplanned | call | kernel | "
              + " | ".join(f"{r} call" for r in refs) + " |",
              "|" + "---|" * (6 + len(refs))]
+    def us(value):               # a blank where the run had nothing to measure
+        return "" if value is None else f"{value:.1f}"
+
     for row in data["rows"]:
-        un = row.get("unplanned_enqueue_us")
-        cells = [f"{row[f'{r}_call_us']:.1f}" if f"{r}_call_us" in row else "" for r in refs]
-        lines.append(f"| {row['device']} | {row['op']} | {row['enqueue_us']:.1f} | "
-                     f"{'' if un is None else f'{un:.1f}'} | {row['call_us']:.1f} | "
-                     f"{row['kernel_us']:.1f} | " + " | ".join(cells) + " |")
+        cells = [us(row.get(key)) for key in
+                 ("enqueue_us", "unplanned_enqueue_us", "call_us", "kernel_us")]
+        cells += [us(row.get(f"{r}_call_us")) for r in refs]
+        lines.append(f"| {row['device']} | {row['op']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

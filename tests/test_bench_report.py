@@ -28,7 +28,9 @@ def test_report_from_result_files(tmp_path):
                      "torch_cpu_GBps": 40.0},
                     {"device": "gpu", "op": "sum", "clnn_GBps": 1500.0, "numpy_GBps": 15.0,
                      "torch_cuda_GBps": 2000.0}]}
-    host = {"rows": [{"device": "dev", "op": "relu", "enqueue_us": 50.0, "call_us": 90.0,
+    host = {"rows": [{"device": "dev", "op": "empty kernel", "enqueue_us": 4.0,
+                      "call_us": 20.0, "kernel_us": None},
+                     {"device": "dev", "op": "relu", "enqueue_us": 50.0, "call_us": 90.0,
                       "kernel_us": 40.0, "torch_cpu_call_us": 45.0},
                      {"device": "dev", "op": "conv2d", "enqueue_us": 80.0,
                       "unplanned_enqueue_us": 230.0, "call_us": 370.0, "kernel_us": 320.0,
@@ -47,6 +49,7 @@ def test_report_from_result_files(tmp_path):
     assert "| dev | 10 | clnn, 4 GiB pool budget | did not fit | |" in text
     assert "| dev | relu | 20.0 | 10.0 | 40.0 |  | 2.00 | 0.50 |  |" in text
     assert "| gpu | sum | 1500.0 | 15.0 |  | 2000.0 | 100.00 |  | 0.75 |" in text
+    assert "| dev | empty kernel | 4.0 |  | 20.0 |  |  |" in text
     assert "| dev | relu | 50.0 |  | 90.0 | 40.0 | 45.0 |" in text
     assert "| dev | conv2d | 80.0 | 230.0 | 370.0 | 320.0 | 390.0 |" in text
     assert (tmp_path / "gemm.png").exists() and (tmp_path / "conv.png").exists()
