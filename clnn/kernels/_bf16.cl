@@ -42,5 +42,6 @@ CLNN_BF16_VECTOR(8)
 #define CLNN_BF16_STORE_AT(S, v, p, i) (((S ushort *)(p))[i] = clnn_f2bf(v))
 #define CLNN_BF16_LOADV_AT(S, n, p) clnn_bf2f##n(CLNN_ELEMS_LOAD##n(ushort, (S const ushort *)(p)))
 #define CLNN_BF16_STOREV_AT(S, n, v, p) CLNN_ELEMS_STORE##n(ushort, clnn_f2bf##n(v), (S ushort *)(p))
+#define CLNN_BF16_BITSV(n, v) clnn_f2bf##n(v)
 #define CLNN_BF16_LOAD(p, i) CLNN_BF16_LOAD_AT(__global, p, i)
 #endif

@@ -18,6 +18,7 @@ typedef ${acc} acc_t;
 #define CLNN_STORE_AT(S, v, p, i) CLNN_HALF_STORE_AT(S, v, p, i)
 #define CLNN_LOADV_AT(S, n, p) CLNN_HALF_LOADV_AT(S, n, p)
 #define CLNN_STOREV_AT(S, n, v, p) CLNN_HALF_STOREV_AT(S, n, v, p)
+#define CLNN_BITSV(n, v) CLNN_HALF_BITSV(n, v)
 % elif dtype == "bfloat16":
 // bfloat16 is storage only (ushort bits): load to float, compute in float, store
 // rounded to nearest even.
@@ -26,6 +27,7 @@ typedef ${acc} acc_t;
 #define CLNN_STORE_AT(S, v, p, i) CLNN_BF16_STORE_AT(S, v, p, i)
 #define CLNN_LOADV_AT(S, n, p) CLNN_BF16_LOADV_AT(S, n, p)
 #define CLNN_STOREV_AT(S, n, v, p) CLNN_BF16_STOREV_AT(S, n, v, p)
+#define CLNN_BITSV(n, v) CLNN_BF16_BITSV(n, v)
 % else:
 #define CLNN_LOAD_AT(S, p, i) ((acc_t)(p)[i])
 #define CLNN_STORE_AT(S, v, p, i) ((p)[i] = (real_t)(v))
@@ -35,7 +37,8 @@ typedef ${acc} acc_t;
 // CLNN_LOAD(p, i) / CLNN_STORE(v, p, i): element i of an array of real_t in global
 // memory as acc_t, and back (rounded to nearest even where real_t is narrower);
 // CLNN_LOADV(n, p) / CLNN_STOREV(n, v, p): n (2, 4 or 8) consecutive elements at p as
-// an acc_t vector, and back. The _AT forms take the address space S (__global or
+// an acc_t vector, and back; CLNN_BITSV(n, v) (16-bit storage only): the ushort bits
+// of an acc_t vector's n elements, for stores that are not consecutive. The _AT forms take the address space S (__global or
 // __local) of the pointer.
 #define CLNN_LOAD(p, i) CLNN_LOAD_AT(__global, p, i)
 #define CLNN_STORE(v, p, i) CLNN_STORE_AT(__global, v, p, i)

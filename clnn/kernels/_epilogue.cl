@@ -22,11 +22,10 @@
     VT = f"{acc}{width}"
 
     def lanes(fmt, guard):
-        """A vector of the `width` lanes fmt.format(j=lane); with guard, lanes past nv
-        are zero (and not read)."""
+        """A vector of the `width` lanes fmt.format(j=lane); a lane where the condition
+        guard.format(j=lane) is false is zero (and not read)."""
         return f"({VT})(" + ",".join(
-            fmt.format(j=j) if j == 0 or not guard else
-            f"\n{' ' * 16}{j} < nv ? {fmt.format(j=j)} : (acc_t)0"
+            f"\n{' ' * 16}{guard.format(j=j)} ? {fmt.format(j=j)} : (acc_t)0"
             for j in range(width)) + ")"
 %>
 <%include file="_activation.cl" args="act=act, vector=width if vec_act else 0"/>
@@ -55,20 +54,25 @@ inline void clnn_epilogue(__global real_t *c, const int idx, const int m, const 
 }
 % if width > 1:
 
-// The epilogue of the first nv (1 .. ${width}) lanes of acc: elements idx + j step of c,
-// at row m and columns n + j. A whole vector along a row (nv == ${width}, step == 1) is
-// read and written at once (in float16 on a CPU, the halves' bits converted as a vector:
-// scalar stores of converted halves took a sixth of a 512^3 GEMM on PoCL; bfloat16
-// likewise), else lane by lane; the arithmetic, the activation included where
-// vector_act, is on the whole vector either way (lanes past nv hold zeros and are not
-// stored).
-inline void clnn_epilogue_v(__global real_t *c, const int idx, const int step, const int m,
-                            const int n, const int nv, const ${VT} acc, const acc_t alpha,
-                            const acc_t beta, const acc_t act_p, const acc_t act_q,
-                            __global const real_t *bias)
+// The epilogue of lanes lo .. nv - 1 (0 <= lo < nv <= ${width}) of acc: elements idx + j
+// step of c, at row m and columns n + j. A whole vector along a row (lo == 0,
+// nv == ${width}, step == 1) is read and written at once (in float16 on a CPU, the
+// halves' bits converted as a vector: scalar stores of converted halves took a sixth
+// of a 512^3 GEMM on PoCL; bfloat16 likewise); on CPUs, other 16-bit lanes are
+// converted as a vector too and their bits stored one by one (a strided row of C: the gathered
+// convolution's output channels; the lanes an overlapping block of positions must
+// not store again: the pixel-row convolution's last block), else lane by lane. The
+// arithmetic, the activation included where vector_act, is on the whole vector either
+// way (lanes outside lo .. nv - 1 hold zeros or the bias and are neither read from c
+// nor stored); the bias of a whole vector is read as one, any step.
+inline void clnn_epilogue_lanes(__global real_t *c, const int idx, const int step,
+                                const int m, const int n, const int lo, const int nv,
+                                const ${VT} acc, const acc_t alpha, const acc_t beta,
+                                const acc_t act_p, const acc_t act_q,
+                                __global const real_t *bias)
 {
     (void)m, (void)n;
-    const bool whole = nv == ${width} && step == 1;
+    const bool whole = lo == 0 && nv == ${width} && step == 1;
     ${VT} v = alpha * acc;
     if (beta != (acc_t)0) {
         if (whole)
@@ -78,13 +82,13 @@ inline void clnn_epilogue_v(__global real_t *c, const int idx, const int step, c
             v += beta * CLNN_LOADV(${width}, c + idx);
 %   endif
         else
-            v += beta * ${lanes("CLNN_LOAD(c, idx + {j} * step)", True)};
+            v += beta * ${lanes("CLNN_LOAD(c, idx + {j} * step)", "lo <= {j} && {j} < nv")};
     }
 % if bias == "col":
     if (nv == ${width})
-        v += ${lanes("CLNN_LOAD(bias, n + {j})", False)};
+        v += CLNN_LOADV(${width}, bias + n);
     else
-        v += ${lanes("CLNN_LOAD(bias, n + {j})", True)};
+        v += ${lanes("CLNN_LOAD(bias, n + {j})", "{j} < nv")};
 % elif bias == "row":
     v += (${VT})(CLNN_LOAD(bias, m));
 % elif bias == "one":
@@ -104,11 +108,31 @@ inline void clnn_epilogue_v(__global real_t *c, const int idx, const int step, c
         CLNN_STOREV(${width}, v, c + idx);
 %   endif
     } else {
-        CLNN_STORE(v.s0, c, idx);
-%   for j in range(1, width):
-        if (${j} < nv)
+%   if storage_only:
+#ifdef CLNN_CPU
+        const ushort${width} bits = CLNN_BITSV(${width}, v);
+%     for j in range(width):
+        if (lo <= ${j} && ${j} < nv)
+            ((__global ushort *)c)[idx + ${j} * step] = bits.s${comps[j]};
+%     endfor
+#else
+%   endif
+%   for j in range(width):
+        if (lo <= ${j} && ${j} < nv)
             CLNN_STORE(v.s${comps[j]}, c, idx + ${j} * step);
 %   endfor
+%   if storage_only:
+#endif
+%   endif
     }
+}
+
+// The epilogue of the first nv (1 .. ${width}) lanes of acc (clnn_epilogue_lanes from 0).
+inline void clnn_epilogue_v(__global real_t *c, const int idx, const int step, const int m,
+                            const int n, const int nv, const ${VT} acc, const acc_t alpha,
+                            const acc_t beta, const acc_t act_p, const acc_t act_q,
+                            __global const real_t *bias)
+{
+    clnn_epilogue_lanes(c, idx, step, m, n, 0, nv, acc, alpha, beta, act_p, act_q, bias);
 }
 % endif

@@ -119,17 +119,13 @@ __kernel void clnn_conv_pixels(const int4 row_split, const int4 row_steps,
         const int m = nb * NWI + ${j};
 %   for v in range(QV):
 %     for h, half in halves:
-        if (first <= ${v * VW + h}) {
+        if (first <= ${v * VW + h})
             clnn_epilogue_v(out, orow + m * OM + ${v * VW + h}, 1, m, 0, ${HVW},
                             c${j}_${v}${half}, alpha, beta, act_p, act_q, bias);
-        } else {
-%       for l in range(h, h + HVW):
-            if (first <= ${v * VW + l})
-                clnn_epilogue(out, orow + m * OM + ${v * VW + l}, m, 0,
-                              c${j}_${v}.s${"0123456789abcdef"[l]}, alpha, beta, act_p,
-                              act_q, bias);
-%       endfor
-        }
+        else if (first < ${v * VW + h + HVW})
+            clnn_epilogue_lanes(out, orow + m * OM + ${v * VW + h}, 1, m, 0,
+                                first - ${v * VW + h}, ${HVW}, c${j}_${v}${half}, alpha,
+                                beta, act_p, act_q, bias);
 %     endfor
 %   endfor
     }

@@ -347,6 +347,30 @@ def test_pixel_rows(dtype):
 
 
 @pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+def test_pixel_rows_add_into_a_weight_gradient(dtype):
+    """Pixel rows forced on a weight gradient, dw = alpha (the gradient) + beta dw: rows
+    of 5 filter taps in blocks of 4 positions, so each row's last block overlaps the
+    one before and stores only its last lane (lanes stored again would take beta
+    twice), 3 filters a panel of 3 and one padded panel, inside canaries, every
+    dtype."""
+    dev = clnn.device()
+    x = RNG.standard_normal((2, 3, 9, 8)).astype(dtype)
+    v = RNG.standard_normal((4, 3, 3, 5)).astype(dtype)
+    dy = RNG.standard_normal((2, 4, 7, 4)).astype(dtype)
+    _, dw = conv2d_backward_ref(dy, x, v, (1, 1), (0, 0))
+    scale = conv2d_backward_ref(np.abs(dy), np.abs(x), np.abs(v), (1, 1), (0, 0))[1]
+    out = Guarded(dev, v.shape, dtype, fill=v)
+    with tuning.override("conv", dict(GATHER, PIXELS=True, QV=1, VW=4, MB=3)), \
+            clnn.profile() as prof:
+        clnn.conv2d_backward_weight(guarded_input(dev, dy), guarded_input(dev, x), v.shape,
+                                    out=out.view, alpha=-0.5, beta=0.75)
+    assert len(ran(prof, "clnn_conv_pixels")) == 1
+    v64 = v.astype(np.float64)
+    within(out.check(), 0.75 * v64 - 0.5 * dw, 0.75 * np.abs(v64) + 0.5 * scale,
+           2 * 7 * 4 + 1, dtype)
+
+
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
 def test_512_bit_pixel_rows(dtype):
     """Pixel rows of 512-bit vectors (a CPU whose code has them; elsewhere this skips)
     where an output row holds two of them, as the lanes row picks them: 34- and
