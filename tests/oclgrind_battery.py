@@ -299,6 +299,15 @@ def _gemm_cases(params, rng, split=False):
         w = rng.standard_normal((3, 7)).astype(np.float32)
         close(clnn.gemm(clnn.asarray(x), clnn.asarray(w), trans_b=True).get(), x @ w.T,
               1e-4)
+        if params["variant"] == "reg":
+            # float16's direct kernel (NN: A's k converted a vector at a time, then
+            # the k past the last whole vector)
+            for M, N, K, tb in ((3, 37, 21, False), (9, 37, 21, True)):
+                a = rng.standard_normal((M, K)).astype(np.float16)
+                b = rng.standard_normal((N, K) if tb else (K, N)).astype(np.float16)
+                ref = a.astype(np.float64) @ (b.T if tb else b).astype(np.float64)
+                got = clnn.gemm(clnn.asarray(a), clnn.asarray(b), trans_b=tb).get()
+                close(got.astype(np.float64), ref, 1e-2)
 
 
 def _gemm_16bit_slices(params, rng):

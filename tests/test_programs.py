@@ -3,9 +3,11 @@
 import dataclasses
 import logging
 import os
+import platform
 import sys
 
 import numpy as np
+import pyopencl as cl
 import pytest
 
 import clnn
@@ -215,24 +217,61 @@ def test_recorded_events_cover_every_launch_of_an_op(dev, monkeypatch):
 
 
 def test_float16_vectors_through_their_bits_from_pocl_3_1():
-    """PoCL from 3.1 on builds float16 kernels with CLNN_HALF_BITS (3.1's vector
-    built-ins crashed at addresses not 16-byte aligned); 3.0, other CPUs' drivers and
-    GPUs keep the built-ins."""
+    """PoCL builds with CLNN_INLINE_ASM (its clang takes inline assembly: F16C's
+    conversions on x86), and from 3.1 on with CLNN_HALF_BITS (3.1's vector built-ins
+    crashed at addresses not 16-byte aligned); other CPUs' drivers and GPUs keep the
+    built-ins."""
     facts = clnn.device().facts
     pocl = dataclasses.replace(facts, platform="Portable Computing Language", type="CPU")
     for version, bits in (("3.0-rc2", False), ("3.1+debian", True), ("6.0", True),
                           ("", False)):
         got = programs.cpu_options(dataclasses.replace(pocl, driver_version=version))
         assert ("-DCLNN_HALF_BITS=1" in got) == bits, version
-        assert programs.CPU_OPTIONS[0] in got
+        assert programs.CPU_OPTIONS[0] in got and "-DCLNN_INLINE_ASM=1" in got
     intel = dataclasses.replace(pocl, platform="Intel(R) OpenCL", driver_version="2024.18")
     assert programs.cpu_options(intel) == programs.CPU_OPTIONS
 
 
-def test_float16_vectors_through_their_bits_compute_as_the_built_ins(dev, monkeypatch):
-    """The CLNN_HALF_BITS form of the float16 vector loads and stores gives bitwise
-    what the built-ins give, on arrays at odd element offsets (where PoCL 3.1 crashed)
-    in element-wise ops, sums, pooling, softmax and a GEMM's packing."""
+def _x86_f16c():
+    flags = ""
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    return platform.machine() in ("x86_64", "AMD64") and " f16c" in flags
+
+
+def test_float16_conversions_are_instructions_on_x86_pocl(dev):
+    """On PoCL on x86 with F16C, the float16 vector conversions are F16C's
+    instructions in the kernel (_half.cl's CLNN_HALF_F16C form), not calls."""
+    if not (dev.facts.is_pocl and dev.facts.is_cpu and _x86_f16c()):
+        pytest.skip(f"the form is PoCL's on x86 with F16C; {dev.name} is not one")
+    source = programs.render("cast", {"dtype": "float16", "src": "float32"}) + """
+__kernel void clnn_probe(__global int *out)
+{
+#ifdef CLNN_HALF_F16C
+    out[0] = 1;
+#else
+    out[0] = 2;
+#endif
+}
+"""
+    options = list(programs.BUILD_OPTIONS) + list(programs.cpu_options(dev.facts))
+    prg = cl.Program(dev.context, source).build(options=options)
+    out = np.zeros(1, np.int32)
+    buf = cl.Buffer(dev.context, cl.mem_flags.WRITE_ONLY, 4)
+    prg.clnn_probe(dev.queue, (1,), None, buf)
+    cl.enqueue_copy(dev.queue, out, buf)
+    assert out[0] == 1
+
+
+@pytest.mark.parametrize("form", ["HALF_BITS", "INLINE_ASM"])
+def test_float16_vectors_through_their_bits_compute_as_the_built_ins(dev, monkeypatch, form):
+    """The CLNN_HALF_BITS form of the float16 vector loads and stores, and the
+    CLNN_INLINE_ASM one (F16C in the kernel, where the CPU has it), give bitwise what
+    the built-ins give, on arrays at odd element offsets (where PoCL 3.1 crashed) in
+    element-wise ops, sums, pooling (vectors of 8 and of 4), softmax, a GEMM's
+    packing, the direct GEMM (both layouts) and a convolution's strided output
+    channels."""
     if not (dev.facts.is_pocl and dev.facts.is_cpu):
         pytest.skip(f"the form is PoCL's on CPUs; {dev.name} is not one")
     rng = np.random.default_rng(3)
@@ -243,24 +282,34 @@ def test_float16_vectors_through_their_bits_compute_as_the_built_ins(dev, monkey
         img = img[3:].reshape(2, 3, 10, 16)
         m = clnn.asarray(rng.standard_normal(37 * 41 + 5).astype(np.float16))[5:]
         m = m.reshape(37, 41)
+        w = clnn.asarray(rng.standard_normal(17 * 3 * 3 * 3 + 1).astype(np.float16))[1:]
+        w = w.reshape(17, 3, 3, 3)
         return [clnn.tanh(x).get(), clnn.sum(x).get(), clnn.max(x).get(),
                 clnn.max_pool2d(img, 2).get(), clnn.softmax(m).get(),
-                clnn.gemm(m, m, trans_b=True).get()]
+                clnn.gemm(m, m, trans_b=True).get(), clnn.gemm(m[:3, :37], m).get(),
+                clnn.gemm(m[:5], m[:9], trans_b=True).get(),
+                clnn.conv2d(img, w, padding=1, activation="relu").get(),
+                clnn.max_pool2d_backward(clnn.max_pool2d(img, 2), img, 2).get()]
 
-    state = rng.bit_generator.state
-    want = run()
-    rng.bit_generator.state = state
-    monkeypatch.setattr(dev, "facts", dataclasses.replace(dev.facts, driver_version="3.1"))
-    built = []
+    builds = {"built-ins": programs.CPU_OPTIONS,
+              "HALF_BITS": programs.CPU_OPTIONS + ("-DCLNN_HALF_BITS=1",),
+              "INLINE_ASM": programs.CPU_OPTIONS + ("-DCLNN_INLINE_ASM=1",)}
+    results, built = {}, []
     build = programs._build
-    monkeypatch.setattr(programs, "_build", lambda device, stem, params, options:
-                        built.append(options) or build(device, stem, params, options))
-    clnn.clear_caches()
+    state = rng.bit_generator.state
     try:
-        got = run()
-        assert built and all("-DCLNN_HALF_BITS=1" in o for o in built)
+        for name in ("built-ins", form):
+            monkeypatch.setattr(programs, "cpu_options", lambda facts, o=builds[name]: o)
+            monkeypatch.setattr(programs, "_build", lambda device, stem, params, options:
+                                built.append(options) or build(device, stem, params,
+                                                               options))
+            clnn.clear_caches()
+            rng.bit_generator.state = state
+            built.clear()
+            results[name] = run()
+            assert built and all(set(builds[name]) <= set(o) for o in built)
     finally:
         monkeypatch.undo()
         clnn.clear_caches()
-    for g, w in zip(got, want):
+    for g, w in zip(results[form], results["built-ins"]):
         assert g.dtype == w.dtype and np.array_equal(g, w, equal_nan=True)

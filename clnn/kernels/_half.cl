@@ -51,7 +51,47 @@ inline ushort clnn_f2h(const float v)
 // scalar built-ins stay calls, which is why the scalar forms above exist.
 #define CLNN_HALF_LOAD_AT(S, p, i) clnn_h2f(((S const ushort *)(p))[i])
 #define CLNN_HALF_STORE_AT(S, v, p, i) (((S ushort *)(p))[i] = clnn_f2h(v))
-#ifdef CLNN_HALF_BITS
+#if defined(CLNN_INLINE_ASM) && defined(__x86_64__) && defined(__F16C__)
+// x86 with F16C, where the compiler takes GNU inline assembly (PoCL's clang: the
+// routine defines CLNN_INLINE_ASM there): the vectors' bits move as ushorts and
+// vcvtph2ps / vcvtps2ph (rounding to nearest even) convert them in registers. PoCL 3.0
+// links vload_half8 and its kind as calls (push, vcvtph2ps, pop, ret), and a call
+// clobbers every vector register: a float16 GEMM's accumulators went to the stack and
+// back around each load (LeNet-5's dense layers 2-4x float32's time in the direct
+// kernel). The same bits as the built-ins (tests/test_programs.py).
+#define CLNN_HALF_F16C 1
+inline float8 clnn_h2f8(const ushort8 h)
+{
+    float8 f;
+    __asm__("vcvtph2ps %1, %0" : "=x"(f) : "x"(h));
+    return f;
+}
+// (4 halves travel as the low half of a 128-bit ushort8: a 64-bit vector operand
+// reached the instruction wrongly, PoCL 3.0)
+inline float4 clnn_h2f4(const ushort4 h)
+{
+    float4 f;
+    __asm__("vcvtph2ps %1, %0" : "=x"(f) : "x"((ushort8)(h, h)));
+    return f;
+}
+inline float2 clnn_h2f2(const ushort2 h) { return clnn_h2f4((ushort4)(h, h)).lo; }
+inline ushort8 clnn_f2h8(const float8 v)
+{
+    ushort8 h;
+    __asm__("vcvtps2ph $0, %1, %0" : "=x"(h) : "x"(v));
+    return h;
+}
+inline ushort4 clnn_f2h4(const float4 v)
+{
+    ushort8 h;
+    __asm__("vcvtps2ph $0, %1, %0" : "=x"(h) : "x"(v));
+    return h.lo;
+}
+inline ushort2 clnn_f2h2(const float2 v) { return clnn_f2h4((float4)(v, v)).lo; }
+#define CLNN_HALF_LOADV_AT(S, n, p) clnn_h2f##n(CLNN_ELEMS_LOAD##n(ushort, (S const ushort *)(p)))
+#define CLNN_HALF_STOREV_AT(S, n, v, p) CLNN_ELEMS_STORE##n(ushort, clnn_f2h##n(v), (S ushort *)(p))
+#define CLNN_HALF_BITSV(n, v) clnn_f2h##n(v)
+#elif defined(CLNN_HALF_BITS)
 // The vectors' bits move as ushorts and the built-ins convert them in private memory
 // (programs.cpu_options sets CLNN_HALF_BITS from PoCL 3.1 on): PoCL 3.1 (Debian 12's,
 // LLVM 15) compiled vload_half8 and its kind on global memory so that a float16
@@ -85,9 +125,10 @@ inline void clnn_half_storev${n}${S}(const float${n} v, ${S} half *p)
 #define CLNN_HALF_LOADV_AT(S, n, p) vload_half##n(0, (p))
 #define CLNN_HALF_STOREV_AT(S, n, v, p) vstore_half##n##_rte((v), 0, (p))
 #endif
-// n (2, 4, 8) floats as the bits of their halves, converted as one vector (F16C on
-// x86) for a caller that stores them apart (a strided row of C): converting each with
-// clnn_f2h took a quarter of a float16 LeNet C3 forward pass on PoCL
+// CLNN_HALF_BITSV(n, v): n (2, 4, 8) floats as the bits of their halves, converted as
+// one vector for a caller that stores them apart (a strided row of C): converting
+// each with clnn_f2h took a quarter of a float16 LeNet C3 forward pass on PoCL
+#ifndef CLNN_HALF_BITSV
 % for n in (2, 4, 8):
 inline ushort${n} clnn_half_bits${n}(const float${n} v)
 {
@@ -97,6 +138,7 @@ inline ushort${n} clnn_half_bits${n}(const float${n} v)
 }
 % endfor
 #define CLNN_HALF_BITSV(n, v) clnn_half_bits##n(v)
+#endif
 // the same in global memory, where kernels keep their arrays
 #define CLNN_HALF_LOAD(p, i) CLNN_HALF_LOAD_AT(__global, p, i)
 #define CLNN_HALF_STORE(v, p, i) CLNN_HALF_STORE_AT(__global, v, p, i)

@@ -489,23 +489,44 @@ __kernel void clnn_gemm_direct(const int M, const int N, const int K,
 %     for i in range(DM):
         hvec_t ${", ".join(f"s{i}_{v} = (hvec_t)(0)" for v in range(DN))};
 %     endfor
-<%def name="nn_k_loop(whole)">\
-            for (int k = 0; k < K; ++k) {
-                __global const real_t *bk = b + k * ldb${" + n0" if whole else ""};
+<%def name="nn_k_step(whole, k, a_elem, pad)">\
+${pad}{
+${pad}    __global const real_t *bk = b + (${k}) * ldb${" + n0" if whole else ""};
 %     for v in range(DN):
 %       if whole:
-                const hvec_t w${v} = ${vload("bk", str(v * HVW))};
+${pad}    const hvec_t w${v} = ${vload("bk", str(v * HVW))};
 %       else:
-                const hvec_t w${v} = ${"(hvec_t)(" + ", ".join(f"CLNN_LOAD(bk, n{v}_{j})" for j in range(HVW)) + ")" if HVW > 1 else f"CLNN_LOAD(bk, n{v}_0)"};
+${pad}    const hvec_t w${v} = ${"(hvec_t)(" + ", ".join(f"CLNN_LOAD(bk, n{v}_{j})" for j in range(HVW)) + ")" if HVW > 1 else f"CLNN_LOAD(bk, n{v}_0)"};
 %       endif
 %     endfor
 %     for i in range(DM):
-                const hvec_t x${i} = (hvec_t)(CLNN_LOAD(a${i}, k));
+${pad}    const hvec_t x${i} = (hvec_t)(${a_elem.format(i=i)});
 %       for v in range(DN):
-                s${i}_${v} += x${i} * w${v};
+${pad}    s${i}_${v} += x${i} * w${v};
 %       endfor
 %     endfor
+${pad}}
+</%def>
+<%def name="nn_k_loop(whole)">\
+%     if storage_only and HVW in (2, 4, 8):
+            // 16-bit A: HVW k of each row converted as one vector, then broadcast
+            // lane by lane (a conversion per element took 1.7x the whole product's
+            // time in float16, LeNet-5's dense data gradients)
+            int k = 0;
+            for (; k + ${HVW} <= K; k += ${HVW}) {
+%       for i in range(DM):
+                const hvec_t xs${i} = CLNN_LOADV(${HVW}, a${i} + k);
+%       endfor
+%       for j in range(HVW):
+${nn_k_step(whole, f"k + {j}", "xs{i}.s" + "0123456789abcdef"[j], " " * 16)}\
+%       endfor
             }
+            for (; k < K; ++k)
+${nn_k_step(whole, "k", "CLNN_LOAD(a{i}, k)", " " * 16)}\
+%     else:
+            for (int k = 0; k < K; ++k)
+${nn_k_step(whole, "k", "CLNN_LOAD(a{i}, k)", " " * 16)}\
+%     endif
 </%def>
         if (whole) {
 ${nn_k_loop(True)}

@@ -443,12 +443,18 @@ PANEL_BYTES = 32 << 20
 # layer's weights) for a few rows of A read and wrote all of it before the multiply
 # read it again. float16 elements are converted as they are loaded, once per block of
 # rows here against once in the packing, so for halves the direct kernel wins on fewer
-# rows: with B's rows loaded as vectors of halves (F16C's conversion on x86), up to 8
-# rows of an NT product (X W^T, a dense layer's forward pass: 1 x 2000 x 2000 12 -> 1.2
-# ms, 8 rows 1.3x the packed path's speed, 16 rows 0.7x) and 4 of an NN one (whose A is
-# still converted element by element: 1.1-1.4x at 4 rows, 0.9x at 8; Zen 3, PoCL 3.0).
+# rows. NT products (X W^T, a dense layer's forward pass), whose rows of A and B are
+# vectors of halves, as float32 up to 16 rows, and small ones up to
+# DIRECT_ROWS_HALF: kernel times against the packed path, float16, Intel Xeon, PoCL
+# 3.0, with F16C's conversions in the kernel (_half.cl): 16 x 2000 x 2000 2.56x, 64 x
+# 400 x 120 (LeNet-5's first dense layer at batch 64) 1.51x, 128 x 400 x 120 1.20x,
+# 64 x 784 x 256 1.19x; 256 x 400 x 120 0.90x, 512 x 120 x 84 0.51x (with the
+# conversions as calls the direct kernel ran 0.4-0.5x at 64 rows). NN products up to
+# 4 rows (a work-item per 16 columns: 4 x 2000 x 2000 2.0x, 8 rows 1.3x, 16 rows
+# 0.9x; at 120 columns, one work-group, 16 rows 0.5x).
 DIRECT_M = 16
-DIRECT_M_HALF = {True: 8, False: 4}        # by trans_b
+DIRECT_M_HALF = {True: 16, False: 4}       # by trans_b
+DIRECT_ROWS_HALF = 128                     # NT, at most DIRECT_FLOPS
 # Small products with more rows too, in float32 and float64: there the packed path's
 # three launches cost more than its faster multiply saves (LeNet-5's and the MNIST
 # MLP's dense layers at batch 64, 0.1 to 26 MFLOP, forward and data gradient: 1.3-4x
@@ -466,7 +472,8 @@ DIRECT_ROWS = 1024
 def _direct(dt, M, N, K, nbatch, trans_b):
     """Whether the CPU variant takes the direct kernel (op(A) not transposed)."""
     if dt == np.float16:
-        return M <= DIRECT_M_HALF[bool(trans_b)]
+        return M <= DIRECT_M_HALF[bool(trans_b)] or (
+            trans_b and M <= DIRECT_ROWS_HALF and 2.0 * M * N * K * nbatch <= DIRECT_FLOPS)
     return M <= DIRECT_M or (M <= DIRECT_ROWS and 2.0 * M * N * K * nbatch <= DIRECT_FLOPS)
 
 

@@ -178,20 +178,23 @@ def test_vector_epilogue(variant, dtype):
 def test_direct_kernel_for_few_rows(variant, dtype):
     """Up to DIRECT_M rows of C with op(A) not transposed, the CPU variant reads A and B
     in place (clnn_gemm_direct, one launch), and so do products of up to DIRECT_FLOPS
-    in float32, float64 and bfloat16 (LeNet-5's dense layers): both B layouts, K past and short
-    of a whole vector, N past a work-item's columns, every bias form, beta,
-    activations, batches (B shared too), vectors of 8 (float32, float16), 4 (float64)
-    and 1; one row more, in a bigger product, takes the packed kernels."""
+    in float32, float64 and bfloat16 (LeNet-5's dense layers), and in float16 with B
+    transposed up to DIRECT_ROWS_HALF rows: both B layouts, K past and short of a
+    whole vector (float16 NN products convert A a vector of k at a time), N past a
+    work-item's columns, every bias form, beta, activations, batches (B shared too),
+    vectors of 8 (float32, float16), 4 (float64) and 1; one row more, in a bigger
+    product, takes the packed kernels."""
     gemm_module = sys.modules["clnn.ops.gemm"]
 
     def top(tb):                # float16: fewer rows, by B's layout
         return gemm_module.DIRECT_M if dtype != np.float16 else \
             gemm_module.DIRECT_M_HALF[tb]
-    small = [(64, 121, 83)] if dtype != np.float16 else []   # 2.6 MFLOP
+    def small(tb):              # 2.6 MFLOP
+        return [(64, 121, 83)] if dtype != np.float16 or tb else []
     with tuning.override("gemm", VARIANTS[variant]):
         for tb in (False, True):
             for M, N, K in [(1, 1, 1), (1, 37, 21), (2, 5, 8), (min(3, top(tb)), 17, 3),
-                            (top(tb), 33, 45)] + small:
+                            (top(tb), 33, 45)] + small(tb):
                 with clnn.profile() as prof:
                     check_gemm(M, N, K, False, tb, 1.0, 0.0, dtype, bias=(1, N), act="tanh")
                     check_gemm(M, N, K, False, tb, -1.5, 1.0, dtype, bias=(M, 1))
@@ -214,6 +217,9 @@ def test_direct_kernel_for_few_rows(variant, dtype):
             assert "clnn_gemm_direct" not in {r.entry for r in prof.records}
         with clnn.profile() as prof:
             check_gemm(gemm_module.DIRECT_ROWS + 1, 3, 5, False, False, 1.0, 0.0, dtype)
+            if dtype == np.float16:
+                check_gemm(gemm_module.DIRECT_ROWS_HALF + 1, 3, 5, False, True, 1.0, 0.0,
+                           dtype)
         assert "clnn_gemm_direct" not in {r.entry for r in prof.records}
 
 
