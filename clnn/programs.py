@@ -39,16 +39,18 @@ CPU_OPTIONS = ("-DCLNN_CPU=1",)
 
 
 def cpu_options(facts):
-    """CPU_OPTIONS for a CPU device. On PoCL, -DCLNN_INLINE_ASM=1: its compiler is
+    """CPU_OPTIONS for a CPU device. On PoCL, -DCLNN_POCL=1: its compiler is
     clang, which takes GNU inline assembly, so on x86 with F16C the float16 vector
-    conversions are instructions in the kernel instead of calls (_half.cl). With
+    conversions are instructions in the kernel instead of calls (_half.cl), and it
+    links built-ins such as select() as calls, which the kernels avoid there
+    (_common.cl's CLNN_SELECT). With
     -DCLNN_HALF_BITS=1 from 3.1 on: where that is not the case (another instruction
     set), its float16 vector built-ins on global memory crashed PoCL 3.1 (Debian 12's)
     at addresses not 16-byte aligned; 3.0 (pip's) runs them faster, and later
     versions, not tried, get the safe form."""
     if not facts.is_pocl:
         return CPU_OPTIONS
-    options = CPU_OPTIONS + ("-DCLNN_INLINE_ASM=1",)
+    options = CPU_OPTIONS + ("-DCLNN_POCL=1",)
     m = re.match(r"(\d+)\.(\d+)", facts.driver_version)
     if m and (int(m.group(1)), int(m.group(2))) >= (3, 1):
         options += ("-DCLNN_HALF_BITS=1",)

@@ -217,8 +217,8 @@ def test_recorded_events_cover_every_launch_of_an_op(dev, monkeypatch):
 
 
 def test_float16_vectors_through_their_bits_from_pocl_3_1():
-    """PoCL builds with CLNN_INLINE_ASM (its clang takes inline assembly: F16C's
-    conversions on x86), and from 3.1 on with CLNN_HALF_BITS (3.1's vector built-ins
+    """PoCL builds with CLNN_POCL (its clang takes inline assembly: F16C's
+    conversions on x86; select() as an operator), and from 3.1 on with CLNN_HALF_BITS (3.1's vector built-ins
     crashed at addresses not 16-byte aligned); other CPUs' drivers and GPUs keep the
     built-ins."""
     facts = clnn.device().facts
@@ -227,7 +227,7 @@ def test_float16_vectors_through_their_bits_from_pocl_3_1():
                           ("", False)):
         got = programs.cpu_options(dataclasses.replace(pocl, driver_version=version))
         assert ("-DCLNN_HALF_BITS=1" in got) == bits, version
-        assert programs.CPU_OPTIONS[0] in got and "-DCLNN_INLINE_ASM=1" in got
+        assert programs.CPU_OPTIONS[0] in got and "-DCLNN_POCL=1" in got
     intel = dataclasses.replace(pocl, platform="Intel(R) OpenCL", driver_version="2024.18")
     assert programs.cpu_options(intel) == programs.CPU_OPTIONS
 
@@ -264,11 +264,11 @@ __kernel void clnn_probe(__global int *out)
     assert out[0] == 1
 
 
-@pytest.mark.parametrize("form", ["HALF_BITS", "INLINE_ASM"])
+@pytest.mark.parametrize("form", ["HALF_BITS", "POCL"])
 def test_float16_vectors_through_their_bits_compute_as_the_built_ins(dev, monkeypatch, form):
     """The CLNN_HALF_BITS form of the float16 vector loads and stores, and the
-    CLNN_INLINE_ASM one (F16C in the kernel, where the CPU has it), give bitwise what
-    the built-ins give, on arrays at odd element offsets (where PoCL 3.1 crashed) in
+    CLNN_POCL one (F16C in the kernel, where the CPU has it; selects as the vector
+    conditional operator), give bitwise what the built-ins give, on arrays at odd element offsets (where PoCL 3.1 crashed) in
     element-wise ops, sums, pooling (vectors of 8 and of 4), softmax, a GEMM's
     packing, the direct GEMM (both layouts) and a convolution's strided output
     channels."""
@@ -293,7 +293,7 @@ def test_float16_vectors_through_their_bits_compute_as_the_built_ins(dev, monkey
 
     builds = {"built-ins": programs.CPU_OPTIONS,
               "HALF_BITS": programs.CPU_OPTIONS + ("-DCLNN_HALF_BITS=1",),
-              "INLINE_ASM": programs.CPU_OPTIONS + ("-DCLNN_INLINE_ASM=1",)}
+              "POCL": programs.CPU_OPTIONS + ("-DCLNN_POCL=1",)}
     results, built = {}, []
     build = programs._build
     state = rng.bit_generator.state

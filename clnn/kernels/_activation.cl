@@ -7,11 +7,11 @@
 <%
     src = derivative_from
     # the functions for scalars (acc_t), then for vectors of `vector` (acc_tN); sel(c,
-    # a, b) is a where c, else b, in either (select, not the vector ?:, which Oclgrind
-    # got wrong in 2x2 pooling)
+    # a, b) is a where c, else b, in either (CLNN_SELECT on vectors: the built-in
+    # select, not the vector ?: which Oclgrind got wrong in 2x2 pooling, except on PoCL)
     forms = [("acc_t", "", lambda c, a, b: f"(({c}) ? ({a}) : ({b}))")]
     if vector:
-        forms.append((f"{acc}{vector}", str(vector), lambda c, a, b: f"select({b}, {a}, {c})"))
+        forms.append((f"{acc}{vector}", str(vector), lambda c, a, b: f"CLNN_SELECT({b}, {a}, {c})"))
 %>
 % if act != "none":
 % for T, N, sel in forms:

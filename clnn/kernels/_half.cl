@@ -51,9 +51,9 @@ inline ushort clnn_f2h(const float v)
 // scalar built-ins stay calls, which is why the scalar forms above exist.
 #define CLNN_HALF_LOAD_AT(S, p, i) clnn_h2f(((S const ushort *)(p))[i])
 #define CLNN_HALF_STORE_AT(S, v, p, i) (((S ushort *)(p))[i] = clnn_f2h(v))
-#if defined(CLNN_INLINE_ASM) && defined(__x86_64__) && defined(__F16C__)
+#if defined(CLNN_POCL) && defined(__x86_64__) && defined(__F16C__)
 // x86 with F16C, where the compiler takes GNU inline assembly (PoCL's clang: the
-// routine defines CLNN_INLINE_ASM there): the vectors' bits move as ushorts and
+// routine defines CLNN_POCL): the vectors' bits move as ushorts and
 // vcvtph2ps / vcvtps2ph (rounding to nearest even) convert them in registers. PoCL 3.0
 // links vload_half8 and its kind as calls (push, vcvtph2ps, pop, ret), and a call
 // clobbers every vector register: a float16 GEMM's accumulators went to the stack and

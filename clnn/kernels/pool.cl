@@ -332,10 +332,10 @@ ${blocks("planes * P")}\
         if (q0 + 4 <= Q) {
 ${load8("t", "x + i0")}\
 ${load8("u", "x + i0 + W")}\
-            ${v4} v = t_e;                    // select(a, b, m): b where m, else a
-            v = select(v, t_o, clnn_beats4(t_o, v));
-            v = select(v, u_e, clnn_beats4(u_e, v));
-            v = select(v, u_o, clnn_beats4(u_o, v));
+            ${v4} v = t_e;                    // CLNN_SELECT(a, b, m): b where m, else a
+            v = CLNN_SELECT(v, t_o, clnn_beats4(t_o, v));
+            v = CLNN_SELECT(v, u_e, clnn_beats4(u_e, v));
+            v = CLNN_SELECT(v, u_o, clnn_beats4(u_o, v));
             CLNN_STOREV(4, v, y + y_off + row * Q + q0);
             continue;
         }
@@ -383,20 +383,20 @@ ${load8("u", "x + x_off + at + W")}\
             // combined as m2 & ~m3 was miscomputed by Oclgrind; a winner's index as
             // a vector and four comparisons with it took 30% longer on PoCL)
             const ${m4} m1 = clnn_beats4(t_o, t_e);
-            ${v4} v = select(t_e, t_o, m1);
+            ${v4} v = CLNN_SELECT(t_e, t_o, m1);
             const ${m4} m2 = clnn_beats4(u_e, v);
-            v = select(v, u_e, m2);
+            v = CLNN_SELECT(v, u_e, m2);
             const ${m4} m3 = clnn_beats4(u_o, v);
 % if act != "none":
             // the activation's derivative at each window's winner (the others get 0)
-            g *= clnn_df4(select(v, u_o, m3), ap, aq);
+            g *= clnn_df4(CLNN_SELECT(v, u_o, m3), ap, aq);
 % endif
             const ${v4} z = (${v4})(0);
-            const ${v4} r3 = select(z, g, m3);
-            ${v4} rest = select(g, z, m3);      // g where no later element won
-            const ${v4} r2 = select(z, rest, m2);
-            rest = select(rest, z, m2);
-            const ${v4} r1 = select(z, rest, m1), r0 = select(rest, z, m1);
+            const ${v4} r3 = CLNN_SELECT(z, g, m3);
+            ${v4} rest = CLNN_SELECT(g, z, m3);      // g where no later element won
+            const ${v4} r2 = CLNN_SELECT(z, rest, m2);
+            rest = CLNN_SELECT(rest, z, m2);
+            const ${v4} r1 = CLNN_SELECT(z, rest, m1), r0 = CLNN_SELECT(rest, z, m1);
 ${store8("dx + dx_off + at", "r0", "r1")}\
 ${store8("dx + dx_off + at + W", "r2", "r3")}\
 % if overlap:

@@ -74,7 +74,7 @@
 // NaN wins, as in numpy: once acc is NaN, v > acc is false and acc stays NaN.
 // (v != v is isnan(v) in a form compilers vectorise)
 #define CLNN_OP(acc, v) (((v) > (acc) || (v) != (v)) ? (v) : (acc))
-#define CLNN_OPV(acc, v) select((acc), (v), ((v) > (acc)) | ((v) != (v)))
+#define CLNN_OPV(acc, v) CLNN_SELECT((acc), (v), ((v) > (acc)) | ((v) != (v)))
 % else:
 <% raise ValueError("unknown op " + op) %>
 % endif
@@ -299,10 +299,10 @@ ${finish("acc", "wo")}
 %     endfor
         }
 %     if op == "max":
-        q0 = select(q0, (${V})NAN, n0);
-        q1 = select(q1, (${V})NAN, n1);
-        q2 = select(q2, (${V})NAN, n2);
-        q3 = select(q3, (${V})NAN, n3);
+        q0 = CLNN_SELECT(q0, (${V})NAN, n0);
+        q1 = CLNN_SELECT(q1, (${V})NAN, n1);
+        q2 = CLNN_SELECT(q2, (${V})NAN, n2);
+        q3 = CLNN_SELECT(q3, (${V})NAN, n3);
 %     endif
         ${V} pv = CLNN_OPV(CLNN_OPV(q0, q1), CLNN_OPV(q2, q3));
         for (; r + 8 <= r1; r += 8) {
