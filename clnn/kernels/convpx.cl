@@ -122,10 +122,21 @@ __kernel void clnn_conv_pixels(const int4 row_split, const int4 row_steps,
         if (first <= ${v * VW + h})
             clnn_epilogue_v(out, orow + m * OM + ${v * VW + h}, 1, m, 0, ${HVW},
                             c${j}_${v}${half}, alpha, beta, act_p, act_q, bias);
-        else if (first < ${v * VW + h + HVW})
+%       if storage_only:
+        else if (first < ${v * VW + h + HVW})     // (16-bit: converted as one vector)
             clnn_epilogue_lanes(out, orow + m * OM + ${v * VW + h}, 1, m, 0,
                                 first - ${v * VW + h}, ${HVW}, c${j}_${v}${half}, alpha,
                                 beta, act_p, act_q, bias);
+%       else:
+        else {
+%         for l in range(h, h + HVW):
+            if (first <= ${v * VW + l})
+                clnn_epilogue(out, orow + m * OM + ${v * VW + l}, m, 0,
+                              c${j}_${v}.s${"0123456789abcdef"[l]}, alpha, beta, act_p,
+                              act_q, bias);
+%         endfor
+        }
+%       endif
 %     endfor
 %   endfor
     }
