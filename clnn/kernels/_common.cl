@@ -38,8 +38,8 @@ typedef ${acc} acc_t;
 // memory as acc_t, and back (rounded to nearest even where real_t is narrower);
 // CLNN_LOADV(n, p) / CLNN_STOREV(n, v, p): n (2, 4 or 8) consecutive elements at p as
 // an acc_t vector, and back; CLNN_BITSV(n, v) (16-bit storage only): the ushort bits
-// of an acc_t vector's n elements, for stores that are not consecutive. The _AT forms take the address space S (__global or
-// __local) of the pointer.
+// of an acc_t vector's n elements, for stores that are not consecutive. The _AT
+// forms take the address space S (__global or __local) of the pointer.
 #define CLNN_LOAD(p, i) CLNN_LOAD_AT(__global, p, i)
 #define CLNN_STORE(v, p, i) CLNN_STORE_AT(__global, v, p, i)
 #define CLNN_LOADV(n, p) CLNN_LOADV_AT(__global, n, p)

@@ -59,9 +59,9 @@ inline void clnn_epilogue(__global real_t *c, const int idx, const int m, const 
 // nv == ${width}, step == 1) is read and written at once (in float16 on a CPU, the
 // halves' bits converted as a vector: scalar stores of converted halves took a sixth
 // of a 512^3 GEMM on PoCL; bfloat16 likewise); on CPUs, other 16-bit lanes are
-// converted as a vector too and their bits stored one by one (a strided row of C: the gathered
-// convolution's output channels; the lanes an overlapping block of positions must
-// not store again: the pixel-row convolution's last block), else lane by lane. The
+// converted as a vector too and their bits stored one by one (a strided row of C:
+// the gathered convolution's output channels; the pixel-row convolution's last
+// block, whose first lanes the block before it stored), else lane by lane. The
 // arithmetic, the activation included where vector_act, is on the whole vector either
 // way (lanes outside lo .. nv - 1 hold zeros or the bias and are neither read from c
 // nor stored); the bias of a whole vector is read as one, any step.
