@@ -91,7 +91,21 @@ inline ushort2 clnn_f2h2(const float2 v) { return clnn_f2h4((float4)(v, v)).lo; 
 #define CLNN_HALF_LOADV_AT(S, n, p) clnn_h2f##n(CLNN_ELEMS_LOAD##n(ushort, (S const ushort *)(p)))
 #define CLNN_HALF_STOREV_AT(S, n, v, p) CLNN_ELEMS_STORE##n(ushort, clnn_f2h##n(v), (S ushort *)(p))
 #define CLNN_HALF_BITSV(n, v) clnn_f2h##n(v)
-#elif defined(CLNN_HALF_BITS)
+#else
+// CLNN_HALF_BITSV(n, v): n (2, 4, 8) floats as the bits of their halves, converted as
+// one vector (by the built-in, in private memory) for a caller that stores them
+// apart (a strided row of C): converting each with clnn_f2h took a quarter of a
+// float16 LeNet C3 forward pass on PoCL
+% for n in (2, 4, 8):
+inline ushort${n} clnn_half_bits${n}(const float${n} v)
+{
+    ushort${n} bits;
+    vstore_half${n}_rte(v, 0, (__private half *)&bits);
+    return bits;
+}
+% endfor
+#define CLNN_HALF_BITSV(n, v) clnn_half_bits##n(v)
+#ifdef CLNN_HALF_BITS
 // The vectors' bits move as ushorts and the built-ins convert them in private memory
 // (programs.cpu_options sets CLNN_HALF_BITS from PoCL 3.1 on): PoCL 3.1 (Debian 12's,
 // LLVM 15) compiled vload_half8 and its kind on global memory so that a float16
@@ -107,9 +121,7 @@ inline float${n} clnn_half_loadv${n}${S}(${S} const half *p)
 }
 inline void clnn_half_storev${n}${S}(const float${n} v, ${S} half *p)
 {
-    ushort${n} bits;
-    vstore_half${n}_rte(v, 0, (__private half *)&bits);
-    vstore${n}(bits, 0, (${S} ushort *)p);
+    vstore${n}(clnn_half_bits${n}(v), 0, (${S} ushort *)p);
 }
 %   endfor
 % endfor
@@ -119,25 +131,12 @@ inline void clnn_half_storev${n}${S}(const float${n} v, ${S} half *p)
 #define CLNN_HALF_LOADV_AT(S, n, p) vload_half##n(0, (p))
 #define CLNN_HALF_STOREV_AT(S, n, v, p) vstore_half##n##_rte((v), 0, (p))
 #endif
+#endif
 #else
 #define CLNN_HALF_LOAD_AT(S, p, i) vload_half((i), (p))
 #define CLNN_HALF_STORE_AT(S, v, p, i) vstore_half_rte((v), (i), (p))
 #define CLNN_HALF_LOADV_AT(S, n, p) vload_half##n(0, (p))
 #define CLNN_HALF_STOREV_AT(S, n, v, p) vstore_half##n##_rte((v), 0, (p))
-#endif
-// CLNN_HALF_BITSV(n, v): n (2, 4, 8) floats as the bits of their halves, converted as
-// one vector for a caller that stores them apart (a strided row of C): converting
-// each with clnn_f2h took a quarter of a float16 LeNet C3 forward pass on PoCL
-#ifndef CLNN_HALF_BITSV
-% for n in (2, 4, 8):
-inline ushort${n} clnn_half_bits${n}(const float${n} v)
-{
-    ushort${n} bits;
-    vstore_half${n}_rte(v, 0, (__private half *)&bits);
-    return bits;
-}
-% endfor
-#define CLNN_HALF_BITSV(n, v) clnn_half_bits##n(v)
 #endif
 // the same in global memory, where kernels keep their arrays
 #define CLNN_HALF_LOAD(p, i) CLNN_HALF_LOAD_AT(__global, p, i)
