@@ -229,7 +229,7 @@ def test_emulated_rows_run_anywhere():
         next(engine_variants()).values[0], tuning=tuning.template_tuning(ENGINES[0])))
     src = programs.render("gemm", dict(next(engine_variants()).values[0],
                                        tuning=tuning.template_tuning(row)))
-    assert "__asm__" not in src and "clnn_mma_dot" in src
+    assert not inline_asm(src) and "clnn_mma_dot" in src
 
 
 def test_engine_rows_are_never_forced_where_they_cannot_run():
@@ -270,6 +270,26 @@ ASYNC = dict(LDSM, ASYNC=3)
 ASYNC_TF32 = dict(ENGINES[2], ASYNC=3)
 # the same without rounding its operands to TF32 (TF32T: the engine truncates them)
 TF32T = dict(ASYNC_TF32, TF32T=True)
+
+
+X86_F16C = "#if defined(CLNN_POCL) && defined(__x86_64__) && defined(__F16C__)"
+
+
+def inline_asm(source):
+    """Whether ``source`` has inline assembly besides _half.cl's F16C conversions (the
+    block under X86_F16C, which only PoCL on x86 with F16C compiles): PTX."""
+    head, sep, rest = source.partition(X86_F16C)
+    if sep:
+        assert "\n#else\n" in rest, "the F16C block ends in an #else"
+        source = head + rest.split("\n#else\n", 1)[1]
+    return "__asm__" in source
+
+
+def test_inline_asm_sees_ptx_past_the_f16c_block():
+    float16 = programs.render("gemm", {"dtype": "float16"})
+    assert X86_F16C in float16 and "__asm__" in float16 and not inline_asm(float16)
+    assert inline_asm(float16 + '\nvoid f(void) { __asm__("mma.sync"); }\n')
+    assert not inline_asm(programs.render("gemm", {"dtype": "float32"}))
 
 
 def engine_variants(emulate=False):
@@ -344,7 +364,7 @@ def portable_check(params, stem="gemm"):
     without the CPU defines."""
     from test_kernels_clang import clang_check
     source = programs.render(stem, params)
-    assert "__asm__" not in source
+    assert not inline_asm(source)
     for defines in ((), ("CLNN_CPU",)):
         res = clang_check(source, params["dtype"], defines=defines)
         assert res.returncode == 0, res.stderr + programs.numbered(source)
