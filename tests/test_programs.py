@@ -291,9 +291,14 @@ def test_float16_vectors_through_their_bits_compute_as_the_built_ins(dev, monkey
                 clnn.conv2d(img, w, padding=1, activation="relu").get(),
                 clnn.max_pool2d_backward(clnn.max_pool2d(img, 2), img, 2).get()]
 
-    builds = {"built-ins": programs.CPU_OPTIONS,
+    # the reference: the built-ins, on global memory where the driver runs them
+    # there (PoCL 3.0), in private memory from 3.1 on (HALF_BITS: 3.1 crashed else)
+    reference = tuple(o for o in programs.cpu_options(dev.facts) if o != "-DCLNN_POCL=1")
+    builds = {"built-ins": reference,
               "HALF_BITS": programs.CPU_OPTIONS + ("-DCLNN_HALF_BITS=1",),
-              "POCL": programs.CPU_OPTIONS + ("-DCLNN_POCL=1",)}
+              "POCL": reference + ("-DCLNN_POCL=1",)}
+    if builds[form] == reference:
+        pytest.skip(f"{dev.facts.driver_version}'s reference is the {form} form itself")
     results, built = {}, []
     build = programs._build
     state = rng.bit_generator.state
