@@ -218,9 +218,9 @@ def test_recorded_events_cover_every_launch_of_an_op(dev, monkeypatch):
 
 def test_float16_vectors_through_their_bits_from_pocl_3_1():
     """PoCL builds with CLNN_POCL (its clang takes inline assembly: F16C's
-    conversions on x86; select() as an operator), and from 3.1 on with CLNN_HALF_BITS (3.1's vector built-ins
-    crashed at addresses not 16-byte aligned); other CPUs' drivers and GPUs keep the
-    built-ins."""
+    conversions on x86; select() as an operator), and from 3.1 on with CLNN_HALF_BITS
+    (3.1's vector built-ins crashed at addresses not 16-byte aligned); other CPUs'
+    drivers and GPUs keep the built-ins."""
     facts = clnn.device().facts
     pocl = dataclasses.replace(facts, platform="Portable Computing Language", type="CPU")
     for version, bits in (("3.0-rc2", False), ("3.1+debian", True), ("6.0", True),

@@ -189,6 +189,7 @@ def test_direct_kernel_for_few_rows(variant, dtype):
     def top(tb):                # float16: fewer rows, by B's layout
         return gemm_module.DIRECT_M if dtype != np.float16 else \
             gemm_module.DIRECT_M_HALF[tb]
+
     def small(tb):              # 2.6 MFLOP
         return [(64, 121, 83)] if dtype != np.float16 or tb else []
     with tuning.override("gemm", VARIANTS[variant]):
