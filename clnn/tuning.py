@@ -112,7 +112,8 @@ GEMM_TABLE = {
 # vectors, WG work-items per work-group; MWI and NWI follow each problem's shape (see
 # clnn/ops/conv.py) unless a parameter set names them, and so do the flags LINE,
 # PIXELS, PANELS_FIRST, WINO and WINO_M (3x3 layers at unit stride through winograd.cl's
-# F(m x m, 3x3), m = 2 or 4). Elsewhere a convolution takes the GEMM row of its device (gemm.cl's
+# F(m x m, 3x3), m = 2 or 4), and WROWS and WROWS_MB (weight gradients as convwr.cl's
+# pixel rows, MB filters a work-item). Elsewhere a convolution takes the GEMM row of its device (gemm.cl's
 # loaders).
 CONV_TABLE = {
     # exact device names; then CPUs by the floats of their code's vectors, as in
@@ -301,7 +302,7 @@ MMA_KINDS = {"tf32": (8, 4), "f16": (16, 2)}      # K of one mma.sync, the item 
 _RANGES = {"MWI": 32, "NWI": 128, "VW": 16, "WG": 1024, "WGM": 1024, "MWG": 256,
            "NWG": 256, "KWG": 64, "MDIMC": 64, "NDIMC": 64, "VWM": 4, "VWN": 4,
            "KSPLIT": 64, "GROUPM": 64, "WM": 128, "WN": 256, "REGS": 64, "QV": 4, "MB": 16,
-           "MAXM": 1 << 30}
+           "WROWS_MB": 8, "MAXM": 1 << 30}
 
 
 def _is_int(v):
@@ -325,7 +326,7 @@ def gemm_problems(p, facts=None, itemsize=4):
                 + ", ".join(f"{k} <= {_RANGES[k]}" for k in _RANGES if k in p) + ")"]
     if "GROUPM" in p and variant != "local":
         return ["GROUPM (tiles in bands of rows) orders the tiles of local rows"]
-    for flag in ("LINE", "PIXELS", "PANELS_FIRST", "WINO"):
+    for flag in ("LINE", "PIXELS", "PANELS_FIRST", "WINO", "WROWS"):
         if flag in p and not isinstance(p[flag], bool):
             return [f"{flag} must be true or false"]
     probs = []

@@ -459,6 +459,23 @@ def conv():
     assert {dict(r.params["tuning"])["VW"] for r in prof.records
             if r.entry == "clnn_conv_pixels"} == {16}
     checked += 1
+    # convwr.cl's weight gradient: rows of 9 in vectors of 8 over the padded copy and
+    # rows of 7 in vectors of 4 over the input itself (a last block overlapping the one
+    # before), 4 filters in panels of 3 (the last one padded: its missing filter reads
+    # filter 3 again, never past dy), in one slice and in slices that reduce3 adds
+    y0 = conv2d_ref(x1, w1, b[:4], (1, 1), (0, 0))
+    dy0 = rng.standard_normal(y0.shape).astype(np.float32)
+    _, dw0 = conv2d_backward_ref(dy0, x1, w1, (1, 1), (0, 0))
+    DY0 = clnn.asarray(dy0)
+    for items in (0, 64):
+        for vw, dyy, pad, want in ((8, DY1, 1, dw1), (4, DY0, 0, dw0)):
+            with tuning.override("conv", dict(base, WROWS=True, VW=vw, WROWS_MB=3)), \
+                    mock.patch.object(conv_module, "WROWS_ITEMS", items), \
+                    clnn.profile() as prof:
+                close(clnn.conv2d_backward_weight(dyy, X1, W1.shape, padding=pad).get(),
+                      want, 1e-4)
+            assert [r.entry for r in prof.records].count("clnn_conv_wgrad_rows") == 1
+    checked += 1
     # winograd.cl with the CPU GEMM's packed panels (the transforms write them, and dy's
     # transform takes an A panel of channels per work-item), its rows forced here
     with tuning.override("gemm", tuning.GEMM_TABLE["type"]["CPU"]), \

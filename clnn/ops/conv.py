@@ -20,8 +20,10 @@ elements lives in the input while the GEMM reads it. Two kernels do this:
   A forward pass (the flipped one included) at unit column stride over an input with
   no padding left to check may take convpx.cl's "pixel rows" instead: the same
   product with a work-item's vectors along an output row, so each channel's outputs
-  leave as whole vectors (_pixel_tile says when that is cheaper). A 3x3 layer at unit
-  stride between many channels takes winograd.cl's F(4x4, 3x3) instead, for its
+  leave as whole vectors (_pixel_tile says when that is cheaper); a weight gradient
+  with few filter rows over output rows of whole vectors takes convwr.cl's pixel rows
+  (_wgrad_rows), which sum dy and the input in place, without packing. A 3x3 layer
+  at unit stride between many channels takes winograd.cl's F(4x4, 3x3) instead, for its
   forward pass and both gradients: 36 batched GEMMs between transforms of the input
   (or dy), the filters and the output, with 4x fewer multiply-adds (_winograd).
 
@@ -55,6 +57,7 @@ from ._memo import memoized
 from .bias import bias_grad
 from .elementwise import ACTIVATIONS, activation_parameter, axpy, copy
 from .gemm import Operand, panel_widths, run_gemm, run_panels, tiled_workspace
+from .reduce import reduce3
 
 programs.register("convd", {"act": "none", "wg": 64},
                   lambda: [{"act": a, "wg": wg} for a in ("none",) + ACTIVATIONS
@@ -442,6 +445,98 @@ def _run_pixels(dev, dt, tile, *, x, x_off, H, W, rows3, row_steps, k3, k_steps,
     return kern((-(-items // wg) * wg,), (wg,), W=W,
                 **_kernel_args(rows3, row_steps, k_split, k_step, x, x_off, H, zero_rows,
                                cols, b_pk, koff, out, out_steps, alpha, beta, act_p, bias))
+
+
+# Weight gradients as pixel rows (convwr.cl): a work-item's vectors along output rows,
+# its MB filters by S taps of one filter row summed in registers over a slice of the
+# images. The gathered kernel holds filters in its vectors (LeNet C1's 6 in vectors of
+# 16) and packs dy^T first; this one packs nothing and reads dy once per filter row
+# (c, r) and the input once per panel of MB filters. Slices of the images give every
+# core WROWS_ITEMS work-items or more, each slice's input and dy within half of L2;
+# with more than one slice, their partial sums go to a workspace that a second launch
+# (reduce3) adds in slice order. Taken where a filter's rows are few (C R at most
+# WROWS_MAX_CR) and the output rows fill the device's whole vectors (at least
+# WROWS_MIN_LANES of their lanes). Measured on the 2-core Intel Xeon (AVX-512), PoCL
+# 3.0, float32, kernel times, gathered / pixel rows, us: LeNet C1 at batch 64 457 /
+# 133, at 512 3239 / 1025; 1 -> 32 channels 3x3 at 28x28 628 / 345; 3 -> 16 5x5 at
+# 32x32 1482 / 949; CIFAR's 3 -> 32 at 32x32 1149 / 949; VGG's 3 -> 64 at 224x224
+# (batch 8) 13.2 / 11.2 ms; 8 -> 8 3x3 at 24x24 573 / 509 (rows of 22: 69% of the
+# lanes, left to the gathered kernel). Not taken: 16 -> 32 3x3 at 28x28 (C R 48)
+# 1411 / 2116; rows shorter than a whole vector (LeNet C3, rows of 10 in 256-bit
+# vectors: 260 / 379; 32 -> 64 at 14x14 1176 / 1167).
+WROWS_MAX_CR = 24
+WROWS_MIN_LANES = 0.75
+WROWS_ITEMS = 8          # work-items per compute unit the slices aim for
+WROWS_MAX_S = 8          # the widest filter row a work-item's registers take
+programs.register(
+    "convwr", {"x_acc": False, "tuning": (("MB", 4), ("S", 5), ("VW", 8))},
+    lambda: [{"x_acc": xa, "tuning": (("MB", mb), ("S", s), ("VW", vw))}
+             for mb, s, vw, xa in ((3, 5, 16, False), (3, 5, 16, True), (8, 3, 16, False),
+                                   (4, 5, 8, False), (2, 7, 8, True))])
+
+
+def _wgrad_rows(p, dev, dt, N, C, M, R, S, P, Q, Hg, Wg, st, dl, padded):
+    """(MB, VW, G, IPS) of convwr.cl for a weight gradient over an input of Hg x Wg
+    planes (G slices of IPS images), or None: where it cannot take the layer (a
+    column stride past 1, padding left to check, filters wider than WROWS_MAX_S,
+    rows shorter than a vector of 4) or should not (see WROWS_MAX_CR and
+    WROWS_MIN_LANES), or a parameter set says WROWS False (or forces convpx.cl's
+    PIXELS). WROWS True takes it wherever it can, and WROWS_MB fixes MB (the
+    tests)."""
+    if p.get("WROWS") is False or st[1] != 1 or padded or S > WROWS_MAX_S or N < 1 or \
+            (p.get("PIXELS") and not p.get("WROWS")):     # (convpx.cl's forced)
+        return None
+    vw = full = programs.vector_width(p["VW"], dt)
+    if Q < vw:
+        vw = programs.helper_width(vw, dt)
+    if Q < vw or vw < 4:
+        return None
+    # registers: MB S sums, the operand that stays (the fewer of MB and S), the one
+    # loaded as used, and the lane numbers and mask
+    regs = p.get("REGS", DEFAULT_REGS) - 3
+    fits = [mb for mb in range(1, 9) if mb * S + min(mb, S) <= regs]
+    if not fits:
+        return None
+    mb = p.get("WROWS_MB") or min(fits, key=lambda b: (-(-M // b), -(-M // b) * b, -b))
+    units = C * R * -(-M // mb)
+    G = max(1, min(N, -(-WROWS_ITEMS * dev.facts.compute_units // units)))
+    ips = -(-N // G)
+    # a slice's input and dy within half of L2: the work-items of a slice, which run
+    # one after another, then read them from L2 (CIFAR's 3-channel input layer
+    # re-read 75 MB of dy from memory in slices of all 64 images)
+    per_image = (C * Hg * Wg + M * P * Q) * programs.acc_dtype(dt).itemsize
+    if dev.facts.l2_size:
+        ips = max(1, min(ips, dev.facts.l2_size // 2 // per_image))
+    G = -(-N // ips)
+    if p.get("WROWS") or (C * R <= WROWS_MAX_CR and vw == full and
+                          Q / (-(-Q // vw) * vw) >= WROWS_MIN_LANES):
+        return mb, vw, G, ips
+    return None
+
+
+def _run_wgrad_rows(dev, dt, plan, *, x, x_off, Hg, Wg, zero_rows, dy, N, C, M, R, S, P,
+                    Q, st, dl, out, alpha, beta):
+    """convwr.cl's launch for ``plan`` (_wgrad_rows), over the input ``x`` as
+    _pad_input gives it (Hg x Wg planes, no padding left to check), and where the
+    plan has several slices, their sum in slice order into ``out``."""
+    mb, vw, G, ips = plan
+    prm = {"dtype": programs.dtype_name(dt), "x_acc": isinstance(x, _Converted),
+           "tuning": (("MB", mb), ("S", S), ("VW", vw))}
+    kern = programs.get_kernel(dev, "convwr", "clnn_conv_wgrad_rows", prm)
+    kw = M * C * R * S
+    # (one slice writes dw itself: its kernel never touches ws then)
+    ws = dev_scratch(dev, G * kw, programs.acc_dtype(dt)) if G > 1 else out
+    Mb = -(-M // mb)
+    zlo, zhi = (zero_rows[0], Hg - zero_rows[1]) if zero_rows else (0, Hg)
+    evt = kern((C * R * Mb * G,), (1,), units=int4(C, R, Mb, G), dims=int4(N, P, Q, M),
+               steps=int4(st[0], dl[0], dl[1], ips), x=x,
+               xd=int4(C * Hg * Wg, Hg * Wg, Wg, x_off), zlo=zlo, zhi=zhi, dy=dy,
+               yd=int4(M * P * Q, P * Q, Q, offset(dy)), ws=ws,
+               dw=out, dw_off=offset(out), alpha=alpha, beta=beta)
+    if G == 1:
+        return evt
+    return reduce3(dev, dt, ws, (1, G, kw), out, final="axpby", post=alpha, beta=beta,
+                   inp="acc", wg=False)
 
 
 def _kernel_args(rows3, row_steps, k_split, k_steps, x, x_off, H, zero_rows, cols, b_pk,
@@ -1441,6 +1536,14 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
         return done(out, evt)
     if p["variant"] == "gather":
         xg, xg_off, Hg, Wg, phg, pwg, zr = _pad_input(dev, dt, x, N * C, H, W, *pd)
+        rows_plan = _wgrad_rows(p, dev, dt, N, C, M, R, S, P, Q, Hg, Wg, st, dilation,
+                                bool(phg or pwg))
+        if rows_plan:
+            evt = _run_wgrad_rows(dev, dt, rows_plan, x=xg, x_off=xg_off, Hg=Hg, Wg=Wg,
+                                  zero_rows=zr, dy=dy, N=N, C=C, M=M, R=R, S=S, P=P, Q=Q,
+                                  st=st, dl=tuple(dilation), out=out, alpha=alpha,
+                                  beta=beta)
+            return done(out, evt)
         # dy^T is packed for a group of images at a time (at most SCRATCH_BYTES), and
         # every group after the first adds its sum into dw
         # (rows are filter taps along lines of S: pixel rows take them when a parameter

@@ -12,13 +12,14 @@ from hypothesis import given, settings, strategies as st
 
 import clnn
 from clnn import tuning
-from conftest import Guarded, eps, error_bound, float_dtypes, guarded_input
+from conftest import Guarded, eps, error_bound, f64, float_dtypes, guarded_input
 from reference import conv2d_backward_ref, conv2d_general_ref, conv2d_ref, f_ref
 
 RNG = np.random.default_rng(31)
 conv_module = sys.modules["clnn.ops.conv"]
 gemm_module = sys.modules["clnn.ops.gemm"]
 GATHER = tuning.CONV_TABLE["type"]["CPU"]
+GATHERED = dict(GATHER, WROWS=False)      # weight gradients too in conv.cl
 # the GEMM row of a CPU without one of its own (panels of 6 x 16): tests that count
 # panels force it, whatever row the device they run on has
 CPU_GEMM = tuning.GEMM_TABLE["type"]["CPU"]
@@ -29,28 +30,34 @@ VARIANTS = {
     # conv.cl, gathered: each row at its own offset; rows along a line; the padding
     # read with bounds checks instead of from a padded copy; both data gradients;
     # narrow vectors and a single row per work-item; work-items that walk the rows
-    # of a panel first (small problems walk the panels first)
-    "gather-flat": ("conv", dict(GATHER, MWI=3, NWI=8, LINE=False, DGRAD="col2im"), {}),
-    "gather-line": ("conv", dict(GATHER, MWI=2, NWI=16, LINE=True, DGRAD="flip",
+    # of a panel first (small problems walk the panels first); their weight gradients
+    # too (GATHERED: not convwr.cl's pixel rows)
+    "gather-flat": ("conv", dict(GATHERED, MWI=3, NWI=8, LINE=False, DGRAD="col2im"), {}),
+    "gather-line": ("conv", dict(GATHERED, MWI=2, NWI=16, LINE=True, DGRAD="flip",
                                  PANELS_FIRST=False), {}),
-    "gather-checked": ("conv", dict(GATHER, MWI=3, NWI=8, DGRAD="flip"), {"PAD_BYTES": 0}),
-    "gather-vw4": ("conv", dict(GATHER, MWI=1, NWI=4, VW=4, WG=1, DGRAD="col2im"),
+    "gather-checked": ("conv", dict(GATHERED, MWI=3, NWI=8, DGRAD="flip"),
+                       {"PAD_BYTES": 0}),
+    "gather-vw4": ("conv", dict(GATHERED, MWI=1, NWI=4, VW=4, WG=1, DGRAD="col2im"),
                    {"PAD_BYTES": 0}),
     # three B vectors per k (panels of 24 columns, what 16 registers favour)
-    "gather-nvw3": ("conv", dict(GATHER, MWI=4, NWI=24, DGRAD="col2im"), {}),
-    "gather-rows-first": ("conv", dict(GATHER, MWI=3, NWI=8, LINE=False, DGRAD="col2im",
+    "gather-nvw3": ("conv", dict(GATHERED, MWI=4, NWI=24, DGRAD="col2im"), {}),
+    "gather-rows-first": ("conv", dict(GATHERED, MWI=3, NWI=8, LINE=False, DGRAD="col2im",
                                        PANELS_FIRST=False), {}),
     # 512-bit tiles (CPUs whose code has them; elsewhere these skip), on every width
     # of columns (WIDE_COLS 0): accumulators stored as halves, whole or lane by lane,
     # and as the data gradient's dcol vectors
-    "gather-512": ("conv", dict(GATHER, VW=16, REGS=32, DGRAD="col2im"), {"WIDE_COLS": 0}),
-    "gather-512-line": ("conv", dict(GATHER, VW=16, REGS=32, LINE=True, DGRAD="flip",
+    "gather-512": ("conv", dict(GATHERED, VW=16, REGS=32, DGRAD="col2im"),
+                   {"WIDE_COLS": 0}),
+    "gather-512-line": ("conv", dict(GATHERED, VW=16, REGS=32, LINE=True, DGRAD="flip",
                                      PANELS_FIRST=False), {"WIDE_COLS": 0}),
     # convpx.cl's pixel rows wherever a forward pass (the flipped data gradient
     # included) can take them: blocks of 4 positions by 3 channels, and of 2 x 4
     # positions by 6 channels (rows of 4 to 12 positions: overlapping last blocks)
     "pixels": ("conv", dict(GATHER, PIXELS=True, QV=1, VW=4, MB=3, DGRAD="flip"), {}),
     "pixels-wide": ("conv", dict(GATHER, PIXELS=True, QV=2, VW=4, MB=6, DGRAD="flip"), {}),
+    # convwr.cl's weight gradient wherever it can take the layer (rows of 4 positions
+    # or more at unit column stride), 2 filters a work-item
+    "wgrad-rows": ("conv", dict(GATHER, WROWS=True, VW=4, WROWS_MB=2), {}),
     # gemm.cl's loaders: the CPU's packed panels, the GPU tiles (k tables and column
     # maps; the data gradient through col2im below 16 channels, else by stride phase).
     # "gpu" as a GPU runs it: up to 16 filters (here all of them) in convt.cl's direct
@@ -173,7 +180,8 @@ def test_weight_gradient_tiles_take_two_vectors():
     _, dw_ref = conv2d_backward_ref(dy, x, w, (1, 1), (1, 1))
     X, Wd = clnn.asarray(x), clnn.asarray(w)
     dw = Guarded(clnn.device(), w.shape, np.float32)
-    with tuning.override("conv", dict(GATHER, PIXELS=False)), clnn.profile() as prof:
+    with tuning.override("conv", dict(GATHER, PIXELS=False, WROWS=False)), \
+            clnn.profile() as prof:
         y = clnn.conv2d(X, Wd, padding=1)
         clnn.conv2d_backward_weight(clnn.asarray(dy), X, w.shape, padding=1, out=dw.view)
     nwi = [dict(r.params["tuning"])["NWI"] for r in ran(prof, "clnn_conv_gather")]
@@ -393,6 +401,107 @@ def test_512_bit_pixel_rows(dtype):
             check_conv(2, 1, 32, 32, 6, 5, 5, (1, 1), (0, 0), dtype=dtype)
         forward = ran(prof, "clnn_conv_pixels")[0]      # (rows of 28)
         assert dict(forward.params["tuning"])["VW"] == 8
+
+
+# (N, C, H, W, M, R, S, stride, padding, dilation, MB)
+WROWS_SHAPES = {
+    # LeNet C1: rows of 28, a last block overlapping the one before
+    "C1": (3, 1, 32, 32, 6, 5, 5, (1, 1), (0, 0), (1, 1), None),
+    # a padded copy (its zero rows skipped), 7 filters in panels of 3 (the last one
+    # padded), rows of 13
+    "padded": (2, 2, 11, 11, 7, 3, 5, (1, 1), (1, 3), (1, 1), 3),
+    # a row stride of 2, one filter, a prime number of images
+    "row-stride": (5, 3, 17, 9, 1, 2, 3, (2, 1), (0, 1), (1, 1), 1),
+    # dilated taps, rows of 11 (a vector of floats and 3 lanes; of doubles 2 and 3):
+    # 4 filters in registers against 2 taps, and 2 against 3 taps
+    "dilated": (2, 2, 12, 14, 4, 3, 2, (1, 1), (1, 0), (2, 3), 4),
+    "dilated-dy-first": (2, 1, 9, 20, 3, 2, 3, (1, 1), (0, 1), (1, 2), 2),
+}
+
+
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("shape", WROWS_SHAPES)
+@pytest.mark.parametrize("slices", [1, 3])
+def test_weight_gradient_pixel_rows(monkeypatch, shape, slices, dtype):
+    """convwr.cl's weight gradient forced onto layers it can take, against float64,
+    inside canaries, at offsets, every dtype: dw = alpha (the gradient) + beta dw
+    (a lane stored twice would take beta twice), and with beta 0 over NaN (never read);
+    in one slice of the images (the work-items write dw) and in slices (partial sums
+    that reduce3 adds in slice order)."""
+    N, C, H, W, M, R, S, st, pd, dl, mb = WROWS_SHAPES[shape]
+    dev = clnn.device()
+    monkeypatch.setattr(conv_module, "WROWS_ITEMS", 64 if slices > 1 else 0)
+    x = RNG.standard_normal((N, C, H, W)).astype(dtype)
+    v = RNG.standard_normal((M, C, R, S)).astype(dtype)
+    y, backward = conv2d_general_ref(x, v, None, st, pd, dl)
+    dy = RNG.standard_normal(y.shape).astype(dtype)
+    dw = backward(dy)[1]
+    scale = conv2d_general_ref(np.abs(x), np.abs(v), None, st, pd, dl)[1](np.abs(dy))[1]
+    k = N * y.shape[2] * y.shape[3]
+    opts = dict(stride=st, padding=pd, dilation=dl)
+    X, DY = guarded_input(dev, x), guarded_input(dev, dy)
+    force = dict(GATHER, WROWS=True, VW=8, **({"WROWS_MB": mb} if mb else {}))
+    v64 = v.astype(np.float64)
+    with tuning.override("conv", force), clnn.profile() as prof:
+        out = Guarded(dev, v.shape, dtype, fill=v)
+        clnn.conv2d_backward_weight(DY, X, v.shape, out=out.view, alpha=-0.5, beta=0.75,
+                                    **opts)
+        within(out.check(), 0.75 * v64 - 0.5 * dw, 0.75 * np.abs(v64) + 0.5 * scale,
+               k + 1, dtype)
+        nan = Guarded(dev, v.shape, dtype, fill=np.full(v.shape, np.nan))
+        clnn.conv2d_backward_weight(DY, X, v.shape, out=nan.view, alpha=2.0, **opts)
+        first = nan.check()
+        within(first, 2 * dw, 2 * scale, k, dtype)
+        again = clnn.conv2d_backward_weight(DY, X, v.shape, **opts).get()
+    rows = ran(prof, "clnn_conv_wgrad_rows")
+    assert len(rows) == 3
+    assert all(dict(r.params["tuning"])["MB"] == mb for r in rows if mb), shape
+    # slices: a reduce3 after each, one launch per call in one slice
+    assert len(ran(prof, "clnn_reduce")) == (3 if slices > 1 else 0)
+    assert np.array_equal(f64(again) * 2, f64(first))
+
+
+def test_weight_gradient_pixel_rows_where_they_pay():
+    """_wgrad_rows: convwr.cl for layers with few filter rows whose output rows fill
+    whole vectors (LeNet C1, input layers); the gathered kernel for many filter rows
+    (C R past WROWS_MAX_CR), rows shorter than a whole vector (LeNet C3's 10 in
+    256-bit vectors), rows that leave too many lanes empty, column strides and
+    padding left to check; MB within the registers, the fewest panels first; slices
+    enough for the cores, each within half of L2."""
+    dev = clnn.device()
+    f32 = np.dtype(np.float32)
+    facts = dataclasses.replace(dev.facts, compute_units=2, l2_size=2 << 20)
+    fake = types.SimpleNamespace(facts=facts)
+    wide = dict(GATHER, VW=16, REGS=32)
+
+    def plan(N, C, M, R, S, P, Q, Hg, Wg, p=wide, st=(1, 1), padded=False, dt=f32):
+        return conv_module._wgrad_rows(p, fake, dt, N, C, M, R, S, P, Q, Hg, Wg, st,
+                                       (1, 1), padded)
+
+    assert plan(64, 1, 6, 5, 5, 28, 28, 32, 32) == (3, 16, 2, 32)       # LeNet C1
+    assert plan(64, 3, 32, 3, 3, 32, 32, 34, 34)[:2] == (8, 16)         # CIFAR's input
+    assert plan(64, 6, 16, 5, 5, 10, 10, 14, 14) is None                # C3
+    assert plan(32, 16, 32, 3, 3, 28, 28, 30, 30) is None               # C R 48
+    assert plan(64, 8, 8, 3, 3, 22, 22, 24, 24) is None                 # 22 of 32 lanes
+    assert plan(64, 1, 6, 5, 5, 28, 28, 32, 32, st=(1, 2)) is None
+    assert plan(64, 1, 6, 5, 5, 28, 28, 32, 32, padded=True) is None
+    assert plan(64, 1, 6, 5, 5, 28, 28, 32, 32, p=dict(wide, WROWS=False)) is None
+    assert plan(64, 6, 16, 5, 5, 10, 10, 14, 14, p=dict(wide, WROWS=True))[:2] == (4, 8)
+    assert plan(64, 1, 6, 9, 9, 24, 24, 32, 32, p=dict(wide, WROWS=True)) is None  # S 9
+    # the registers: MB S sums and the smaller operand within REGS - 3
+    for regs in (16, 32):
+        for S in range(1, 9):
+            got = plan(8, 1, 24, 3, S, 30, 30, 30 + S, 30 + S,
+                       p=dict(wide, REGS=regs, WROWS=True))
+            if got is not None:
+                assert got[0] * S + min(got[0], S) <= regs - 3
+                assert (got[0] + 1) * S + min(got[0] + 1, S) > regs - 3 or \
+                    -(-24 // (got[0] + 1)) == -(-24 // got[0])
+    # slices: at least WROWS_ITEMS work-items a unit; a slice's bytes within half of L2
+    mb, _, G, ips = plan(64, 3, 32, 3, 3, 32, 32, 34, 34)
+    per_image = 4 * (3 * 34 * 34 + 32 * 32 * 32)
+    assert ips * per_image <= (2 << 20) // 2 < (ips + 1) * per_image
+    assert G == -(-64 // ips) and G * 3 * 3 * -(-32 // mb) >= 8 * 2
 
 
 def test_pixel_rows_where_they_pay():
@@ -815,7 +924,7 @@ def test_weight_gradient_groups_keep_their_panels_in_half_of_l2(monkeypatch, dty
         monkeypatch.setattr(dev, "facts", dataclasses.replace(dev.facts, cache_size=0,
                                                               l2_size=l2))
         V = Guarded(dev, v.shape, dtype, fill=v)
-        with tuning.override("conv", dict(GATHER, MWI=8, NWI=8, LINE=False)), \
+        with tuning.override("conv", dict(GATHER, MWI=8, NWI=8, LINE=False, WROWS=False)), \
                 clnn.profile() as prof:
             clnn.conv2d_backward_weight(guarded_input(dev, dy), guarded_input(dev, x),
                                         v.shape, out=V.view, padding=1, alpha=-0.5,
