@@ -28,7 +28,7 @@
             f"\n{' ' * 16}{guard.format(j=j)} ? {fmt.format(j=j)} : (acc_t)0"
             for j in range(width)) + ")"
 %>
-<%include file="_activation.cl" args="act=act, vector=width if vec_act else 0"/>
+<%include file="_activation.cl" args="act=act, vector=width if vec_act else 0, inline_math=True"/>
 // The fused epilogue of element idx of c, at row m and column n of C.
 inline void clnn_epilogue(__global real_t *c, const int idx, const int m, const int n,
                           const acc_t acc, const acc_t alpha, const acc_t beta,

@@ -172,6 +172,43 @@ def test_vector_epilogue(variant, dtype):
             check_gemm(M, N, K, False, False, 0.5, -1.0, dtype, bias=(), act="relu")
 
 
+@pytest.mark.parametrize("act", ["tanh", "sigmoid"])
+@pytest.mark.parametrize("variant", ["cpu-default", "cpu-scalar", "gpu-generic"])
+def test_epilogue_exp_and_tanh_over_every_exponent(variant, act):
+    """The fused epilogue's tanh and sigmoid (inline exp and tanh on PoCL, _activation.cl's
+    clnn_expN and clnn_tanhN; the built-ins elsewhere) against float64 over float32
+    values of every exponent, both signs: C = act(A B) with K = 1 and B all ones, so
+    each output is act of one input exactly. Within 4 ulps wherever the result is a
+    normal float; where exp overflows or underflows (sigmoid below -87: 0; tanh of
+    large |x|: +-1), exact; inf and NaN as the float64 functions give them; tanh keeps
+    the sign of zero. In vectors of the packed kernel's epilogue and lane by lane
+    (scalar rows), and through the GPU tiles' scalar form."""
+    skip_unless_fits(VARIANTS[variant])
+    bits = np.arange(0, 2 ** 32, 4099, dtype=np.uint64).astype(np.uint32)
+    x = np.concatenate([bits.view(np.float32), np.array(
+        [0.0, -0.0, np.inf, -np.inf, np.nan, 0.625, -0.625, 88.72283, 88.7229, -87.33654,
+         -103.9, -104.1, 10.0, -10.0, 1e-30], np.float32)])
+    x = x[:x.size // 64 * 64].reshape(-1, 64)       # (rows of 64: whole vectors)
+    ones = np.ones((1, 1), np.float32)
+    with tuning.override("gemm", VARIANTS[variant]):
+        got = np.stack([clnn.gemm(clnn.asarray(col[:, None]), clnn.asarray(ones),
+                                  activation=act).get()[:, 0] for col in x.T], 1)
+    got = got.astype(np.float64)
+    with np.errstate(all="ignore"):
+        x64 = x.astype(np.float64)
+        ref = np.tanh(x64) if act == "tanh" else 1 / (1 + np.exp(-x64))
+    normal = np.isfinite(ref) & (np.abs(ref) >= np.finfo(np.float32).tiny)
+    ulp = np.spacing(np.abs(ref[normal]).astype(np.float32)).astype(np.float64)
+    err = np.abs(got[normal] - ref[normal]) / ulp
+    assert err.max() <= 4, f"{err.max()} ulps at x = {x[normal][err.argmax()]}"
+    small = np.isfinite(ref) & ~normal           # sigmoid's denormal results: 0 or them
+    assert np.all((got[small] == 0) | (np.abs(got[small] - ref[small]) <= 1e-44))
+    assert np.array_equal(np.isnan(got), np.isnan(ref))
+    if act == "tanh":
+        assert np.array_equal(np.signbit(got[x == 0]), np.signbit(x[x == 0]))
+        assert np.all(got[np.abs(x) >= 10] == np.sign(x[np.abs(x) >= 10]))
+
+
 @pytest.mark.parametrize("variant,dtype", [("cpu-default", t) for t in float_dtypes()]
                          + [("cpu-scalar", np.float32)],
                          ids=lambda v: v if isinstance(v, str) else np.dtype(v).name)
