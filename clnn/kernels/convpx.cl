@@ -122,8 +122,10 @@ __kernel void clnn_conv_pixels(const int4 row_split, const int4 row_steps,
         if (first <= ${v * VW + h})
             clnn_epilogue_v(out, orow + m * OM + ${v * VW + h}, 1, m, 0, ${HVW},
                             c${j}_${v}${half}, alpha, beta, act_p, act_q, bias);
-%       if storage_only:
-        else if (first < ${v * VW + h + HVW})     // (16-bit: converted as one vector)
+%       if storage_only or act in math_acts:
+        // (16-bit: converted as one vector; tanh and the like: computed as one vector,
+        // where lane by lane each lane was a call on PoCL)
+        else if (first < ${v * VW + h + HVW})
             clnn_epilogue_lanes(out, orow + m * OM + ${v * VW + h}, 1, m, 0,
                                 first - ${v * VW + h}, ${HVW}, c${j}_${v}${half}, alpha,
                                 beta, act_p, act_q, bias);

@@ -354,6 +354,33 @@ def test_pixel_rows(dtype):
             assert ran(prof, "clnn_conv_pixels")[0].params["bias"] == "row"
 
 
+@pytest.mark.parametrize("act", ["tanh", "sigmoid"])
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+def test_pixel_rows_with_math_activations(act, dtype):
+    """Pixel rows with an activation that calls math built-ins: each block's vectors,
+    the last block's lanes (overlapping the block before: computed as a vector, only
+    the new lanes stored) included, against float64 inside canaries: LeNet C1's rows
+    of 28 as the library tiles them, and rows of 9 in blocks of 4 by 3 filters."""
+    for (C, H, W, M, R, S), force in (((1, 32, 32, 6, 5, 5), {}),
+                                      ((2, 5, 11, 4, 3, 3), dict(QV=1, VW=4, MB=3))):
+        x = RNG.standard_normal((2, C, H, W)).astype(dtype)
+        w = RNG.standard_normal((M, C, R, S)).astype(dtype)
+        b = RNG.standard_normal(M).astype(dtype)
+        z = conv2d_ref(x, w, b, (1, 1), (0, 0))
+        scale = conv2d_ref(np.abs(x), np.abs(w), np.abs(b), (1, 1), (0, 0))
+        y = Guarded(clnn.device(), z.shape, dtype)
+        with tuning.override("conv", dict(GATHER, PIXELS=True, **force)), \
+                clnn.profile() as prof:
+            clnn.conv2d(guarded_input(clnn.device(), x), guarded_input(clnn.device(), w),
+                        guarded_input(clnn.device(), b), out=y.view, activation=act)
+        assert len(ran(prof, "clnn_conv_pixels")) == 1
+        ref = f_ref(act, z, 1.0)
+        bound = error_bound(dtype, C * R * S + 1, 4) * (scale + 1e-30) + \
+            8 * eps(dtype) * np.maximum(np.abs(ref), 1e-3)
+        got = y.check().astype(np.float64)
+        assert np.all(np.abs(got - ref) <= bound), (act, M, np.abs(got - ref).max())
+
+
 @pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
 def test_pixel_rows_add_into_a_weight_gradient(dtype):
     """Pixel rows forced on a weight gradient, dw = alpha (the gradient) + beta dw: rows
