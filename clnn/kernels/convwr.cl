@@ -35,20 +35,20 @@
 //
 // dw[m, c, r, s] = sum over n, p, q of dy[n, m, p, q] x[n, c, p SH + r DH, q + s DW]
 // (x: a copy whose zero border stands for the padding; taps read no further than
-// its rows). A work-item owns the MB S sums of filters m0 .. m0 + MB - 1 at input
-// channel c and filter row r, over the images of its slice g, each sum a vector of
-// VW partial sums along q. Per output row p it walks the row's positions a block of
-// VW at a time (the last block starts at Q - VW, overlapping the one before, its
-// first lanes masked off); each block's MB dy vectors and S input vectors (at
-// q0 + s DW) are loads of consecutive elements, and their MB S products are vector
-// multiply-adds: no packing, and every lane useful where the GEMM's tiles would hold
-// 6 filters in vectors of 16. Rows outside [zlo, zhi) are the copy's zero border and
+// its rows). A work-item owns the MB S sums of filters m0 .. m0 + MB - 1
+// at input channel c and filter row r, over the output rows (n, p) of its slice g,
+// each sum a vector of VW partial sums along q. Per output row it walks the row's
+// positions a block of VW at a time (the last block starts at Q - VW, overlapping
+// the one before, its first lanes masked off); each block's MB dy vectors and S
+// input vectors (at q0 + s DW) are loads of consecutive elements, and their MB S products are vector multiply-adds:
+// no packing, and every lane useful where the GEMM's tiles would hold 6 filters in
+// vectors of 16. Rows outside [zlo, zhi) are the copy's zero border and
 // are skipped. At the end each vector's lanes are added in a fixed order;
 // with one slice (G == 1) the work-item writes alpha sum + beta dw itself, else its
 // partial sums go to ws[g, (m, c, r, s)], which the routine adds in slice order.
 // No atomics: the same bits every run. Arguments: units (C, R, panels of MB filters,
-// slices G), dims (N, P, Q, M), steps (row stride SH, dilations DH and DW, images a
-// slice), the input x and its descriptor xd (image, channel plane and row strides,
+// slices G), dims (N, P, Q, M), steps (row stride SH, dilations DH and DW, output
+// rows a slice), the input x and its descriptor xd (image, channel plane and row strides,
 // offset), dy and yd (image, filter plane and row strides, offset), dw at dw_off.
 __kernel void clnn_conv_wgrad_rows(const int4 units, const int4 dims, const int4 steps,
                                    __global const ${X_T} *x, const int4 xd,
@@ -59,7 +59,7 @@ __kernel void clnn_conv_wgrad_rows(const int4 units, const int4 dims, const int4
 {
     const int C = units.s0, R = units.s1, Mb = units.s2, G = units.s3;
     const int N = dims.s0, P = dims.s1, Q = dims.s2, M = dims.s3;
-    const int SH = steps.s0, DH = steps.s1, DW = steps.s2, IPS = steps.s3;
+    const int SH = steps.s0, DH = steps.s1, DW = steps.s2, RPS = steps.s3;
     const int XN = xd.s0, XC = xd.s1, XW = xd.s2;
     const int YN = yd.s0, YM = yd.s1, YQ = yd.s2;
     int u = (int)get_global_id(0);
@@ -71,7 +71,7 @@ __kernel void clnn_conv_wgrad_rows(const int4 units, const int4 dims, const int4
     if (g >= G)
         return;
     const int m0 = mb * MB;
-    const int n0 = g * IPS, n1 = min(N, n0 + IPS);
+    const int t0 = g * RPS, t1 = min(N * P, t0 + RPS);
     // a last panel's filters past M read filter M - 1 again and are not stored
 % for j in range(MB):
     const int ym${j} = min(m0 + ${j}, M - 1) * YM;
@@ -81,44 +81,43 @@ __kernel void clnn_conv_wgrad_rows(const int4 units, const int4 dims, const int4
 % endfor
     const ${itype}${VW} lane = (${itype}${VW})(${lanes});
     const int nq = (Q + VW - 1) / VW;
-    for (int n = n0; n < n1; ++n) {
-        for (int p = 0; p < P; ++p) {
-            const int h = p * SH + r * DH;
-            if (h < zlo || h >= zhi)
-                continue;
-            __global const ${X_T} *xrow = x + xd.s3 + n * XN + c * XC + h * XW;
-            __global const real_t *yrow = dy + yd.s3 + n * YN + p * YQ;
-            for (int qb = 0; qb < nq; ++qb) {
-                // (the operator, not min(): PoCL links that built-in as a call, which
-                // spilled every sum around it)
-                const int q0 = qb * VW < Q - VW ? qb * VW : Q - VW;
-                const ${itype}${VW} keep = lane >= (${itype}${VW})(qb * VW - q0);
+    for (int t = t0; t < t1; ++t) {
+        const int n = t / P, p = t - n * P;
+        const int h = p * SH + r * DH;
+        if (h < zlo || h >= zhi)
+            continue;
+        __global const ${X_T} *xrow = x + xd.s3 + n * XN + c * XC + h * XW;
+        __global const real_t *yrow = dy + yd.s3 + n * YN + p * YQ;
+        for (int qb = 0; qb < nq; ++qb) {
+            // (the operator, not min(): PoCL links that built-in as a call, which
+            // spilled every sum around it)
+            const int q0 = qb * VW < Q - VW ? qb * VW : Q - VW;
+            const ${itype}${VW} keep = lane >= (${itype}${VW})(qb * VW - q0);
 % if dy_first:
 %   for j in range(MB):
-                const ${acc}${VW} d${j} = CLNN_SELECT((${acc}${VW})(0), ${vload(f"yrow + ym{j} + q0", False)}, keep);
+            const ${acc}${VW} d${j} = CLNN_SELECT((${acc}${VW})(0), ${vload(f"yrow + ym{j} + q0", False)}, keep);
 %   endfor
 %   for s in range(S):
-                {
-                    const ${acc}${VW} xv = ${vload(f"xrow + q0 + {s} * DW", x_acc)};
+            {
+                const ${acc}${VW} xv = ${vload(f"xrow + q0 + {s} * DW", x_acc)};
 %     for j in range(MB):
-                    a${j}_${s} += d${j} * xv;
+                a${j}_${s} += d${j} * xv;
 %     endfor
-                }
+            }
 %   endfor
 % else:
 %   for s in range(S):
-                const ${acc}${VW} x${s} = ${vload(f"xrow + q0 + {s} * DW", x_acc)};
+            const ${acc}${VW} x${s} = ${vload(f"xrow + q0 + {s} * DW", x_acc)};
 %   endfor
 %   for j in range(MB):
-                {
-                    const ${acc}${VW} d = CLNN_SELECT((${acc}${VW})(0), ${vload(f"yrow + ym{j} + q0", False)}, keep);
+            {
+                const ${acc}${VW} d = CLNN_SELECT((${acc}${VW})(0), ${vload(f"yrow + ym{j} + q0", False)}, keep);
 %     for s in range(S):
-                    a${j}_${s} += d * x${s};
+                a${j}_${s} += d * x${s};
 %     endfor
-                }
+            }
 %   endfor
 % endif
-            }
         }
     }
     const int KW = M * C * R * S;

@@ -451,10 +451,11 @@ def _run_pixels(dev, dt, tile, *, x, x_off, H, W, rows3, row_steps, k3, k_steps,
 # its MB filters by S taps of one filter row summed in registers over a slice of the
 # images. The gathered kernel holds filters in its vectors (LeNet C1's 6 in vectors of
 # 16) and packs dy^T first; this one packs nothing and reads dy once per filter row
-# (c, r) and the input once per panel of MB filters. Slices of the images give every
-# core WROWS_ITEMS work-items or more, each slice's input and dy within half of L2;
-# with more than one slice, their partial sums go to a workspace that a second launch
-# (reduce3) adds in slice order. Taken where a filter's rows are few (C R at most
+# (c, r) and the input once per panel of MB filters. Slices of the output rows (n, p)
+# give every core WROWS_ITEMS work-items or more, each slice's input and dy rows
+# within half of L2 (VGG's input layer 11.2 -> 9.2-10.3 ms against slices of whole
+# images); with more than one slice, their partial sums go to a workspace that a
+# second launch (reduce3) adds in slice order. Taken where a filter's rows are few (C R at most
 # WROWS_MAX_CR) and the output rows fill the device's whole vectors (at least
 # WROWS_MIN_LANES of their lanes). Measured on the 2-core Intel Xeon (AVX-512), PoCL
 # 3.0, float32, kernel times, gathered / pixel rows, us: LeNet C1 at batch 64 457 /
@@ -476,8 +477,8 @@ programs.register(
 
 
 def _wgrad_rows(p, dev, dt, N, C, M, R, S, P, Q, Hg, Wg, st, dl, padded):
-    """(MB, VW, G, IPS) of convwr.cl for a weight gradient over an input of Hg x Wg
-    planes (G slices of IPS images), or None: where it cannot take the layer (a
+    """(MB, VW, G, RPS) of convwr.cl for a weight gradient over an input of Hg x Wg
+    planes (G slices of RPS output rows), or None: where it cannot take the layer (a
     column stride past 1, padding left to check, filters wider than WROWS_MAX_S,
     rows shorter than a vector of 4) or should not (see WROWS_MAX_CR and
     WROWS_MIN_LANES), or a parameter set says WROWS False (or forces convpx.cl's
@@ -499,18 +500,19 @@ def _wgrad_rows(p, dev, dt, N, C, M, R, S, P, Q, Hg, Wg, st, dl, padded):
         return None
     mb = p.get("WROWS_MB") or min(fits, key=lambda b: (-(-M // b), -(-M // b) * b, -b))
     units = C * R * -(-M // mb)
-    G = max(1, min(N, -(-WROWS_ITEMS * dev.facts.compute_units // units)))
-    ips = -(-N // G)
-    # a slice's input and dy within half of L2: the work-items of a slice, which run
-    # one after another, then read them from L2 (CIFAR's 3-channel input layer
+    rows = N * P
+    G = max(1, min(rows, -(-WROWS_ITEMS * dev.facts.compute_units // units)))
+    rps = -(-rows // G)
+    # a slice's input and dy rows within half of L2: the work-items of a slice, which
+    # run one after another, then read them from L2 (CIFAR's 3-channel input layer
     # re-read 75 MB of dy from memory in slices of all 64 images)
-    per_image = (C * Hg * Wg + M * P * Q) * programs.acc_dtype(dt).itemsize
+    per_row = (C * st[0] * Wg + M * Q) * programs.acc_dtype(dt).itemsize
     if dev.facts.l2_size:
-        ips = max(1, min(ips, dev.facts.l2_size // 2 // per_image))
-    G = -(-N // ips)
+        rps = max(1, min(rps, dev.facts.l2_size // 2 // per_row))
+    G = -(-rows // rps)
     if p.get("WROWS") or (C * R <= WROWS_MAX_CR and vw == full and
                           Q / (-(-Q // vw) * vw) >= WROWS_MIN_LANES):
-        return mb, vw, G, ips
+        return mb, vw, G, rps
     return None
 
 
@@ -519,7 +521,7 @@ def _run_wgrad_rows(dev, dt, plan, *, x, x_off, Hg, Wg, zero_rows, dy, N, C, M, 
     """convwr.cl's launch for ``plan`` (_wgrad_rows), over the input ``x`` as
     _pad_input gives it (Hg x Wg planes, no padding left to check), and where the
     plan has several slices, their sum in slice order into ``out``."""
-    mb, vw, G, ips = plan
+    mb, vw, G, rps = plan
     prm = {"dtype": programs.dtype_name(dt), "x_acc": isinstance(x, _Converted),
            "tuning": (("MB", mb), ("S", S), ("VW", vw))}
     kern = programs.get_kernel(dev, "convwr", "clnn_conv_wgrad_rows", prm)
@@ -529,7 +531,7 @@ def _run_wgrad_rows(dev, dt, plan, *, x, x_off, Hg, Wg, zero_rows, dy, N, C, M, 
     Mb = -(-M // mb)
     zlo, zhi = (zero_rows[0], Hg - zero_rows[1]) if zero_rows else (0, Hg)
     evt = kern((C * R * Mb * G,), (1,), units=int4(C, R, Mb, G), dims=int4(N, P, Q, M),
-               steps=int4(st[0], dl[0], dl[1], ips), x=x,
+               steps=int4(st[0], dl[0], dl[1], rps), x=x,
                xd=int4(C * Hg * Wg, Hg * Wg, Wg, x_off), zlo=zlo, zhi=zhi, dy=dy,
                yd=int4(M * P * Q, P * Q, Q, offset(dy)), ws=ws,
                dw=out, dw_off=offset(out), alpha=alpha, beta=beta)

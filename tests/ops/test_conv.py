@@ -443,6 +443,8 @@ WROWS_SHAPES = {
     # 4 filters in registers against 2 taps, and 2 against 3 taps
     "dilated": (2, 2, 12, 14, 4, 3, 2, (1, 1), (1, 0), (2, 3), 4),
     "dilated-dy-first": (2, 1, 9, 20, 3, 2, 3, (1, 1), (0, 1), (1, 2), 2),
+    # a row stride of 2 over 7-wide filters padded by 3 (rows of 17)
+    "wide-filters": (2, 3, 11, 17, 4, 7, 7, (2, 1), (3, 3), (1, 1), 3),
 }
 
 
@@ -505,7 +507,7 @@ def test_weight_gradient_pixel_rows_where_they_pay():
         return conv_module._wgrad_rows(p, fake, dt, N, C, M, R, S, P, Q, Hg, Wg, st,
                                        (1, 1), padded)
 
-    assert plan(64, 1, 6, 5, 5, 28, 28, 32, 32) == (3, 16, 2, 32)       # LeNet C1
+    assert plan(64, 1, 6, 5, 5, 28, 28, 32, 32) == (3, 16, 2, 896)      # LeNet C1
     assert plan(64, 3, 32, 3, 3, 32, 32, 34, 34)[:2] == (8, 16)         # CIFAR's input
     assert plan(64, 6, 16, 5, 5, 10, 10, 14, 14) is None                # C3
     assert plan(32, 16, 32, 3, 3, 28, 28, 30, 30) is None               # C R 48
@@ -524,11 +526,14 @@ def test_weight_gradient_pixel_rows_where_they_pay():
                 assert got[0] * S + min(got[0], S) <= regs - 3
                 assert (got[0] + 1) * S + min(got[0] + 1, S) > regs - 3 or \
                     -(-24 // (got[0] + 1)) == -(-24 // got[0])
-    # slices: at least WROWS_ITEMS work-items a unit; a slice's bytes within half of L2
-    mb, _, G, ips = plan(64, 3, 32, 3, 3, 32, 32, 34, 34)
-    per_image = 4 * (3 * 34 * 34 + 32 * 32 * 32)
-    assert ips * per_image <= (2 << 20) // 2 < (ips + 1) * per_image
-    assert G == -(-64 // ips) and G * 3 * 3 * -(-32 // mb) >= 8 * 2
+    # slices of output rows: at least WROWS_ITEMS work-items a unit; a slice's dy and
+    # input rows within half of L2 (VGG's 3 -> 64 at 224x224, rows of 226 columns)
+    mb, _, G, rps = plan(64, 3, 32, 3, 3, 32, 32, 34, 34)
+    assert G == -(-64 * 32 // rps) and G * 3 * 3 * -(-32 // mb) >= 8 * 2
+    mb, _, G, rps = plan(8, 3, 64, 3, 3, 224, 224, 226, 226)
+    per_row = 4 * (3 * 226 + 64 * 224)
+    assert rps * per_row <= (2 << 20) // 2 < (rps + 1) * per_row
+    assert G == -(-8 * 224 // rps)
 
 
 def test_pixel_rows_where_they_pay():
