@@ -103,7 +103,7 @@ def main(argv=None):
     ap.add_argument("--mlp-batch", type=int, default=1000, help="0: no MLP step")
     ap.add_argument("--lenet-batch", default="64",
                     help="LeNet-5's batch, or batches separated by commas (64,1024: "
-                         "launches against convolutions)")
+                         "launches against convolutions); 0: no LeNet-5 step")
     ap.add_argument("--top", type=int, default=12, help="kernels shown per case")
     ap.add_argument("--launches", action="store_true",
                     help="also list one step's launches in order: kernel, tile, global "
@@ -118,7 +118,7 @@ def main(argv=None):
         if args.as_gpu:
             as_gpu(dev)
         lenets = [("LeNet-5 step", bench_half.lenet, int(n), (1, 32, 32))
-                  for n in args.lenet_batch.split(",")]
+                  for n in args.lenet_batch.split(",") if int(n) > 0]
         mlps = [("MLP step", bench_half.mlp, args.mlp_batch, (2000,))] * (args.mlp_batch > 0)
         for name, make, batch, shape in lenets + mlps:
             for precision, prof in profile_case(dev, make, batch, shape, args.steps).items():

@@ -560,7 +560,10 @@ class Sequential:
         loss = self.loss_for(loss)
         low = amp.check_precision(precision, self)      # float16, bfloat16 or None
         half = low is not None
-        batch = x.shape[0]
+        batch = x.shape[0] if x.ndim else 0
+        if batch < 1:        # (as fit and predict refuse it, before anything runs)
+            raise ShapeError(f"x is an empty batch (shape {x.shape}): a batch holds at "
+                             "least one example")
         opt = self._optimizer(lr, momentum)
         ws = self._workspace(batch, low)
         flat = [self.flat_parameters] if self.flat_parameters is not None else []

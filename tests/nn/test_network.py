@@ -368,14 +368,24 @@ class TestBadInput:
             assert self.params(net) == before
 
     def test_an_empty_batch_is_named(self, dev):
-        """A batch of no examples is refused as empty, by predict, a call and fit (on
-        the host and on the device), before anything runs."""
+        """A batch of no examples is refused as empty, by predict, a call, fit (on
+        the host and on the device) and train_step (which divided by the batch size:
+        ZeroDivisionError), before anything runs: the weights and the optimizer's
+        step count stay."""
         net = nn.Sequential([nn.Dense(4, "relu"), nn.Dense(3, "softmax")], 5, seed=0)
         empty = np.zeros((0, 5), np.float32)
+        before = self.params(net)
         for call in (lambda: net.predict(empty), lambda: net(clnn.asarray(empty)),
-                     lambda: net.fit(empty, np.zeros((0, 3), np.float32))):
+                     lambda: net.fit(empty, np.zeros((0, 3), np.float32)),
+                     lambda: net.train_step(clnn.asarray(empty),
+                                            clnn.asarray(np.zeros((0, 3), np.float32)),
+                                            loss="cross_entropy"),
+                     lambda: net.train_step(clnn.asarray(empty),
+                                            clnn.asarray(np.zeros(0, np.int32)),
+                                            loss="cross_entropy", precision="float16")):
             with pytest.raises(clnn.ShapeError, match="empty batch"):
                 call()
+        assert self.params(net) == before and net.steps == 0
 
     def test_bad_architectures(self, dev):
         with pytest.raises(clnn.ArgumentError):
