@@ -42,6 +42,7 @@ import numpy as np
 import clnn
 from ..errors import ArgumentError
 from ..ops import optim as optim_ops
+from ..programs import dtype_name     # (a dict lookup: numpy's dtype.name is 3 us)
 
 PRECISIONS = ("float32", "float16", "bfloat16")
 
@@ -151,7 +152,8 @@ def all_finite(flat):
 def mixed_dtype(precision, net):
     """The 16-bit dtype of mixed-precision work on ``net`` (float16 or bfloat16), or
     None for work in its own dtype."""
-    if precision is None or (isinstance(precision, str) and precision == net.dtype.name):
+    if precision is None or (isinstance(precision, str) and
+                             precision == dtype_name(net.dtype)):
         return None
     if not isinstance(precision, str) or precision not in PRECISIONS:
         raise ArgumentError(f"precision must be one of {', '.join(PRECISIONS)}, got "

@@ -32,6 +32,7 @@ from ..errors import ArgumentError, CheckpointError, ShapeError
 from ..ops import _memo, optim as optim_ops
 from ..ops._args import INT_MAX, dev_empty
 from ..ops.dropout import dropout_key, dropout_key_at
+from ..programs import dtype_name
 from . import amp
 from .layers import Layer, from_config
 from .losses import CrossEntropyLoss
@@ -454,7 +455,7 @@ class Sequential:
             raise ArgumentError("a softmax output layer trains with loss='cross_entropy'")
 
     def _workspace(self, batch, dtype=None):
-        key = (batch, np.dtype(self.dtype if dtype is None else dtype).name)
+        key = (batch, dtype_name(self.dtype if dtype is None else dtype))
         ws = self._train.get(key)
         if ws is None:
             ws = self._train[key] = _Workspace(self, batch, dtype)
@@ -634,8 +635,8 @@ class Sequential:
         on_device = (_ident(gate), _ident(count), self.scaler.growth_factor,
                      self.scaler.backoff_factor, self.scaler.growth_interval) \
             if gate is not None else None
-        halves = (low.name, scale, _ident(self._half.params), _ident(self._half.grads),
-                  on_device, keep) if low is not None else None
+        halves = (dtype_name(low), scale, _ident(self._half.params),
+                  _ident(self._half.grads), on_device, keep) if low is not None else None
         return (batch, loss, _ident(x), _ident(y), _ident(self.flat_parameters),
                 _ident(self.flat_gradients), halves, settings)
 
