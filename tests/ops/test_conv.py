@@ -455,8 +455,8 @@ def test_weight_gradient_pixel_rows(monkeypatch, shape, slices, dtype):
     """convwr.cl's weight gradient forced onto layers it can take, against float64,
     inside canaries, at offsets, every dtype: dw = alpha (the gradient) + beta dw
     (a lane stored twice would take beta twice), and with beta 0 over NaN (never read);
-    in one slice of the images (the work-items write dw) and in slices (partial sums
-    that reduce3 adds in slice order)."""
+    in one slice (the work-items write dw) and in slices of the output rows (partial
+    sums that reduce3 adds in slice order)."""
     N, C, H, W, M, R, S, st, pd, dl, mb = WROWS_SHAPES[shape]
     dev = clnn.device()
     monkeypatch.setattr(conv_module, "WROWS_ITEMS", 64 if slices > 1 else 0)
