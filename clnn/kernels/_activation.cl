@@ -24,14 +24,14 @@
 %>
 // clnn_exp${N}, clnn_tanh${N}: exp and tanh, inline on PoCL (CLNN_POCL), which links
 // the built-ins as calls that spill every live vector register around them: an
-// epilogue's accumulators (LeNet C1's forward pass with tanh 437 -> 373 us of kernel,
-// 146 with no activation); elsewhere the built-ins. (Element-wise loops, where no
+// epilogue's accumulators (LeNet C1's forward pass with tanh 437 -> 327 us of kernel,
+// 146-171 with no activation); elsewhere the built-ins. (Element-wise loops, where no
 // register is live across the call, keep PoCL's: its vector exp ran sigmoid at 20
-// GB/s, this one at 16.) exp: x = n ln 2 + r (Cody
-// and Waite's two-part ln 2), e^r by Cephes's degree-5 polynomial (1.3 ulp at most
-// over every float32 tested), times 2^n in two halves so that overflow gives inf and
-// underflow the denormals or 0; NaN stays NaN. tanh: Cephes's odd polynomial below
-// |x| = 0.625, else 1 - 2 / (e^2|x| + 1), with the sign of x (-0 stays -0).
+// GB/s, this one at 16.) exp: x = n ln 2 + r (Cody and Waite's two-part ln 2), e^r
+// by Cephes's degree-5 polynomial (1.3 ulp at most over every float32 tested), times
+// 2^n in two halves so that overflow gives inf and underflow the denormals or 0; NaN
+// stays NaN. tanh: Cephes's odd polynomial below |x| = 0.625, else 1 - 2 / (e^2|x| +
+// 1), with the sign of x (-0 stays -0).
 inline ${T} clnn_exp${N}(${T} x)
 {
 #ifdef CLNN_POCL
