@@ -450,21 +450,21 @@ def _run_pixels(dev, dt, tile, *, x, x_off, H, W, rows3, row_steps, k3, k_steps,
 # Weight gradients as pixel rows (convwr.cl): a work-item's vectors along output rows,
 # its MB filters by S taps of one filter row summed in registers over a slice of the
 # images. The gathered kernel holds filters in its vectors (LeNet C1's 6 in vectors of
-# 16) and packs dy^T first; this one packs nothing and reads dy once per filter row
-# (c, r) and the input once per panel of MB filters. Slices of the output rows (n, p)
-# give every core WROWS_ITEMS work-items or more, each slice's input and dy rows
-# within half of L2 (VGG's input layer 11.2 -> 9.2-10.3 ms against slices of whole
-# images); with more than one slice, their partial sums go to a workspace that a
-# second launch (reduce3) adds in slice order. Taken where a filter's rows are few (C R at most
+# 16) and packs dy^T first; this one packs nothing and reads dy once per filter row (c,
+# r) and the input once per panel of MB filters. Slices of the output rows (n, p) give
+# every core WROWS_ITEMS work-items or more, each slice's input and dy rows within half
+# of L2 (VGG's input layer 11.2 -> 9.2-10.3 ms against slices of whole images); with
+# more than one slice, their partial sums go to a workspace that a second launch
+# (reduce3) adds in slice order. Taken where a filter's rows are few (C R at most
 # WROWS_MAX_CR) and the output rows fill the device's whole vectors (at least
 # WROWS_MIN_LANES of their lanes). Measured on the 2-core Intel Xeon (AVX-512), PoCL
-# 3.0, float32, kernel times, gathered / pixel rows, us: LeNet C1 at batch 64 457 /
-# 133, at 512 3239 / 1025; 1 -> 32 channels 3x3 at 28x28 628 / 345; 3 -> 16 5x5 at
-# 32x32 1482 / 949; CIFAR's 3 -> 32 at 32x32 1149 / 949; VGG's 3 -> 64 at 224x224
-# (batch 8) 13.2 / 11.2 ms; 8 -> 8 3x3 at 24x24 573 / 509 (rows of 22: 69% of the
-# lanes, left to the gathered kernel). Not taken: 16 -> 32 3x3 at 28x28 (C R 48)
-# 1411 / 2116; rows shorter than a whole vector (LeNet C3, rows of 10 in 256-bit
-# vectors: 260 / 379; 32 -> 64 at 14x14 1176 / 1167).
+# 3.0, float32, kernel times, gathered / pixel rows, us: LeNet C1 at batch 64 457 / 133,
+# at 512 3239 / 1025; 1 -> 32 channels 3x3 at 28x28 628 / 345; 3 -> 16 5x5 at 32x32 1482
+# / 949; CIFAR's 3 -> 32 at 32x32 1149 / 814-949; VGG's 3 -> 64 at 224x224 (batch 8)
+# 13.2 / 9.2-11.2 ms; 8 -> 8 3x3 at 24x24 573 / 509 (rows of 22: 69% of the lanes, left
+# to the gathered kernel). Not taken: 16 -> 32 3x3 at 28x28 (C R 48) 1411 / 2116; rows
+# shorter than a whole vector (LeNet C3, rows of 10 in 256-bit vectors: 260 / 379; 32 ->
+# 64 at 14x14 1176 / 1167).
 WROWS_MAX_CR = 24
 WROWS_MIN_LANES = 0.75
 WROWS_ITEMS = 8          # work-items per compute unit the slices aim for
@@ -529,7 +529,7 @@ def _run_wgrad_rows(dev, dt, plan, *, x, x_off, Hg, Wg, zero_rows, dy, N, C, M, 
     # (one slice writes dw itself: its kernel never touches ws then)
     ws = dev_scratch(dev, G * kw, programs.acc_dtype(dt)) if G > 1 else out
     Mb = -(-M // mb)
-    zlo, zhi = (zero_rows[0], Hg - zero_rows[1]) if zero_rows else (0, Hg)
+    zlo, zhi = _nonzero_rows(zero_rows, Hg)
     evt = kern((C * R * Mb * G,), (1,), units=int4(C, R, Mb, G), dims=int4(N, P, Q, M),
                steps=int4(st[0], dl[0], dl[1], rps), x=x,
                xd=int4(C * Hg * Wg, Hg * Wg, Wg, x_off), zlo=zlo, zhi=zhi, dy=dy,
@@ -541,16 +541,22 @@ def _run_wgrad_rows(dev, dt, plan, *, x, x_off, Hg, Wg, zero_rows, dy, N, C, M, 
                    inp="acc", wg=False)
 
 
+def _nonzero_rows(zero_rows, H):
+    """(zlo, zhi): the rows [zlo, zhi) of an H-row plane that are not a padded copy's
+    zero border, whose (top, bottom) rows ``zero_rows`` counts (None: no border)."""
+    return (zero_rows[0], H - zero_rows[1]) if zero_rows else (0, H)
+
+
 def _kernel_args(rows3, row_steps, k_split, k_steps, x, x_off, H, zero_rows, cols, b_pk,
                  koff, out, out_steps, alpha, beta, act_p, bias):
     """The arguments clnn_conv_gather and clnn_conv_pixels share: the row, k and output
     descriptors, the input, the packed B and k table, the zero border's rows and the
     epilogue's."""
+    zlo, zhi = _nonzero_rows(zero_rows, H)
     return dict(row_split=int4(*rows3), row_steps=int4(*row_steps), k_split=k_split,
-                k_steps=k_steps, x=x, x_off=x_off, zlo=zero_rows[0] if zero_rows else 0,
-                zhi=H - zero_rows[1] if zero_rows else H, cols=cols, b_pk=b_pk, koff=koff,
-                out=out, out_off=offset(out), out_steps=int4(*out_steps), alpha=alpha,
-                beta=beta, act_p=act_p[0], act_q=act_p[1],
+                k_steps=k_steps, x=x, x_off=x_off, zlo=zlo, zhi=zhi, cols=cols, b_pk=b_pk,
+                koff=koff, out=out, out_off=offset(out), out_steps=int4(*out_steps),
+                alpha=alpha, beta=beta, act_p=act_p[0], act_q=act_p[1],
                 bias=bias if bias is not None else out,
                 bias_off=offset(bias) if bias is not None else 0)
 
