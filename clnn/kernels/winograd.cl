@@ -173,8 +173,10 @@ ${vector_stores(uu, "u", " " * 8)}
 // V[xi][c][t] (${AL * AL} x C x T) from the input patches of channel c of x (images of
 // C planes of H x W from x + x_off, laid out by x_lay), zeros outside the input;
 // channel c goes along c_lay, tile t (of the launch's images) along t_lay. A
-// work-item per VC channels of an image walks
-// their tiles, the channels in the lanes of vectors: every patch element is one
+// work-item per VC channels of an image walks their tiles in a band of TB tile rows
+// (all TH where the images' channels make work-items enough: conv.py's _wino_band;
+// one or two images of 112x112 and up left one of two cores idle: 1.3-1.9x), the
+// channels in the lanes of vectors: every patch element is one
 // bounds check and VC loads, and the transform VC channels' arithmetic at once: 1.5x
 // faster than a work-item per channel on 28x28x128 (a work-item per tile spent its
 // time dividing its index and gathering its loads). Where the channels lie side by
@@ -183,16 +185,18 @@ ${vector_stores(uu, "u", " " * 8)}
 // panels of MWI channels, ran 1.25x slower: its vectors of 8 channels straddled the
 // panels of 6; clnn_wino_dy takes one panel's channels instead.)
 __kernel void clnn_wino_input(const int C, const int H, const int W, const int ph,
-                              const int pw, const int TH, const int TW, const int images,
-                              const int plane, const int4 c_lay, const int4 t_lay,
+                              const int pw, const int TH, const int TW, const int TB,
+                              const int images, const int plane, const int4 c_lay,
+                              const int4 t_lay,
                               __global const ${"acc_t" if x_acc else "real_t"} *x,
                               const int x_off, const int4 x_lay, __global acc_t *v)
 {
-    const int CG = (C + ${VC - 1}) / ${VC};
-    const int gid = (int)get_global_id(0);             // (n, channels c0 .. c0 + ${VC - 1})
-    if (gid >= images * CG)
+    const int CG = (C + ${VC - 1}) / ${VC}, NB = (TH + TB - 1) / TB;
+    const int gid = (int)get_global_id(0);     // ((n, channels c0 .. c0 + ${VC - 1}), band)
+    if (gid >= images * CG * NB)
         return;
-    const int n = gid / CG, c0 = gid % CG * ${VC}, lanes = min(${VC}, C - c0);
+    const int nc = gid / NB, ty0 = gid % NB * TB, ty1 = min(ty0 + TB, TH);
+    const int n = nc / CG, c0 = nc % CG * ${VC}, lanes = min(${VC}, C - c0);
     const int HW = x_lay.s0;
     // lanes past the last channel read the last one again (in bounds) and store nothing
 % for l in range(VC):
@@ -201,7 +205,7 @@ __kernel void clnn_wino_input(const int C, const int H, const int W, const int p
 % endfor
     const bool whole = lanes == ${VC} && c_lay.s2 == 1 && c0 % c_lay.s0 + ${VC} <= c_lay.s0;
     x += x_off + x_lay.s3 + (n * C + c0) * HW;
-    for (int ty = 0; ty < TH; ++ty) {
+    for (int ty = ty0; ty < ty1; ++ty) {
         const int h0 = ${m} * ty - ph;
 % for a in range(AL):
         const bool hv${a} = (uint)(h0 + ${a}) < (uint)H;
@@ -379,7 +383,8 @@ ${decl}
 // Y[xi][m][t] (${AL * AL} x M x T) from the ${m}x${m} tiles of channel m of dy (images of
 // M x P x Q from dy + dy_off, laid out by dy_lay), zeros past P and Q; channel m goes
 // along m_lay, tile t along t_lay. A work-item per dyv channels m0 .. of an image (the
-// packed GEMM's A panel of MWI channels, or 1) walks their tiles, the channels in the
+// packed GEMM's A panel of MWI channels, or 1) walks their tiles in a band of TB tile
+// rows (as clnn_wino_input's), the channels in the
 // first dyv lanes of a vector: each tile's 16 dy elements are one bounds check and dyv
 // loads, A g A^T runs once for them, and each of the 36 transformed elements goes out
 // as dyv contiguous values (a panel holds a tile's MWI channels side by side: a float4
@@ -416,23 +421,24 @@ ${decl}
                                         ["(acc_t)0"] * (VC - dyv)) + ")"
 %>\
 __kernel void clnn_wino_dy(const int M, const int P, const int Q, const int TH,
-                           const int TW, const int images, const int plane,
+                           const int TW, const int TB, const int images, const int plane,
                            const int4 m_lay, const int4 t_lay,
                            __global const real_t *dy, const int dy_off, const int4 dy_lay,
                            __global acc_t *y)
 {
-    const int MP = (M + ${dyv - 1}) / ${dyv};
-    const int gid = (int)get_global_id(0);             // (n, channels m0 .. m0 + dyv - 1)
-    if (gid >= images * MP)
+    const int MP = (M + ${dyv - 1}) / ${dyv}, NB = (TH + TB - 1) / TB;
+    const int gid = (int)get_global_id(0);     // ((n, channels m0 .. m0 + dyv - 1), band)
+    if (gid >= images * MP * NB)
         return;
-    const int n = gid / MP, m0 = gid % MP * ${dyv}, lanes = min(${dyv}, M - m0);
+    const int nm = gid / NB, ty0 = gid % NB * TB, ty1 = min(ty0 + TB, TH);
+    const int n = nm / MP, m0 = nm % MP * ${dyv}, lanes = min(${dyv}, M - m0);
     (void)lanes;
 % for l in range(dyv if dyv > 1 else 0):
     const int mo${l} = min(${l}, lanes - 1) * dy_lay.s0;
 % endfor
     y += clnn_wino_at(m0, m_lay);
     dy += dy_off + dy_lay.s3 + (n * M + m0) * dy_lay.s0;
-    for (int ty = 0; ty < TH; ++ty) {
+    for (int ty = ty0; ty < ty1; ++ty) {
         const int p0 = ${m} * ty;
         for (int tx = 0; tx < TW; ++tx) {
             const int q0 = ${m} * tx;

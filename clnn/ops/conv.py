@@ -1252,16 +1252,38 @@ def _round_up(n, k):
     return -(-n // k) * k
 
 
-def _wino_input(inp, acc, wg, f, x, x_off, images, C, v, plane, c_lay, t_lay, rows=False):
+# The transforms with channels in the lanes (clnn_wino_input, clnn_wino_dy) split each
+# image's tile rows into bands, a work-item per band, until their work-items make
+# WINO_BAND_GROUPS work-groups a compute unit: a work-item per vector of channels of
+# an image was all the work there was where an image group holds few images (one or
+# two at 112x112 and up), and one core transformed while the other waited.
+WINO_BAND_GROUPS = 2
+
+
+def _wino_band(dev, wg, items, TH):
+    """The tile rows per band (TB) for a channel-lane transform of ``items`` work-items
+    over TH tile rows: all TH where the items fill the device already."""
+    bands = min(TH, -(-WINO_BAND_GROUPS * dev.facts.compute_units * wg // items))
+    return -(-TH // max(1, bands))
+
+
+def _wino_input(dev, inp, acc, wg, f, x, x_off, images, C, v, plane, c_lay, t_lay,
+                rows=False):
     """clnn_wino_input (kernel ``inp``) over phase ``f`` of ``images`` images of C
-    channels from x + x_off, into v (planes ``plane`` apart) along c_lay and t_lay; with
-    ``rows``, clnn_wino_input_rows (a work-item per vector of tiles of a tile row of a
-    channel; f's TW a multiple of the vector's lanes)."""
-    items = C * images * f["TH"] * f["TW"] // _wino_lanes(acc) if rows else \
-        images * _wino_lane_groups(acc, C)
+    channels from x + x_off, into v (planes ``plane`` apart) along c_lay and t_lay, in
+    bands of tile rows (_wino_band); with ``rows``, clnn_wino_input_rows (a work-item
+    per vector of tiles of a tile row of a channel; f's TW a multiple of the vector's
+    lanes)."""
+    if rows:
+        items, band = C * images * f["TH"] * f["TW"] // _wino_lanes(acc), {}
+    else:
+        items = images * _wino_lane_groups(acc, C)
+        tb = _wino_band(dev, wg, items, f["TH"])
+        items, band = items * -(-f["TH"] // tb), {"TB": tb}
     inp((_round_up(items, wg),), (wg,), C=C, H=f["H"],
         W=f["W"], ph=f["ph"], pw=f["pw"], TH=f["TH"], TW=f["TW"], images=images,
-        plane=plane, c_lay=c_lay, t_lay=t_lay, x=x, x_off=x_off, x_lay=f["x"], v=v)
+        plane=plane, c_lay=c_lay, t_lay=t_lay, x=x, x_off=x_off, x_lay=f["x"], v=v,
+        **band)
 
 
 def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="none",
@@ -1303,7 +1325,8 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
             vs, zs = _wino_plane(Ci * _round_up(T, nwi)), _wino_plane(Mo * T)
             c_lay, t_lay = (_wino_lay(_WHOLE, 0, nwi), _wino_lay(nwi, Ci * nwi, 1)) \
                 if panels else (_wino_lay(_WHOLE, 0, T), _wino_lay(_WHOLE, 0, 1))
-            _wino_input(inp, acc, wg, f, xs, xs_off, g, Ci, v, vs, c_lay, t_lay, rows_in)
+            _wino_input(dev, inp, acc, wg, f, xs, xs_off, g, Ci, v, vs, c_lay, t_lay,
+                        rows_in)
             c = Operand(z, 0, T, zs, X)
             if panels:
                 run_panels(dev, acc, rows, M=Mo, N=T, K=Ci, nbatch=X, a_pk=u, b_pk=v,
@@ -1364,10 +1387,13 @@ def _run_winograd_wgrad(dev, dt, p, *, dy, x, N, C, H, W, M, ph, pw, out, alpha,
             else:
                 c_lay = m_lay = _wino_lay(_WHOLE, 0, T)
                 vt_lay = yt_lay = _wino_lay(_WHOLE, 0, 1)
-            _wino_input(inp, acc, wg, f, xs, xs_off, g, C, v, vs, c_lay, vt_lay)
-            dyk((_round_up(g * -(-M // dyv), wg),), (wg,), M=M, P=f["P"], Q=f["Q"],
-                TH=f["TH"], TW=f["TW"], images=g, plane=ys, m_lay=m_lay, t_lay=yt_lay, dy=dy,
-                dy_off=offset(dy) + n0 * M * f["out_plane"], dy_lay=f["y"], y=y)
+            _wino_input(dev, inp, acc, wg, f, xs, xs_off, g, C, v, vs, c_lay, vt_lay)
+            items = g * -(-M // dyv)
+            tb = _wino_band(dev, wg, items, f["TH"])
+            dyk((_round_up(items * -(-f["TH"] // tb), wg),), (wg,), M=M, P=f["P"],
+                Q=f["Q"], TH=f["TH"], TW=f["TW"], TB=tb, images=g, plane=ys, m_lay=m_lay,
+                t_lay=yt_lay, dy=dy, dy_off=offset(dy) + n0 * M * f["out_plane"],
+                dy_lay=f["y"], y=y)
             c = Operand(z, 0, C, zs, X)
             if panels:
                 run_panels(dev, acc, rows, M=M, N=C, K=T, nbatch=X, a_pk=y, b_pk=v,

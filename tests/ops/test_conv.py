@@ -733,6 +733,66 @@ def test_winograd_float16_input_copy(monkeypatch, shape, dilation, group_bytes):
         assert np.array_equal(a, b_)
 
 
+def test_winograd_bands_rule():
+    """The channel-lane transforms split tile rows into bands until their work-items
+    make WINO_BAND_GROUPS work-groups a compute unit, never more bands than rows."""
+    dev = types.SimpleNamespace(facts=types.SimpleNamespace(compute_units=2))
+    band = conv_module._wino_band
+    assert conv_module.WINO_BAND_GROUPS == 2
+    assert band(dev, 8, 4, 56) == 7            # one 224x224 image of 32 channels: 8 bands
+    assert band(dev, 8, 8, 28) == 7            # two 112x112 images: 4 bands
+    assert band(dev, 8, 5, 28) == 4            # 7 bands of 4 rows
+    assert band(dev, 8, 32, 14) == 14          # the work-items fill the device: one band
+    assert band(dev, 8, 1000, 3) == 3
+    assert band(dev, 8, 1, 3) == 1             # every row a band
+    assert band(dev, 8, 1, 1) == 1
+    dev.facts.compute_units = 16
+    assert band(dev, 8, 32, 14) == 2
+
+
+@pytest.mark.parametrize("shape,dilation,dtype", [
+    ((2, 5, 17, 13, 6, 1), (1, 1), np.float32),
+    ((1, 19, 14, 9, 17, 1), (1, 1), np.float32),
+    ((2, 9, 26, 13, 7, 3), (2, 3), np.float32),
+    ((1, 11, 13, 21, 9, 1), (1, 1), np.float16)], ids=str)
+def test_winograd_tile_row_bands(monkeypatch, shape, dilation, dtype):
+    """The channel-lane input transform and dy's transform in bands of tile rows (every
+    row its own band, and halves with a shorter last one where the rows are odd) give bitwise
+    the results of one band per work-item, for the forward pass, the flipped data
+    gradient and the weight gradient (dilated phases, a float16 input through its float
+    copy); the banded results against float64 references, canaries around them."""
+    N, C, H, W, M, pad = shape
+    x = clnn.asarray(RNG.standard_normal((N, C, H, W)).astype(dtype))
+    w = clnn.asarray(RNG.standard_normal((M, C, 3, 3)).astype(dtype))
+    y = clnn.conv2d(x, w, padding=pad, dilation=dilation)
+    dy = clnn.asarray(RNG.standard_normal(y.shape).astype(dtype))
+    monkeypatch.setattr(conv_module, "WINO_INPUT_ROWS", False)
+    modes = {"one": lambda th: th, "halves": lambda th: -(-th // 2), "rows": lambda th: 1}
+    results, bands = {}, []
+    for mode, tb in modes.items():
+        monkeypatch.setattr(conv_module, "_wino_band",
+                            lambda dev, wg, items, TH: bands.append(TH) or tb(TH))
+        bands.clear()
+        with tuning.override("conv", dict(GATHER, WINO=True, WINO_M=4, DGRAD="flip")), \
+                clnn.profile() as prof:
+            results[mode] = [
+                clnn.conv2d(x, w, padding=pad, dilation=dilation).get(),
+                clnn.conv2d_backward_data(dy, w, x.shape, padding=pad,
+                                          dilation=dilation).get(),
+                clnn.conv2d_backward_weight(dy, x, w.shape, padding=pad,
+                                            dilation=dilation).get()]
+        # three input transforms and one of dy a phase, each in its bands
+        assert len(bands) == 4 * dilation[0] * dilation[1] == \
+            len(ran(prof, "clnn_wino_input")) + len(ran(prof, "clnn_wino_dy"))
+    assert max(bands) >= 3
+    for banded in ("halves", "rows"):
+        for a, b in zip(results[banded], results["one"]):
+            assert np.array_equal(a, b)
+    monkeypatch.undo()
+    monkeypatch.setattr(conv_module, "WINO_BAND_GROUPS", 10 ** 6)    # the rule: a row each
+    _check_winograd(dtype, shape, 4, dilation=dilation)
+
+
 @pytest.mark.parametrize("shape", [(3, 5, 7, 9, 6, 1), (2, 19, 9, 10, 17, 1)])
 def test_winograd_plain_gemms(shape):
     """Where the GEMM rows are not the packed CPU variant's (a forced tiled row), the
