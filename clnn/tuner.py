@@ -147,7 +147,11 @@ def conv_candidates(facts, quick):
     AVX-512 code; the full search also never Winograd, and its F(2x2, 3x3) tiles)."""
     if not facts.is_cpu:
         return []
-    out = [{"variant": "gather", "VW": 8, "WG": w, "REGS": r}
+    # the table row's Winograd thresholds go with every candidate (a winner stored
+    # for a class must not move its layers' choice of Winograd)
+    table = tuning.conv_rows(facts)[0]
+    keep = {k: table[k] for k in ("WINO_CHANNELS", "WINO_WGRAD_CHANNELS") if k in table}
+    out = [{"variant": "gather", "VW": 8, "WG": w, "REGS": r, **keep}
            for w in ((4, 16) if quick else (1, 4, 16)) for r in (16, 32)]
     # and 512-bit vectors where the device's code has them (the constraints drop them
     # elsewhere)

@@ -125,8 +125,18 @@ CONV_TABLE = {
         # LeNet-5's layers at batch 64, 3x on the 56x56x64 layer; WG 1, 4 and 16 within
         # noise on LeNet's C3; 32 vector registers for the tiles, and 512-bit vectors
         # over 128 columns and more (conv.WIDE_COLS: 1.2-1.5x on strided 3x3 and 1x1
-        # layers, 2026-11-27)
-        ("CPU", 16): {"variant": "gather", "VW": 16, "WG": 4, "REGS": 32, "tuned": True},
+        # layers, 2026-11-27). Winograd from a harmonic mean of 26 channels for forward
+        # passes and data gradients, 14 for weight gradients (conv._winograd; 36 for
+        # both was measured with AVX2 code on a Zen 4): the GEMMs between its
+        # transforms run on 512-bit tiles here. Wall ms, gathered / F(4x4), batch 64,
+        # 32x32 unless named, 2026-11-28: 32 -> 32 forward 6.6 / 5.5, data gradient
+        # 6.0 / 5.3, weight gradient 7.4 / 4.1; 24 -> 32 forward 4.3 / 3.9; 16 -> 64 at
+        # 56x56 (25.6) forward 14.7 / 10.7 but data gradient 12.5-13.0 / 13.1-16.9;
+        # 20 -> 32 (24.6) 3.4 / 3.8; weight gradients 16 -> 16 2.8 / 2.1, 12 -> 32 (17.5)
+        # 3.7 / 3.4, 12 -> 12 1.7 / 1.7, 8 -> 16 (10.7) 1.6 / 1.5 at 28x28 and 1.6 / 1.7
+        # at 32x32, 6 -> 32 1.9 / 3.0
+        ("CPU", 16): {"variant": "gather", "VW": 16, "WG": 4, "REGS": 32,
+                      "WINO_CHANNELS": 26, "WINO_WGRAD_CHANNELS": 14, "tuned": True},
     },
     # GPU rows of gemm.cl's convolution loaders, for the planner: the same tiles as the
     # GEMM rows with "speed" measured on convolutions (an H100, driver 580.159.04,
@@ -302,7 +312,8 @@ MMA_KINDS = {"tf32": (8, 4), "f16": (16, 2)}      # K of one mma.sync, the item 
 _RANGES = {"MWI": 32, "NWI": 128, "VW": 16, "WG": 1024, "WGM": 1024, "MWG": 256,
            "NWG": 256, "KWG": 64, "MDIMC": 64, "NDIMC": 64, "VWM": 4, "VWN": 4,
            "KSPLIT": 64, "GROUPM": 64, "WM": 128, "WN": 256, "REGS": 64, "QV": 4, "MB": 16,
-           "WROWS_MB": 8, "MAXM": 1 << 30}
+           "WROWS_MB": 8, "MAXM": 1 << 30, "WINO_CHANNELS": 1 << 16,
+           "WINO_WGRAD_CHANNELS": 1 << 16}
 
 
 def _is_int(v):

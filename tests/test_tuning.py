@@ -357,6 +357,24 @@ def test_tuner_searches_convolutions(db, monkeypatch):
         assert tried == [] and full == []
 
 
+def test_conv_candidates_keep_the_tables_winograd_thresholds():
+    """A CPU whose code has 512-bit vectors: every conv candidate carries its table
+    row's Winograd thresholds, so that a winner stored for a class leaves the layers'
+    choice of Winograd as the table made it; AVX2 code's row has none to carry."""
+    from clnn import tuner
+    facts = dataclasses.replace(clnn.device().facts, type="CPU", float_lanes=16)
+    row = tuning.CONV_TABLE["lanes"][("CPU", 16)]
+    cands = tuner.conv_candidates(facts, False)
+    assert cands and all(p["WINO_CHANNELS"] == row["WINO_CHANNELS"] and
+                         p["WINO_WGRAD_CHANNELS"] == row["WINO_WGRAD_CHANNELS"]
+                         for p in cands)
+    narrow = tuner.conv_candidates(dataclasses.replace(facts, float_lanes=8), False)
+    assert narrow and not [p for p in narrow if "WINO_CHANNELS" in p]
+    assert tuning.gemm_problems(dict(row, WINO_CHANNELS=0))
+    assert tuning.gemm_problems(dict(row, WINO_WGRAD_CHANNELS=2.5))
+    assert tuning.gemm_problems(dict(row, WINO_CHANNELS=40)) == []
+
+
 def test_tuner_leaves_out_what_direct_tiles_run_on_gpus(monkeypatch):
     """On a GPU (an H100's facts), a layer of 5 filters from 3 channels runs its forward
     pass and data gradient in convt.cl's direct tiles: the tuner times only its weight

@@ -1084,9 +1084,11 @@ def _pad_input(dev, dt, x, images, H, W, ph, pw, into=None):
 # / F(4x4), alternating processes: 32 -> 64 channels at 56x56 63.8 / 55.4, 64 -> 32 at 28x28
 # 15.7 / 13.2, 32 -> 48 at 32x32 30.9 / 26.9, 24 -> 96 at 28x28 16.9 / 15.6, where the
 # harmonic means are 38-43; 24 -> 64 48.3 / 50.6 (35), 32 -> 32 20.7 / 21.7 at 32x32,
-# 33.4 / 36.5 at 56x56, 16 -> 64 36.0 / 41.2 (26)). A parameter set may say instead
-# ("WINO", "WINO_M"). For the forward pass, the flipped data gradient and the weight
-# gradient. Its rounding:
+# 33.4 / 36.5 at 56x56, 16 -> 64 36.0 / 41.2 (26); an AMD EPYC Zen 4, AVX2 code). For
+# the forward pass, the flipped data gradient and the weight gradient. A parameter set
+# may carry thresholds of its own, "WINO_CHANNELS" for the forward pass and the data
+# gradient and "WINO_WGRAD_CHANNELS" for the weight gradient (AVX-512 code's row in
+# tuning.CONV_TABLE: 26 and 14), or say instead ("WINO", "WINO_M"). Its rounding:
 # F(4x4)'s transform coefficients reach 8 (A) and 5 (B), so its errors run about 10x a
 # direct sum's (float32: 1e-5 of the sums' magnitude), as in cuDNN's and oneDNN's
 # Winograd.
@@ -1106,20 +1108,23 @@ WINO_GROUP_BYTES = 16 << 20
 WINO_INPUT_ROWS = True
 
 
-def _winograd(p, Ci, Mo, R, S, stride, dilation, groups=1, dt=None, P=1, Q=1):
-    """Whether the Winograd path computes a convolution of Ci to Mo channels (or its
-    gradients) with P x Q outputs: Ci and Mo's harmonic mean at least WINO_CHANNELS
-    (32 and 64 channels take it, 32 and 32 do not), unless the parameter set says
-    ("WINO"), and one image's transforms within SCRATCH_BYTES (a constant, so that
-    the choice, and with it the bits, do not depend on the pool's budget; larger images
-    take the gathered kernel, which needs no such scratch). Dilated convolutions too:
-    each phase of their outputs is an undilated convolution (_wino_phases)."""
+def _winograd(p, Ci, Mo, R, S, stride, dilation, groups=1, dt=None, P=1, Q=1,
+              wgrad=False):
+    """Whether the Winograd path computes a convolution of Ci to Mo channels (or, with
+    ``wgrad``, its weight gradient) with P x Q outputs: Ci and Mo's harmonic mean at
+    least the parameter set's "WINO_CHANNELS" (or "WINO_WGRAD_CHANNELS"), else
+    WINO_CHANNELS (32 and 64 channels take it, 32 and 32 do not), unless the parameter
+    set says ("WINO"), and one image's transforms within SCRATCH_BYTES (a constant, so
+    that the choice, and with it the bits, do not depend on the pool's budget; larger
+    images take the gathered kernel, which needs no such scratch). Dilated convolutions
+    too: each phase of their outputs is an undilated convolution (_wino_phases)."""
     if (R, S) != (3, 3) or tuple(stride) != (1, 1) or groups != 1 or \
             p["variant"] != "gather":
         return False
     if dt is not None and _wino_image_bytes(dt, p, Ci, Mo, P, Q) > SCRATCH_BYTES:
         return False
-    return bool(p.get("WINO", 2 * Ci * Mo >= WINO_CHANNELS * (Ci + Mo)))
+    least = p.get("WINO_WGRAD_CHANNELS" if wgrad else "WINO_CHANNELS", WINO_CHANNELS)
+    return bool(p.get("WINO", 2 * Ci * Mo >= least * (Ci + Mo)))
 
 
 def _wino_image_bytes(dt, p, Ci, Mo, P, Q):
@@ -1563,7 +1568,7 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
     if tuple(dilation) != (1, 1) and p["variant"] not in ("gather", "local"):
         return _direct_backward_weight(dy, x, (M, C, R, S), stride, padding,
                                        tuple(dilation), 1, out, alpha, beta)
-    if _winograd(p, C, M, R, S, st, dilation, dt=dt, P=P, Q=Q):
+    if _winograd(p, C, M, R, S, st, dilation, dt=dt, P=P, Q=Q, wgrad=True):
         evt = _run_winograd_wgrad(dev, dt, p, dy=dy, x=x, N=N, C=C, H=H, W=W, M=M, ph=pd[0],
                                   pw=pd[1], out=out, alpha=alpha, beta=beta,
                                   dilation=tuple(dilation))
@@ -1856,7 +1861,8 @@ def _convw_plan(dev, dt, p, N, C, H, W, M, R, S, P, Q, st, pd, dl):
     """convw.cl's plan (wgrad_direct) where the weight gradient's routine, given its
     row ``p``, reaches the GPU path's local branch and convw.cl takes the layer; else
     None. The routine and fuses_bias_gradient both ask here, so they agree."""
-    if p["variant"] != "local" or _winograd(p, C, M, R, S, st, dl, dt=dt, P=P, Q=Q):
+    if p["variant"] != "local" or _winograd(p, C, M, R, S, st, dl, dt=dt, P=P, Q=Q,
+                                            wgrad=True):
         return None
     return wgrad_direct(dev, dt, N, C, H, W, M, R, S, P, Q, st, pd, dl)
 

@@ -918,6 +918,19 @@ def test_winograd_choice_and_groups(monkeypatch):
     assert not wino(GATHER, 256, 256, 3, 3, (1, 1), (1, 1), groups=2)
     assert not wino(NV[0], 256, 256, 3, 3, (1, 1), (1, 1))          # GPU rows: not yet
     assert wino(dict(GATHER, WINO=True), 2, 3, 3, 3, (1, 1), (1, 1))
+    assert wino(GATHER, 32, 64, 3, 3, (1, 1), (1, 1), wgrad=True)
+    assert not wino(GATHER, 32, 32, 3, 3, (1, 1), (1, 1), wgrad=True)
+    # AVX-512 code's row: its own thresholds, lower for weight gradients
+    lanes = tuning.CONV_TABLE["lanes"][("CPU", 16)]
+    assert (lanes["WINO_CHANNELS"], lanes["WINO_WGRAD_CHANNELS"]) == (26, 14)
+    assert wino(lanes, 32, 32, 3, 3, (1, 1), (1, 1))
+    assert wino(lanes, 24, 32, 3, 3, (1, 1), (1, 1))            # 27.4
+    assert not wino(lanes, 16, 64, 3, 3, (1, 1), (1, 1))        # 25.6
+    assert not wino(lanes, 16, 16, 3, 3, (1, 1), (1, 1))
+    assert wino(lanes, 16, 16, 3, 3, (1, 1), (1, 1), wgrad=True)
+    assert wino(lanes, 12, 32, 3, 3, (1, 1), (1, 1), wgrad=True)  # 17.5
+    assert not wino(lanes, 8, 16, 3, 3, (1, 1), (1, 1), wgrad=True)  # 10.7
+    assert not wino(dict(lanes, WINO=False), 64, 64, 3, 3, (1, 1), (1, 1), wgrad=True)
     assert conv_module._wino_tile(GATHER) == 4
     # an image whose transforms pass SCRATCH_BYTES takes the gathered kernel (at 56x56,
     # 256 channels: 36 x 14 x 14 x 512 floats, 14.5 MB; 224x224: 231 MB)
@@ -948,6 +961,17 @@ def test_winograd_choice_and_groups(monkeypatch):
         clnn.conv2d_backward_weight(dy4, x4, w4.shape, padding=1)
     assert not [r for r in prof.records if r.entry.startswith("clnn_wino")]
     monkeypatch.undo()
+    # a row's thresholds: a 4-channel layer's weight gradient alone takes it
+    row = dict(GATHER, DGRAD="flip", WINO_CHANNELS=5, WINO_WGRAD_CHANNELS=4)
+    with tuning.override("conv", row), clnn.profile() as prof:
+        clnn.conv2d(x4, w4, padding=1)
+        clnn.conv2d_backward_data(dy4, w4, x4.shape, padding=1)
+        dw4 = clnn.conv2d_backward_weight(dy4, x4, w4.shape, padding=1)
+    assert not ran(prof, "clnn_wino_output") and len(ran(prof, "clnn_wino_dw")) == 1
+    _, backward = conv2d_general_ref(f64(x4.get()), f64(w4.get()), None, (1, 1), (1, 1))
+    want = backward(f64(dy4.get()))[1]
+    assert np.allclose(dw4.get(), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
     x = RNG.standard_normal((5, 3, 6, 7)).astype(np.float32)
     w = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)
     dy = RNG.standard_normal((5, 4, 6, 7)).astype(np.float32)
