@@ -23,7 +23,7 @@
 ## transform out as sums of named values with the matrices' coefficients (PoCL kept
 ## arrays indexed in loops in memory: 3x slower).
 <%include file="_common.cl"/>
-<%include file="_epilogue.cl" args="act=act, bias=bias"/>
+<%include file="_epilogue.cl" args="act=act, bias=bias, width=cpu_lanes, vector_act=acc == 'float'"/>
 <%
     from fractions import Fraction as Fr
     if m == 2:      # interpolation points 0, 1, -1 (and infinity)
@@ -321,21 +321,31 @@ ${vector_stores(vv, "vb", " " * 8)}
 // laid out by y_lay). A
 // work-item per ${VC} consecutive tiles of one channel, in the lanes of vectors: Z's rows
 // of tiles load as whole vectors and the transform runs once for ${VC} tiles (2.1x faster
-// than a work-item per plane walking its tiles on 28x28x128); the outputs go out lane
-// by lane.
+// than a work-item per plane walking its tiles on 28x28x128). With by_rows (conv.py's
+// _wino_output_rows: undilated, tile rows of most of a vector) the tiles are those of
+// one tile row (a row's last work-item takes the TW % ${VC} left) and each output row's
+// ${m * VC} columns go out as ${m} vectors through the epilogue, their lanes gathered from
+// the ${m} column vectors (32 x 32 -> 32 at 32x32: float32 1.58 -> 0.78 ms, float16 2.24
+// -> 0.91, whose scalar stores each converted a half); else any ${VC} tiles (short rows,
+// a dilated phase's outputs), stored lane by lane.
 __kernel void clnn_wino_output(const int M, const int P, const int Q, const int TH,
                                const int TW, const int images, const int plane,
-                               __global const acc_t *z,
+                               const int by_rows, __global const acc_t *z,
                                __global real_t *y, const int y_off, const int4 y_lay,
                                const acc_t act_p,
                                const acc_t act_q, __global const real_t *bias,
                                const int bias_off)
 {
-    const int T = images * TH * TW, TG = (T + ${VC - 1}) / ${VC};
-    const int gid = (int)get_global_id(0);             // (m, tiles t0 .. t0 + ${VC - 1})
+    // by_rows: work-items by tile rows, (m, tile row, tiles tx0 ..); else runs of any
+    // ${VC} tiles, (m, tiles t0 ..)
+    const int T = images * TH * TW, GX = by_rows ? (TW + ${VC - 1}) / ${VC} : 1;
+    const int TG = by_rows ? images * TH * GX : (T + ${VC - 1}) / ${VC};
+    const int gid = (int)get_global_id(0);
     if (gid >= M * TG)
         return;
-    const int m = gid / TG, t0 = gid % TG * ${VC}, lanes = min(${VC}, T - t0);
+    const int m = gid / TG, row = gid % TG / GX, tx0 = gid % GX * ${VC};
+    const int t0 = by_rows ? row * TW + tx0 : gid % TG * ${VC};
+    const int lanes = by_rows ? min(${VC}, TW - tx0) : min(${VC}, T - t0);
     z += m * T + t0;
     y += y_off + y_lay.s3;
     bias += bias_off;
@@ -346,7 +356,7 @@ __kernel void clnn_wino_output(const int M, const int P, const int Q, const int 
 % for xi in range(AL * AL):
         s${xi // AL}_${xi % AL} = CLNN_ELEMS_LOAD${VC}(${acc}, (z + ${xi} * plane));
 % endfor
-    } else {    // the last tiles: lanes past T read the last tile again
+    } else {    // a row's (or the launch's) last tiles: lanes past them read the last again
 % for xi in range(AL * AL):
         s${xi // AL}_${xi % AL} = (${vc_t})(${", ".join(f"z[{xi} * plane + min({l}, lanes - 1)]" for l in range(VC))});
 % endfor
@@ -358,6 +368,26 @@ ${decl}
     const ${vc_t} o${i}_${j} = ${oo[i][j]};
 %   endfor
 % endfor
+    if (by_rows) {
+        // the tiles' outputs along each row: ${m} x ${VC} columns from q0 (those inside
+        // Q), as vectors whose lanes come from the ${m} column vectors
+        const int ty = row % TH, n = row / TH, p0 = ${m} * ty, q0 = ${m} * tx0;
+        const int cols = min(${m} * lanes, Q - q0);
+        y += (n * M + m) * y_lay.s0;
+% for i in range(m):
+        if (p0 + ${i} < P) {
+%   for g in range(m):
+            if (${g * VC} < cols)
+                clnn_epilogue_v(y, (p0 + ${i}) * y_lay.s1 + q0 + ${g * VC}, 1, m, 0,
+                                min(${VC}, cols - ${g * VC}),
+                                (${vc_t})(${", ".join(f"o{i}_{(g * VC + e) % m}.s{lane[(g * VC + e) // m]}" for e in range(VC))}),
+                                (acc_t)1, (acc_t)0, act_p, act_q, bias);
+%   endfor
+        }
+% endfor
+        return;
+    }
+    // lane by lane (tiles of several rows, or a dilated phase's outputs)
 % for l in range(VC):
     if (${l} < lanes) {
         const int t = t0 + ${l}, tx = t % TW, ty = t / TW % TH, n = t / (TW * TH);

@@ -1202,6 +1202,22 @@ def _wino_rows(acc, phases):
 WINO_X_COPY = True
 
 
+# The output transform takes a tile row's tiles per work-item and stores each output
+# row's run as vectors (clnn_wino_output's by_rows) where a phase's columns are
+# contiguous and its tile rows at least WINO_OUTPUT_ROW_LANES of a vector's lanes long;
+# else runs of any tiles, stored lane by lane. Kernel ms, 64 images, 64 channels unless
+# named, lane by lane / by rows, float32 and float16: tile rows of 8 (32x32, 32
+# channels) 1.58 / 0.78, 2.24 / 0.91; of 14 (56x56, batch 32, 32 channels) 2.26 /
+# 1.67, 3.51 / 1.86; of 6, 7 and 9 within 5% in float32, float16 1.5x by rows; of 4
+# and 2 (16x16, 8x8) 0.76 / 1.05 and 0.22 / 0.52 in float32: most lanes idle.
+WINO_OUTPUT_ROW_LANES = 0.75
+
+
+def _wino_output_rows(acc, f):
+    """Whether clnn_wino_output takes phase ``f``'s tiles by rows (above)."""
+    return int(f["y"]["s2"]) == 1 and f["TW"] >= WINO_OUTPUT_ROW_LANES * _wino_lanes(acc)
+
+
 def _wino_input_kernel(dev, dt, acc, prm, rows_in, group_elems):
     """The input transform's kernel (clnn_wino_input_rows where ``rows_in``, else
     clnn_wino_input) and, where it reads a float copy of a float16 input (WINO_X_COPY),
@@ -1339,8 +1355,12 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
             else:
                 run_gemm(dev, acc, M=Mo, N=T, K=Ci, nbatch=X, a=Operand(u, 0, Ci, us, X),
                          b=Operand(v, 0, T, vs, X), c=c, rows=rows)
-            evt = outp((_round_up(Mo * _wino_lane_groups(acc, T), wg),), (wg,), M=Mo,
+            by_rows = _wino_output_rows(acc, f)
+            groups = Mo * (g * f["TH"] * _wino_lane_groups(acc, f["TW"]) if by_rows else
+                           _wino_lane_groups(acc, T))
+            evt = outp((_round_up(groups, wg),), (wg,), M=Mo,
                        P=f["P"], Q=f["Q"], TH=f["TH"], TW=f["TW"], images=g, plane=zs,
+                       by_rows=int(by_rows),
                        z=z, y=out, y_off=offset(out) + n0 * Mo * f["out_plane"], y_lay=f["y"],
                        act_p=act_p[0], act_q=act_p[1],
                        bias=bias if bias is not None else out,

@@ -793,6 +793,41 @@ def test_winograd_tile_row_bands(monkeypatch, shape, dilation, dtype):
     _check_winograd(dtype, shape, 4, dilation=dilation)
 
 
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("shape", [(2, 3, 5, 27, 5, 1), (1, 4, 6, 38, 3, 0),
+                                   (2, 5, 9, 33, 6, 2), (1, 3, 4, 5, 2, 1)], ids=str)
+def test_winograd_output_by_rows(monkeypatch, dtype, shape):
+    """The output transform by tile rows (each output row's run stored as vectors
+    through the epilogue, a row's last work-item short of a vector, columns past the
+    output's edge left alone) and by runs of any tiles (lane by lane): bitwise the same
+    forward pass (bias and relu) and flipped data gradient; tile rows of 7, 9, 9 and 2
+    in the forward pass, and the data gradient's; by rows against float64 references,
+    also with a tanh (computed on whole vectors on CPUs)."""
+    N, C, H, W, M, pad = shape
+    xh, wh = (RNG.standard_normal(s).astype(dtype) for s in ((N, C, H, W), (M, C, 3, 3)))
+    bh = RNG.standard_normal(M).astype(dtype)
+    x, w, b = clnn.asarray(xh), clnn.asarray(wh), clnn.asarray(bh)
+    y = clnn.conv2d(x, w, padding=pad)
+    dy = clnn.asarray(RNG.standard_normal(y.shape).astype(dtype))
+    wino = dict(GATHER, WINO=True, WINO_M=4, DGRAD="flip")
+    results = {}
+    for lanes in (10 ** 6, 0):          # no phase by rows; every one
+        monkeypatch.setattr(conv_module, "WINO_OUTPUT_ROW_LANES", lanes)
+        with tuning.override("conv", wino), clnn.profile() as prof:
+            results[lanes] = [
+                clnn.conv2d(x, w, b, padding=pad, activation="relu").get(),
+                clnn.conv2d_backward_data(dy, w, x.shape, padding=pad).get()]
+        assert len(ran(prof, "clnn_wino_output")) == 2
+    for a, b_ in zip(results[0], results[10 ** 6]):
+        assert np.array_equal(a, b_)
+    with tuning.override("conv", wino):
+        got = clnn.conv2d(x, w, b, padding=pad, activation="tanh").get()
+    # tanh is 1-Lipschitz: the sums' bound holds after it, plus its own rounding
+    within(f64(got), np.tanh(conv2d_ref(f64(xh), f64(wh), f64(bh), (1, 1), (pad, pad))),
+           wino_scale(f64(xh), f64(wh), f64(bh), pad, 4) + 1.0, C * 9, dtype)
+    _check_winograd(dtype, shape, 4)
+
+
 @pytest.mark.parametrize("shape", [(3, 5, 7, 9, 6, 1), (2, 19, 9, 10, 17, 1)])
 def test_winograd_plain_gemms(shape):
     """Where the GEMM rows are not the packed CPU variant's (a forced tiled row), the
