@@ -1282,10 +1282,12 @@ WINO_BAND_GROUPS = 2
 
 
 def _wino_band(dev, wg, items, TH):
-    """The tile rows per band (TB) for a channel-lane transform of ``items`` work-items
-    over TH tile rows: all TH where the items fill the device already."""
+    """(TB, work-items) for a channel-lane transform of ``items`` work-items over TH
+    tile rows: the tile rows per band (all TH where the items fill the device already),
+    and the work-items with their bands."""
     bands = min(TH, -(-WINO_BAND_GROUPS * dev.facts.compute_units * wg // items))
-    return -(-TH // max(1, bands))
+    tb = -(-TH // max(1, bands))
+    return tb, items * -(-TH // tb)
 
 
 def _wino_input(dev, inp, acc, wg, f, x, x_off, images, C, v, plane, c_lay, t_lay,
@@ -1298,9 +1300,8 @@ def _wino_input(dev, inp, acc, wg, f, x, x_off, images, C, v, plane, c_lay, t_la
     if rows:
         items, band = C * images * f["TH"] * f["TW"] // _wino_lanes(acc), {}
     else:
-        items = images * _wino_lane_groups(acc, C)
-        tb = _wino_band(dev, wg, items, f["TH"])
-        items, band = items * -(-f["TH"] // tb), {"TB": tb}
+        tb, items = _wino_band(dev, wg, images * _wino_lane_groups(acc, C), f["TH"])
+        band = {"TB": tb}
     inp((_round_up(items, wg),), (wg,), C=C, H=f["H"],
         W=f["W"], ph=f["ph"], pw=f["pw"], TH=f["TH"], TW=f["TW"], images=images,
         plane=plane, c_lay=c_lay, t_lay=t_lay, x=x, x_off=x_off, x_lay=f["x"], v=v,
@@ -1413,9 +1414,8 @@ def _run_winograd_wgrad(dev, dt, p, *, dy, x, N, C, H, W, M, ph, pw, out, alpha,
                 c_lay = m_lay = _wino_lay(_WHOLE, 0, T)
                 vt_lay = yt_lay = _wino_lay(_WHOLE, 0, 1)
             _wino_input(dev, inp, acc, wg, f, xs, xs_off, g, C, v, vs, c_lay, vt_lay)
-            items = g * -(-M // dyv)
-            tb = _wino_band(dev, wg, items, f["TH"])
-            dyk((_round_up(items * -(-f["TH"] // tb), wg),), (wg,), M=M, P=f["P"],
+            tb, items = _wino_band(dev, wg, g * -(-M // dyv), f["TH"])
+            dyk((_round_up(items, wg),), (wg,), M=M, P=f["P"],
                 Q=f["Q"], TH=f["TH"], TW=f["TW"], TB=tb, images=g, plane=ys, m_lay=m_lay,
                 t_lay=yt_lay, dy=dy, dy_off=offset(dy) + n0 * M * f["out_plane"],
                 dy_lay=f["y"], y=y)

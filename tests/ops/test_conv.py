@@ -739,15 +739,15 @@ def test_winograd_bands_rule():
     dev = types.SimpleNamespace(facts=types.SimpleNamespace(compute_units=2))
     band = conv_module._wino_band
     assert conv_module.WINO_BAND_GROUPS == 2
-    assert band(dev, 8, 4, 56) == 7            # one 224x224 image of 32 channels: 8 bands
-    assert band(dev, 8, 8, 28) == 7            # two 112x112 images: 4 bands
-    assert band(dev, 8, 5, 28) == 4            # 7 bands of 4 rows
-    assert band(dev, 8, 32, 14) == 14          # the work-items fill the device: one band
-    assert band(dev, 8, 1000, 3) == 3
-    assert band(dev, 8, 1, 3) == 1             # every row a band
-    assert band(dev, 8, 1, 1) == 1
+    assert band(dev, 8, 4, 56) == (7, 32)      # one 224x224 image of 32 channels: 8 bands
+    assert band(dev, 8, 8, 28) == (7, 32)      # two 112x112 images: 4 bands
+    assert band(dev, 8, 5, 28) == (4, 35)      # 7 bands of 4 rows
+    assert band(dev, 8, 32, 14) == (14, 32)    # the work-items fill the device: one band
+    assert band(dev, 8, 1000, 3) == (3, 1000)
+    assert band(dev, 8, 1, 3) == (1, 3)        # every row a band
+    assert band(dev, 8, 1, 1) == (1, 1)
     dev.facts.compute_units = 16
-    assert band(dev, 8, 32, 14) == 2
+    assert band(dev, 8, 32, 14) == (2, 224)
 
 
 @pytest.mark.parametrize("shape,dilation,dtype", [
@@ -757,10 +757,10 @@ def test_winograd_bands_rule():
     ((1, 11, 13, 21, 9, 1), (1, 1), np.float16)], ids=str)
 def test_winograd_tile_row_bands(monkeypatch, shape, dilation, dtype):
     """The channel-lane input transform and dy's transform in bands of tile rows (every
-    row its own band, and halves with a shorter last one where the rows are odd) give bitwise
-    the results of one band per work-item, for the forward pass, the flipped data
-    gradient and the weight gradient (dilated phases, a float16 input through its float
-    copy); the banded results against float64 references, canaries around them."""
+    row its own band, and halves with a shorter last one where the rows are odd) give
+    bitwise the results of one band per work-item, for the forward pass, the flipped
+    data gradient and the weight gradient (dilated phases, a float16 input through its
+    float copy); the banded results against float64 references, canaries around them."""
     N, C, H, W, M, pad = shape
     x = clnn.asarray(RNG.standard_normal((N, C, H, W)).astype(dtype))
     w = clnn.asarray(RNG.standard_normal((M, C, 3, 3)).astype(dtype))
@@ -769,9 +769,15 @@ def test_winograd_tile_row_bands(monkeypatch, shape, dilation, dtype):
     monkeypatch.setattr(conv_module, "WINO_INPUT_ROWS", False)
     modes = {"one": lambda th: th, "halves": lambda th: -(-th // 2), "rows": lambda th: 1}
     results, bands = {}, []
+
+    def forced(rows):
+        def band(dev, wg, items, TH):
+            bands.append(TH)
+            return rows(TH), items * -(-TH // rows(TH))
+        return band
+
     for mode, tb in modes.items():
-        monkeypatch.setattr(conv_module, "_wino_band",
-                            lambda dev, wg, items, TH: bands.append(TH) or tb(TH))
+        monkeypatch.setattr(conv_module, "_wino_band", forced(tb))
         bands.clear()
         with tuning.override("conv", dict(GATHER, WINO=True, WINO_M=4, DGRAD="flip")), \
                 clnn.profile() as prof:
