@@ -112,9 +112,10 @@ GEMM_TABLE = {
 # vectors, WG work-items per work-group; MWI and NWI follow each problem's shape (see
 # clnn/ops/conv.py) unless a parameter set names them, and so do the flags LINE,
 # PIXELS, PANELS_FIRST, WINO and WINO_M (3x3 layers at unit stride through winograd.cl's
-# F(m x m, 3x3), m = 2 or 4), and WROWS and WROWS_MB (weight gradients as convwr.cl's
-# pixel rows, MB filters a work-item). Elsewhere a convolution takes the GEMM row of
-# its device (gemm.cl's loaders).
+# F(m x m, 3x3), m = 2 or 4; WINO_CHANNELS and WINO_WGRAD_CHANNELS, the channel counts'
+# harmonic mean from which it is taken, else conv.WINO_CHANNELS), and WROWS and
+# WROWS_MB (weight gradients as convwr.cl's pixel rows, MB filters a work-item).
+# Elsewhere a convolution takes the GEMM row of its device (gemm.cl's loaders).
 CONV_TABLE = {
     # exact device names; then CPUs by the floats of their code's vectors, as in
     # GEMM_TABLE
