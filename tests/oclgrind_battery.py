@@ -478,7 +478,9 @@ def conv():
     checked += 1
     # winograd.cl with the CPU GEMM's packed panels (the transforms write them, and dy's
     # transform takes an A panel of channels per work-item), its rows forced here; the
-    # channel-lane transforms in one band and with every tile row a band
+    # channel-lane transforms in one band and with every tile row a band; the forward
+    # passes' input transform in runs of tiles (clnn_wino_input_runs), its channels in
+    # one block and in blocks of one
     for groups in (0, 10 ** 6):
         with tuning.override("gemm", tuning.GEMM_TABLE["type"]["CPU"]), \
                 tuning.override("conv", dict(base, WINO=True, DGRAD="flip")), \
@@ -489,6 +491,7 @@ def conv():
             close(clnn.conv2d_backward_weight(DY1, X1, W1.shape, padding=1).get(), dw1, 1e-4)
         assert any(r.params.get("dyv", 1) > 1 for r in prof.records
                    if r.entry == "clnn_wino_dy")
+        assert [r.entry for r in prof.records].count("clnn_wino_input_runs") == 2
     # a forward pass whose tile rows are whole vectors of tiles: clnn_wino_input_rows (29
     # columns and padding 1: 8 tiles a row, edge vectors at both sides)
     xr = rng.standard_normal((1, 3, 6, 29)).astype(np.float32)

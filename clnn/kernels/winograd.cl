@@ -245,6 +245,78 @@ ${vector_stores([[f"o{a}_{b}" for b in range(AL)] for a in range(AL)], "v0 + at"
     }
 }
 
+// V[xi][c][t] as clnn_wino_input's, where V's tiles lie side by side (t_lay.s2 == 1 in
+// panels of whole vectors: a forward pass's and a data gradient's B panels, a plain
+// matrix's rows), with tiles in the lanes: a work-item per run of ${VC} tiles (t = ${VC} r
+// .. ${VC} r + ${VC - 1} of the launch, across tile rows and images) and a range of CB
+// channels. Each lane gathers its own tile's patch, as clnn_wino_input's lanes gather
+// their channels', from offsets and bounds found once for all the channels (zeros
+// outside the input by a mask per element: a lane's bits and-ed with all ones or
+// none), and every element of the transform goes out as one vector of the run's tiles.
+// clnn_wino_input stored these ${VC * AL * AL} values a tile lane by lane (56x56, 64 -> 64
+// channels, batch 32: 7.3 ms, its weight gradient's layout with channels side by side
+// 4.2). Taken only for B panels (conv.py's _wino_runs), whose last panel has room for a
+// last run's lanes past T: those repeat the last tile, and the GEMM never stores what
+// they give.
+<%
+    mask_t = ("long" if acc == "double" else "int") + str(VC)
+    as_mask, as_acc = f"as_{mask_t}", f"as_{vc_t}"
+%>\
+__kernel void clnn_wino_input_runs(const int C, const int H, const int W, const int ph,
+                                   const int pw, const int TH, const int TW, const int CB,
+                                   const int images, const int plane, const int4 c_lay,
+                                   const int4 t_lay,
+                                   __global const ${"acc_t" if x_acc else "real_t"} *x,
+                                   const int x_off, const int4 x_lay, __global acc_t *v)
+{
+    const int T = images * TH * TW, R = (T + ${VC - 1}) / ${VC};
+    const int gid = (int)get_global_id(0);     // (channels c0 .. c0 + CB - 1, run r)
+    if (gid >= R * ((C + CB - 1) / CB))
+        return;
+    const int r = gid % R, c0 = gid / R * CB, c1 = min(c0 + CB, C), t0 = r * ${VC};
+    const int HW = x_lay.s0;
+    x += x_off + x_lay.s3;
+    // lane l: tile t0 + l (lanes past T repeat the last tile, into the panel's padding)
+% for l in range(VC):
+    const int tt${l} = min(t0 + ${l}, T - 1);
+    const int n${l} = tt${l} / (TH * TW), h${l} = ${m} * (tt${l} / TW % TH) - ph, w${l} = ${m} * (tt${l} % TW) - pw;
+%   for a in range(AL):
+    const bool hv${l}_${a} = (uint)(h${l} + ${a}) < (uint)H;
+%   endfor
+%   for b in range(AL):
+    const bool wv${l}_${b} = (uint)(w${l} + ${b}) < (uint)W;
+%   endfor
+% endfor
+    // the lanes inside the input, row by row and column by column of the patch
+% for a in range(AL):
+    const ${mask_t} hm${a} = (${mask_t})(${", ".join(f"hv{l}_{a} ? -1 : 0" for l in range(VC))});
+% endfor
+% for b in range(AL):
+    const ${mask_t} wm${b} = (${mask_t})(${", ".join(f"wv{l}_{b} ? -1 : 0" for l in range(VC))});
+% endfor
+    // each lane's element offsets from its image's channel 0 (0 outside: in bounds)
+% for l in range(VC):
+%   for a in range(AL):
+%     for b in range(AL):
+    __global const ${"acc_t" if x_acc else "real_t"} *p${l}_${a}_${b} = x + (hv${l}_${a} && wv${l}_${b} ? n${l} * C * HW + (h${l} + ${a}) * x_lay.s1 + (w${l} + ${b}) * x_lay.s2 : 0);
+%     endfor
+%   endfor
+% endfor
+    const int at = clnn_wino_at(t0, t_lay);
+    for (int c = c0; c < c1; ++c) {
+        const size_t cp = (size_t)c * HW;      // channel c's plane, from each lane's pointers
+% for a in range(AL):
+%   for b in range(AL):
+        const ${vc_t} d${a}_${b} = ${as_acc}(${as_mask}((${vc_t})(${", ".join((f"p{l}_{a}_{b}[cp]" if x_acc else f"CLNN_LOAD(p{l}_{a}_{b}, cp)") for l in range(VC))})) & hm${a} & wm${b});
+%   endfor
+% endfor
+<% decl, vv = sandwich(BT, lambda k, j: f"d{k}_{j}", "e", AL, AL, " " * 8, "B^T d", vc_t) %>\
+${decl}
+        __global acc_t *vc = v + clnn_wino_at(c, c_lay);
+${vector_stores(vv, "vc + at", " " * 8)}
+    }
+}
+
 // V[xi][c][t] as clnn_wino_input's, for undilated input (x_lay.s2 == 1), with tiles in
 // the lanes: a work-item per ${VC} neighbouring tiles of one tile row of one channel.
 // Their ${AL} input rows are read as ${m + 1} whole vectors each (the ${m * VC + 2}

@@ -1218,12 +1218,29 @@ def _wino_output_rows(acc, f):
     return int(f["y"]["s2"]) == 1 and f["TW"] >= WINO_OUTPUT_ROW_LANES * _wino_lanes(acc)
 
 
-def _wino_input_kernel(dev, dt, acc, prm, rows_in, group_elems):
-    """The input transform's kernel (clnn_wino_input_rows where ``rows_in``, else
-    clnn_wino_input) and, where it reads a float copy of a float16 input (WINO_X_COPY),
-    the buffer for a group's ``group_elems`` elements of it (else None)."""
+# The input transform takes runs of a vector's lanes of tiles per work-item
+# (clnn_wino_input_runs) where V's tiles lie side by side, in panels of whole vectors
+# (a forward pass's and a data gradient's B panels) and the rows kernel does not
+# apply: clnn_wino_input, channels in the lanes, stored those lane by lane, 36 scalar
+# stores per tile and channel. Kernel ms, Intel Xeon (AVX-512), PoCL 3.0, batch 32,
+# clnn_wino_input / runs: see benchmarks/README.md.
+WINO_INPUT_RUNS = True
+
+
+def _wino_runs(acc, nwi, panels):
+    """Whether a forward pass's input transform (not the rows kernel) takes runs of
+    tiles: B panels of ``nwi`` tiles, a multiple of the vector's lanes."""
+    return WINO_INPUT_RUNS and bool(panels) and nwi % _wino_lanes(acc) == 0
+
+
+def _wino_input_kernel(dev, dt, acc, prm, rows_in, group_elems, runs=False):
+    """The input transform's kernel (clnn_wino_input_rows where ``rows_in``,
+    clnn_wino_input_runs where ``runs``, else clnn_wino_input) and, where it reads a
+    float copy of a float16 input (WINO_X_COPY), the buffer for a group's
+    ``group_elems`` elements of it (else None)."""
     copy = WINO_X_COPY and not rows_in and programs.dtype_name(dt) == "float16"
-    entry = "clnn_wino_input_rows" if rows_in else "clnn_wino_input"
+    entry = "clnn_wino_input_rows" if rows_in else \
+        "clnn_wino_input_runs" if runs else "clnn_wino_input"
     return (programs.get_kernel(dev, "winograd", entry, dict(prm, x_acc=copy)),
             dev_scratch(dev, group_elems, acc) if copy else None)
 
@@ -1290,14 +1307,28 @@ def _wino_band(dev, wg, items, TH):
     return tb, items * -(-TH // tb)
 
 
+def _wino_run_channels(dev, wg, runs, C):
+    """The channels per work-item of clnn_wino_input_runs over ``runs`` runs of tiles:
+    all C where the runs make WINO_BAND_GROUPS work-groups a compute unit, else fewer,
+    until the work-items do."""
+    groups = max(1, min(C, -(-WINO_BAND_GROUPS * dev.facts.compute_units * wg //
+                             max(1, runs))))
+    return -(-C // groups)
+
+
 def _wino_input(dev, inp, acc, wg, f, x, x_off, images, C, v, plane, c_lay, t_lay,
-                rows=False):
+                rows=False, runs=False):
     """clnn_wino_input (kernel ``inp``) over phase ``f`` of ``images`` images of C
     channels from x + x_off, into v (planes ``plane`` apart) along c_lay and t_lay, in
     bands of tile rows (_wino_band); with ``rows``, clnn_wino_input_rows (a work-item
     per vector of tiles of a tile row of a channel; f's TW a multiple of the vector's
-    lanes)."""
-    if rows:
+    lanes); with ``runs``, clnn_wino_input_runs (a work-item per vector of tiles and
+    _wino_run_channels channels; t_lay's panels whole vectors of tiles)."""
+    if runs:
+        n_runs = _wino_lane_groups(acc, images * f["TH"] * f["TW"])
+        cb = _wino_run_channels(dev, wg, n_runs, C)
+        items, band = n_runs * -(-C // cb), {"CB": cb}
+    elif rows:
         items, band = C * images * f["TH"] * f["TW"] // _wino_lanes(acc), {}
     else:
         tb, items = _wino_band(dev, wg, images * _wino_lane_groups(acc, C), f["TH"])
@@ -1335,7 +1366,8 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
     z = dev_scratch(dev, X * _wino_plane(Mo * group * tiles), acc)
     filt, outp = (programs.get_kernel(dev, "winograd", e, prm) for e in
                   ("clnn_wino_filter", "clnn_wino_output"))
-    inp, xf = _wino_input_kernel(dev, dt, acc, prm, rows_in, group * Ci * H * W)
+    runs = not rows_in and _wino_runs(acc, nwi, panels)
+    inp, xf = _wino_input_kernel(dev, dt, acc, prm, rows_in, group * Ci * H * W, runs)
     wg = min(WINO_WG, dev.facts.max_work_group_size)
     filt((_round_up(_wino_lane_groups(acc, Mpad * Ci), wg),), (wg,), Mo=Mo, Ci=Ci,
          flip=int(flip), plane=us, orun=mwi, w=w, w_off=offset(w), u=u)
@@ -1348,7 +1380,7 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
             c_lay, t_lay = (_wino_lay(_WHOLE, 0, nwi), _wino_lay(nwi, Ci * nwi, 1)) \
                 if panels else (_wino_lay(_WHOLE, 0, T), _wino_lay(_WHOLE, 0, 1))
             _wino_input(dev, inp, acc, wg, f, xs, xs_off, g, Ci, v, vs, c_lay, t_lay,
-                        rows_in)
+                        rows_in, runs)
             c = Operand(z, 0, T, zs, X)
             if panels:
                 run_panels(dev, acc, rows, M=Mo, N=T, K=Ci, nbatch=X, a_pk=u, b_pk=v,

@@ -724,7 +724,7 @@ def test_winograd_float16_input_copy(monkeypatch, shape, dilation, group_bytes):
                                           dilation=dilation).get(),
                 clnn.conv2d_backward_weight(dy, x, w.shape, padding=pad,
                                             dilation=dilation).get()]
-        inputs = ran(prof, "clnn_wino_input")
+        inputs = ran(prof, "clnn_wino_input") + ran(prof, "clnn_wino_input_runs")
         assert len(inputs) >= 3 and {r.params["x_acc"] for r in inputs} == {copy}
         # one copy per group of images (an image at a time: N per op)
         copies = len(ran(prof, "clnn_cast"))
@@ -760,13 +760,16 @@ def test_winograd_tile_row_bands(monkeypatch, shape, dilation, dtype):
     row its own band, and halves with a shorter last one where the rows are odd) give
     bitwise the results of one band per work-item, for the forward pass, the flipped
     data gradient and the weight gradient (dilated phases, a float16 input through its
-    float copy); the banded results against float64 references, canaries around them."""
+    float copy); the banded results against float64 references, canaries around them.
+    (The forward passes' input transforms forced to channels in the lanes: they take
+    runs of tiles, clnn_wino_input_runs, by default.)"""
     N, C, H, W, M, pad = shape
     x = clnn.asarray(RNG.standard_normal((N, C, H, W)).astype(dtype))
     w = clnn.asarray(RNG.standard_normal((M, C, 3, 3)).astype(dtype))
     y = clnn.conv2d(x, w, padding=pad, dilation=dilation)
     dy = clnn.asarray(RNG.standard_normal(y.shape).astype(dtype))
     monkeypatch.setattr(conv_module, "WINO_INPUT_ROWS", False)
+    monkeypatch.setattr(conv_module, "WINO_INPUT_RUNS", False)
     modes = {"one": lambda th: th, "halves": lambda th: -(-th // 2), "rows": lambda th: 1}
     results, bands = {}, []
 
@@ -796,6 +799,66 @@ def test_winograd_tile_row_bands(monkeypatch, shape, dilation, dtype):
             assert np.array_equal(a, b)
     monkeypatch.undo()
     monkeypatch.setattr(conv_module, "WINO_BAND_GROUPS", 10 ** 6)    # the rule: a row each
+    _check_winograd(dtype, shape, 4, dilation=dilation)
+
+
+_RUNS = [((2, 5, 17, 13, 6, 1), (1, 1), np.float32),     # tile rows of 4: runs span 3
+         ((3, 4, 11, 26, 9, 0), (1, 1), np.float32),     # rows of 6, 18 tiles an image
+         ((1, 40, 6, 7, 3, 1), (1, 1), np.float32),      # 4 tiles: channels in 20 blocks
+         ((2, 9, 26, 13, 7, 3), (2, 3), np.float32),     # dilated phases
+         ((2, 5, 9, 33, 6, 2), (1, 1), np.float64),      # runs of 4 doubles
+         ((1, 11, 13, 21, 9, 1), (1, 1), np.float16)]    # through the float copy
+
+
+def test_winograd_run_channels_rule():
+    """clnn_wino_input_runs splits the channels into blocks until its work-items make
+    WINO_BAND_GROUPS work-groups a compute unit; all channels where the runs do."""
+    dev = types.SimpleNamespace(facts=types.SimpleNamespace(compute_units=2))
+    channels = conv_module._wino_run_channels
+    assert channels(dev, 8, 98, 64) == 64      # 56x56, 4 images: 98 runs
+    assert channels(dev, 8, 32, 64) == 64
+    assert channels(dev, 8, 16, 64) == 32      # two blocks
+    assert channels(dev, 8, 1, 40) == 2        # 32 work-items wanted: 20 blocks of 2
+    assert channels(dev, 8, 1, 3) == 1
+    dev.facts.compute_units = 16
+    assert channels(dev, 8, 98, 64) == 22      # 3 blocks (294 work-items)
+
+
+@pytest.mark.parametrize("shape,dilation,dtype", _RUNS, ids=str)
+def test_winograd_input_runs(monkeypatch, shape, dilation, dtype):
+    """A forward pass's and a flipped data gradient's input transform in runs of a
+    vector's lanes of tiles (clnn_wino_input_runs: runs across tile rows and images, a
+    last run past the tiles, padded edges at every side, dilated phases, the channels
+    split into blocks where the runs are few): bitwise the results of channels in the
+    lanes (clnn_wino_input), and against float64 references with canaries."""
+    N, C, H, W, M, pad = shape
+    xh, wh = (RNG.standard_normal(s).astype(dtype) for s in ((N, C, H, W), (M, C, 3, 3)))
+    x, w = clnn.asarray(xh), clnn.asarray(wh)
+    dy = clnn.asarray(RNG.standard_normal(clnn.conv2d(x, w, padding=pad,
+                                                      dilation=dilation).shape).astype(dtype))
+    monkeypatch.setattr(conv_module, "WINO_INPUT_ROWS", False)
+    wino = dict(GATHER, WINO=True, WINO_M=4, DGRAD="flip")
+    results, blocks = {}, []
+    channels = conv_module._wino_run_channels
+
+    def counted(dev, wg, runs, C):
+        blocks.append(-(-C // channels(dev, wg, runs, C)))
+        return channels(dev, wg, runs, C)
+    monkeypatch.setattr(conv_module, "_wino_run_channels", counted)
+    for runs in (True, False):
+        monkeypatch.setattr(conv_module, "WINO_INPUT_RUNS", runs)
+        with tuning.override("conv", wino), clnn.profile() as prof:
+            results[runs] = [clnn.conv2d(x, w, padding=pad, dilation=dilation).get(),
+                             clnn.conv2d_backward_data(dy, w, x.shape, padding=pad,
+                                                       dilation=dilation).get()]
+        assert len(ran(prof, "clnn_wino_input_runs")) == \
+            (2 * dilation[0] * dilation[1] if runs else 0)
+    if C == 40:
+        assert max(blocks) > 1          # one run of 4 tiles: the channels in blocks
+    for a, b in zip(results[True], results[False]):
+        assert np.array_equal(a, b)
+    monkeypatch.undo()
+    monkeypatch.setattr(conv_module, "WINO_INPUT_ROWS", False)
     _check_winograd(dtype, shape, 4, dilation=dilation)
 
 
