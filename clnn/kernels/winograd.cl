@@ -250,14 +250,14 @@ ${vector_stores([[f"o{a}_{b}" for b in range(AL)] for a in range(AL)], "v0 + at"
 // matrix's rows), with tiles in the lanes: a work-item per run of ${VC} tiles (t = ${VC} r
 // .. ${VC} r + ${VC - 1} of the launch, across tile rows and images) and a range of CB
 // channels. Each lane gathers its own tile's patch, as clnn_wino_input's lanes gather
-// their channels', from offsets and bounds found once for all the channels (zeros
+// their channels', through pointers and bounds found once for all the channels (zeros
 // outside the input by a mask per element: a lane's bits and-ed with all ones or
 // none), and every element of the transform goes out as one vector of the run's tiles.
 // clnn_wino_input stored these ${VC * AL * AL} values a tile lane by lane (56x56, 64 -> 64
-// channels, batch 32: 7.3 ms, its weight gradient's layout with channels side by side
-// 4.2). Taken only for B panels (conv.py's _wino_runs), whose last panel has room for a
-// last run's lanes past T: those repeat the last tile, and the GEMM never stores what
-// they give.
+// channels, batch 32: 7.1-7.5 ms; here 5.2-5.6; clnn_wino_input writing a weight
+// gradient's layout, channels side by side, 4.2). A last run's lanes past T repeat the last tile: where V's panels have room for
+// them (t_lay.s1 != 0: a last panel's columns past T, whose products the GEMM never
+// stores) the run goes out as vectors all the same, else lane by lane.
 <%
     mask_t = ("long" if acc == "double" else "int") + str(VC)
     as_mask, as_acc = f"as_{mask_t}", f"as_{vc_t}"
@@ -276,7 +276,7 @@ __kernel void clnn_wino_input_runs(const int C, const int H, const int W, const 
     const int r = gid % R, c0 = gid / R * CB, c1 = min(c0 + CB, C), t0 = r * ${VC};
     const int HW = x_lay.s0;
     x += x_off + x_lay.s3;
-    // lane l: tile t0 + l (lanes past T repeat the last tile, into the panel's padding)
+    // lane l: tile t0 + l (lanes past T repeat the last tile)
 % for l in range(VC):
     const int tt${l} = min(t0 + ${l}, T - 1);
     const int n${l} = tt${l} / (TH * TW), h${l} = ${m} * (tt${l} / TW % TH) - ph, w${l} = ${m} * (tt${l} % TW) - pw;
@@ -302,6 +302,7 @@ __kernel void clnn_wino_input_runs(const int C, const int H, const int W, const 
 %     endfor
 %   endfor
 % endfor
+    const bool vec = t0 + ${VC} <= T || t_lay.s1 != 0;
     const int at = clnn_wino_at(t0, t_lay);
     for (int c = c0; c < c1; ++c) {
         const size_t cp = (size_t)c * HW;      // channel c's plane, from each lane's pointers
@@ -313,7 +314,20 @@ __kernel void clnn_wino_input_runs(const int C, const int H, const int W, const 
 <% decl, vv = sandwich(BT, lambda k, j: f"d{k}_{j}", "e", AL, AL, " " * 8, "B^T d", vc_t) %>\
 ${decl}
         __global acc_t *vc = v + clnn_wino_at(c, c_lay);
-${vector_stores(vv, "vc + at", " " * 8)}
+        if (vec) {
+${vector_stores(vv, "vc + at", " " * 12)}
+        } else {
+% for l in range(VC):
+            if (t0 + ${l} < T) {
+                const int tl = clnn_wino_at(t0 + ${l}, t_lay);
+%   for a in range(AL):
+%     for b in range(AL):
+                vc[tl + ${AL * a + b} * plane] = (${vv[a][b]}).s${lane[l]};
+%     endfor
+%   endfor
+            }
+% endfor
+        }
     }
 }
 

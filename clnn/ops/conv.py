@@ -1218,19 +1218,25 @@ def _wino_output_rows(acc, f):
     return int(f["y"]["s2"]) == 1 and f["TW"] >= WINO_OUTPUT_ROW_LANES * _wino_lanes(acc)
 
 
-# The input transform takes runs of a vector's lanes of tiles per work-item
-# (clnn_wino_input_runs) where V's tiles lie side by side, in panels of whole vectors
-# (a forward pass's and a data gradient's B panels) and the rows kernel does not
-# apply: clnn_wino_input, channels in the lanes, stored those lane by lane, 36 scalar
-# stores per tile and channel. Kernel ms, Intel Xeon (AVX-512), PoCL 3.0, batch 32,
-# clnn_wino_input / runs: see benchmarks/README.md.
+# A forward pass's (and a flipped data gradient's) input transform takes runs of a
+# vector's lanes of tiles per work-item (clnn_wino_input_runs) where the rows kernel
+# does not apply: V's tiles lie side by side (B panels of tiles), and clnn_wino_input,
+# channels in the lanes, stored them lane by lane, 36 scalar stores per tile and
+# channel. Kernel ms, Intel Xeon (AVX-512), PoCL 3.0, batch 32, clnn_wino_input ->
+# runs: 56x56x64 7.4-8.3 -> 4.5-4.7, 28x28x128 3.4-3.8 -> 2.0-2.2, 14x14x256 2.1-2.9
+# -> 1.3, dilated 28x28x64 (batch 16) 1.2 -> 0.75, float16 at 56x56 (batch 16) 3.4 ->
+# 2.1-2.9. Not doubles: runs of 4 lanes gather as many elements for half the tiles of
+# a float run, and their scalar stores were a smaller share (56x56x64, batch 16: 6.0
+# -> 9.2).
 WINO_INPUT_RUNS = True
 
 
 def _wino_runs(acc, nwi, panels):
     """Whether a forward pass's input transform (not the rows kernel) takes runs of
-    tiles: B panels of ``nwi`` tiles, a multiple of the vector's lanes."""
-    return WINO_INPUT_RUNS and bool(panels) and nwi % _wino_lanes(acc) == 0
+    tiles: float sums, into B panels of ``nwi`` tiles, a multiple of the vector's
+    lanes, or a plain matrix (another GEMM variant's operand)."""
+    return WINO_INPUT_RUNS and acc.itemsize == 4 and \
+        (not panels or nwi % _wino_lanes(acc) == 0)
 
 
 def _wino_input_kernel(dev, dt, acc, prm, rows_in, group_elems, runs=False):

@@ -806,7 +806,7 @@ _RUNS = [((2, 5, 17, 13, 6, 1), (1, 1), np.float32),     # tile rows of 4: runs 
          ((3, 4, 11, 26, 9, 0), (1, 1), np.float32),     # rows of 6, 18 tiles an image
          ((1, 40, 6, 7, 3, 1), (1, 1), np.float32),      # 4 tiles: channels in 20 blocks
          ((2, 9, 26, 13, 7, 3), (2, 3), np.float32),     # dilated phases
-         ((2, 5, 9, 33, 6, 2), (1, 1), np.float64),      # runs of 4 doubles
+         ((2, 5, 9, 33, 6, 2), (1, 1), np.float32),      # rows of 9
          ((1, 11, 13, 21, 9, 1), (1, 1), np.float16)]    # through the float copy
 
 
@@ -822,6 +822,11 @@ def test_winograd_run_channels_rule():
     assert channels(dev, 8, 1, 3) == 1
     dev.facts.compute_units = 16
     assert channels(dev, 8, 98, 64) == 22      # 3 blocks (294 work-items)
+    # the rule: float sums into panels of whole vectors of tiles, or plain matrices
+    runs, f32, f64 = conv_module._wino_runs, np.dtype(np.float32), np.dtype(np.float64)
+    assert runs(f32, 32, (8, 32)) and runs(f32, 16, (6, 16)) and runs(f32, 1, None)
+    assert not runs(f32, 12, (8, 12)) and not runs(f64, 32, (6, 32))
+    assert not runs(f64, 1, None)
 
 
 @pytest.mark.parametrize("shape,dilation,dtype", _RUNS, ids=str)
@@ -907,9 +912,12 @@ def test_winograd_output_by_rows(monkeypatch, shape, dtype):
 @pytest.mark.parametrize("shape", [(3, 5, 7, 9, 6, 1), (2, 19, 9, 10, 17, 1)])
 def test_winograd_plain_gemms(shape):
     """Where the GEMM rows are not the packed CPU variant's (a forced tiled row), the
-    transforms write plain matrices and run_gemm multiplies them: the same results."""
+    transforms write plain matrices and run_gemm multiplies them: the same results
+    (the forward passes' input transform in runs of tiles, a last run short of a
+    vector stored lane by lane, the next channel's row right after it)."""
     with tuning.override("gemm", NV[0]):
-        _check_winograd(np.float32, shape, 4, packed=False)
+        prof = _check_winograd(np.float32, shape, 4, packed=False)
+    assert len(ran(prof, "clnn_wino_input_runs")) == 2
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda t: np.dtype(t).name)
