@@ -496,8 +496,10 @@ def conv():
     # columns and padding 1: 8 tiles a row, edge vectors at both sides)
     xr = rng.standard_normal((1, 3, 6, 29)).astype(np.float32)
     yr = conv2d_ref(xr, w1, b[:4], (1, 1), (1, 1))
+    # (rows of one vector: runs of tiles take those unless WINO_ROWS_MIN_VECTORS is 1)
     with tuning.override("gemm", tuning.GEMM_TABLE["type"]["CPU"]), \
-            tuning.override("conv", dict(base, WINO=True)), clnn.profile() as prof:
+            tuning.override("conv", dict(base, WINO=True)), \
+            mock.patch.object(conv_module, "WINO_ROWS_MIN_VECTORS", 1), clnn.profile() as prof:
         close(clnn.conv2d(clnn.asarray(xr), W1, B1, padding=1).get(), yr, 1e-4)
     assert any(r.entry == "clnn_wino_input_rows" for r in prof.records)
     checked += 1

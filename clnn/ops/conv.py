@@ -1179,16 +1179,28 @@ def _wino_plan(dt, p, N, Ci, Mo, H, W, ph, pw, dilation, cap):
     return m, (m + 2) ** 2, phases, tiles, group
 
 
-def _wino_rows(acc, phases):
+# Where the runs of tiles (clnn_wino_input_runs, below) can take a forward pass's
+# input transform, the rows kernel takes only tile rows of at least this many vectors
+# of tiles: kernel ms (with float16's copy), Intel Xeon (AVX-512), PoCL 3.0, rows /
+# runs, at 32x32 (one vector a row), batch 64, 32 -> 32 channels 1.44 / 1.20-1.25,
+# batch 32, 64 -> 64 1.46-1.51 / 1.30-1.35, float16 1.71-1.87 / 1.70-1.79; at 64x64
+# (two), batch 16, 2.81-2.93 / 3.10-3.18, float16 3.46-3.73 / 3.73-3.77.
+WINO_ROWS_MIN_VECTORS = 2
+
+
+def _wino_rows(acc, phases, runs=False):
     """Whether a Winograd forward pass transforms its input with clnn_wino_input_rows:
     one phase (undilated) whose tile rows are whole vectors of tiles (32x32 and 64x64
-    images at F(4x4)). Kernel ms against clnn_wino_input, AMD EPYC Zen 3, 3-4 runs
-    each: 64 -> 64 channels at 64x64, batch 16: 10.1-11.8 against 21.2-22.1; 48 at
+    images at F(4x4)), at least WINO_ROWS_MIN_VECTORS of them where the runs of
+    tiles could take it instead (``runs``: _wino_runs). Kernel ms against
+    clnn_wino_input, AMD EPYC Zen 3, 3-4 runs each: 64 -> 64 channels at 64x64, batch 16: 10.1-11.8 against 21.2-22.1; 48 at
     32x32, batch 64: 7.9-9.8 against 10.8-11.6. Rows padded to whole vectors with
     tiles that the GEMMs multiply for nothing (14 -> 16 tiles at 56x56, 7 -> 8 at
     28x28) gained in the transform what the GEMMs and the output transform lost."""
+    lanes = _wino_lanes(acc)
     return WINO_INPUT_ROWS and len(phases) == 1 and int(phases[0]["x"]["s2"]) == 1 and \
-        phases[0]["TW"] % _wino_lanes(acc) == 0
+        phases[0]["TW"] % lanes == 0 and \
+        (not runs or phases[0]["TW"] >= WINO_ROWS_MIN_VECTORS * lanes)
 
 
 # float16's input to clnn_wino_input (channels in the lanes: its loads gather a lane
@@ -1358,7 +1370,6 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
     acc = programs.acc_dtype(dt)
     m, X, phases, tiles, group = _wino_plan(dt, p, N, Ci, Mo, H, W, ph, pw, dilation,
                                             scratch_cap(dev, WINO_GROUP_BYTES))
-    rows_in = _wino_rows(acc, phases)
     prm = {"dtype": programs.dtype_name(dt), "m": m, "act": act,
            "bias": "row" if bias is not None else "none"}
     rows = tuning.gemm_rows(dev.facts, acc.itemsize, acc,
@@ -1372,7 +1383,9 @@ def _run_winograd(dev, dt, p, *, x, N, Ci, H, W, Mo, ph, pw, w, flip, out, act="
     z = dev_scratch(dev, X * _wino_plane(Mo * group * tiles), acc)
     filt, outp = (programs.get_kernel(dev, "winograd", e, prm) for e in
                   ("clnn_wino_filter", "clnn_wino_output"))
-    runs = not rows_in and _wino_runs(acc, nwi, panels)
+    runs = _wino_runs(acc, nwi, panels)
+    rows_in = _wino_rows(acc, phases, runs)
+    runs = runs and not rows_in
     inp, xf = _wino_input_kernel(dev, dt, acc, prm, rows_in, group * Ci * H * W, runs)
     wg = min(WINO_WG, dev.facts.max_work_group_size)
     filt((_round_up(_wino_lane_groups(acc, Mpad * Ci), wg),), (wg,), Mo=Mo, Ci=Ci,

@@ -676,9 +676,12 @@ def test_winograd_input_rows(monkeypatch, dtype, shape, m):
     vectors of tiles (8 floats, 4 doubles), its input transform puts a row's tiles in
     the lanes and reads the input rows as vectors (clnn_wino_input_rows): edge vectors
     at both sides, paddings 0 to 2, rows past the input's bottom, channels over several
-    panels; the outputs are bitwise those of clnn_wino_input (channels in the lanes)."""
+    panels; the outputs are bitwise those of clnn_wino_input (channels in the lanes).
+    (Rows of one vector of tiles, which floats take in runs of tiles: the rows kernel
+    forced with WINO_ROWS_MIN_VECTORS 1.)"""
     from clnn import programs
     lanes = 8 if programs.acc_dtype(np.dtype(dtype)) == np.float32 else 4
+    monkeypatch.setattr(conv_module, "WINO_ROWS_MIN_VECTORS", 1)
     N, C, H, W, M, pad = shape
     prof = _check_winograd(dtype, shape, m)
     # the forward pass's tile rows (of its W + 2 pad - 2 outputs), the data gradient's
@@ -827,6 +830,13 @@ def test_winograd_run_channels_rule():
     assert runs(f32, 32, (8, 32)) and runs(f32, 16, (6, 16)) and runs(f32, 1, None)
     assert not runs(f32, 12, (8, 12)) and not runs(f64, 32, (6, 32))
     assert not runs(f64, 1, None)
+    # the rows kernel where runs could take a forward pass: rows of two vectors or more
+    one, two = ({"TW": tw, "x": {"s2": 1}} for tw in (8, 16))
+    rows = conv_module._wino_rows
+    assert conv_module.WINO_ROWS_MIN_VECTORS == 2
+    assert rows(f32, [one]) and not rows(f32, [one], True) and rows(f32, [two], True)
+    assert rows(f64, [one], False) and not rows(f32, [one, one])
+    assert not rows(f32, [{"TW": 12, "x": {"s2": 1}}])
 
 
 @pytest.mark.parametrize("shape,dilation,dtype", _RUNS, ids=str)
