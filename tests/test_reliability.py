@@ -187,6 +187,16 @@ CASES = {
                                               beta=0.5), (3, 2, 3, 3)),
     "dgrad-col2im-groups": lambda dev: (
         contextlib.ExitStack(), lambda o: _dgrad_col2im(o), (5, 2, 6, 7)),
+    # a CPU's strided data gradient as dcol transposed (packed GEMMs, forced) and the
+    # rows col2im, in groups of 2 images (the last one images 3 and 4: each GEMM asks
+    # for the panels the one before let go)
+    "dgrad-col2im-rows-groups": lambda dev: (
+        _all(mock.patch.object(conv_module, "SCRATCH_BYTES", 2 * 18 * 12 * 4),
+             mock.patch.object(gemm_module, "DIRECT_FLOPS", 0),
+             tuning.override("gemm", tuning.GEMM_TABLE["type"]["CPU"]),
+             tuning.override("conv", tuning.CONV_TABLE["type"]["CPU"])),
+        lambda o: clnn.conv2d_backward_data(DY2, W2, (5, 2, 6, 7), stride=2, padding=1,
+                                            out=o), (5, 2, 6, 7)),
     "gpu-dgrad-phases": lambda dev: (
         tuning.override("gemm", dict(NV[-1], KSPLIT=2)),
         lambda o: clnn.conv2d_backward_data(DY2, W2, (5, 2, 6, 7), stride=2, padding=1,

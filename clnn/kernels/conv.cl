@@ -14,7 +14,8 @@
 ##   tuning       MWI, NWI, VW (clnn/ops/conv.py picks them per shape; CONV_TABLE in
 ##                clnn/tuning.py holds VW and the work-group size)
 ## Kernels: clnn_conv_pack (B panels and the k offset table), clnn_conv_gather (the
-## GEMM), clnn_conv_col2im (the data gradient from dcol), clnn_conv_pad (a copy of
+## GEMM), clnn_conv_col2im (the data gradient from dcol; clnn_conv_col2im_rows from
+## dcol transposed, a CPU's strided data gradient), clnn_conv_pad (a copy of
 ## the input with a zero border), and clnn_conv_ktab (the k table of gemm.cl's tiled
 ## convolution loaders, which GPUs use). Used by clnn/ops/conv.py for the forward pass, the
 ## data gradient (a forward pass over padded dy with the filters flipped, or dcol and
@@ -305,6 +306,57 @@ __kernel void clnn_conv_col2im(const int n0, const int rows, const int C, const 
     dx += dx_off + (n0 * C * H + row) * W + w0;
     for (int i = 0; i < wn; ++i)
         CLNN_STORE(acc[i], dx, i);
+}
+
+// col2im on CPUs for a strided data gradient whose dcol is transposed: dcol[(n - n0, c,
+// r, s), (p, q)] (acc_t; one batched GEMM of w^T and dy per group of images wrote it,
+// its rows of P Q positions contiguous). A work-item per dx row (n, c, h) takes the
+// row's columns phase by phase, w = b, b + sw, ... (b < sw): those receive only from
+// the taps s = s0 + sw l, from q = j + d - l for column b + sw j, so each tap adds a
+// contiguous run of dcol's row to a vector of the phase's columns. Every dcol entry
+// is read once, as part of a whole vector (clnn_conv_col2im's reads of the untransposed
+// dcol took one element of each cache line per work-item: 11.9 ms for the ResNet
+// stage's 3x3 stride-2 layer). Sums in a fixed order; no atomics.
+typedef ${acc}${cpu_lanes} c2v_t;
+__kernel void clnn_conv_col2im_rows(const int n0, const int rows, const int C, const int H,
+                                    const int W, const int P, const int Q, const int R,
+                                    const int S, const int sh, const int sw, const int ph,
+                                    const int pw, __global const acc_t *dcol,
+                                    __global real_t *dx, const int dx_off)
+{
+    const int row = (int)get_global_id(0);     // (n - n0, c, h)
+    if (row >= rows)
+        return;
+    const int h = row % H, nc = row / H;
+    __global const acc_t *col = dcol + nc * R * S * P * Q;
+    __global real_t *out = dx + dx_off + (n0 * C * H + row) * W;
+    for (int b = 0; b < sw && b < W; ++b) {
+        const int s0 = (b + pw) % sw, d = (b + pw - s0) / sw;
+        const int Wb = (W - b + sw - 1) / sw;
+        for (int j0 = 0; j0 < Wb; j0 += ${cpu_lanes}) {
+            c2v_t acc = (c2v_t)0;
+            for (int r = 0; r < R; ++r) {
+                const int hp = h + ph - r;            // p * sh
+                if (hp < 0 || hp % sh != 0 || hp / sh >= P)
+                    continue;
+                __global const acc_t *e = col + r * S * P * Q + hp / sh * Q;
+                for (int s = s0, l = 0; s < S; s += sw, ++l) {
+                    const int q0 = j0 + d - l;
+                    __global const acc_t *v = e + s * P * Q + q0;
+                    if (q0 >= 0 && q0 + ${cpu_lanes} <= Q)
+                        acc += CLNN_ELEMS_LOAD${cpu_lanes}(${acc}, v);
+                    else
+                        acc += (c2v_t)(${", ".join(f"(uint)(q0 + {i}) < (uint)Q ? v[{i}] : (acc_t)0" for i in range(cpu_lanes))});
+                }
+            }
+            const int jn = min(${cpu_lanes}, Wb - j0);
+            __global real_t *o = out + b + j0 * sw;
+% for i in range(cpu_lanes):
+            if (${i} < jn)
+                CLNN_STORE(acc.s${"0123456789abcdef"[i]}, o, ${i} * sw);
+% endfor
+        }
+    }
 }
 
 // dy with a zero border, for the data gradient at unit stride: xp (N, C, H + 2 ph,

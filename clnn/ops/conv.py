@@ -597,6 +597,23 @@ def _gather_scratch(dev, dt, cols, K, *widths):
     return (dev_scratch(dev, panel * K, programs.acc_dtype(dt)), dev_scratch(dev, K, np.int32))
 
 
+# A strided data gradient on CPUs (float32, float64) as dcol transposed, one batched
+# GEMM per group of images, and clnn_conv_col2im_rows (_dgrad_col2im_rows); False: as
+# dcol (positions by taps, the gathered kernel) and clnn_conv_col2im, whose reads took
+# one element of each cache line per work-item. Kernel ms, Intel Xeon (AVX-512), PoCL
+# 3.0: see benchmarks/README.md.
+DGRAD_COL2IM_ROWS = True
+
+
+def _col2im_rows(dt, R, S, st):
+    """Whether a CPU's data gradient takes _dgrad_col2im_rows: strided, float32 or
+    float64, its taps overlapping along an axis (R > sh or S > sw; where they do not, as
+    1x1 filters at stride 2, every dcol entry is a dx element of its own, and the
+    strided scalar stores of the rows kernel lost: 11.9 -> 13.3 ms)."""
+    return DGRAD_COL2IM_ROWS and st != (1, 1) and programs.acc_dtype(dt) == dt and \
+        (R > st[0] or S > st[1])
+
+
 def _dgrad_method(C, H, W, M, P, Q, R, S):
     """"flip" or "col2im" for a unit-stride data gradient, whichever does less work.
 
@@ -610,6 +627,36 @@ def _dgrad_method(C, H, W, M, P, Q, R, S):
     flip = H * W * M * R * S * lanes(C)
     col2im = P * Q * C * R * S * (lanes(M) + 40)
     return "flip" if flip <= 1.3 * col2im else "col2im"
+
+
+def _dgrad_col2im_rows(dev, dt, dy, w, out, C, H, W, M, P, Q, R, S, st, pd):
+    """A strided data gradient on CPUs: dcol (C R S x P Q, per image) = w^T (C R S x M)
+    @ dy (M x P Q), one batched packed GEMM of plain matrices for a group of images
+    (within SCRATCH_BYTES: from a constant, so the plan and the bits never follow the
+    budget), then clnn_conv_col2im_rows, which reads dcol's rows as whole vectors.
+    float32 and float64 (dcol holds what the GEMM sums in, dt itself). Every group
+    holds as many images (the last one starts early and writes some images' dx again,
+    the same values), so each GEMM asks the pool for the panels the first one let go:
+    an allocation fails, if at all, before dx is written."""
+    N = dy.shape[0]
+    CRS, PQ = C * R * S, P * Q
+    group = max(1, min(N, SCRATCH_BYTES // (CRS * PQ * dt.itemsize)))
+    rows = tuning.gemm_rows(dev.facts, dt.itemsize, dt,
+                            tuning.shape_class(CRS, PQ, M, trans_a=True, batch=group))
+    dcol = dev_scratch(dev, group * CRS * PQ, dt)
+    col2im = programs.get_kernel(dev, "conv", "clnn_conv_col2im_rows", _helper(dt))
+    wg = min(8, dev.facts.max_work_group_size)
+    evt = None
+    for n0 in sorted({min(n, N - group) for n in range(0, N, group)}):
+        g = group
+        run_gemm(dev, dt, M=CRS, N=PQ, K=M, nbatch=g, a=Operand(w, offset(w), CRS),
+                 b=Operand(dy, offset(dy) + n0 * M * PQ, PQ, M * PQ, g),
+                 c=Operand(dcol, 0, PQ, CRS * PQ, g), trans_a=True, rows=rows)
+        n_rows = g * C * H
+        evt = col2im((-(-n_rows // wg) * wg,), (wg,), n0=n0, rows=n_rows, C=C, H=H, W=W,
+                     P=P, Q=Q, R=R, S=S, sh=st[0], sw=st[1], ph=pd[0], pw=pd[1],
+                     dcol=dcol, dx=out, dx_off=offset(out))
+    return evt
 
 
 def _dgrad_col2im(dev, dt, p, dy, w, out, C, H, W, M, P, Q, R, S, st, pd):
@@ -1602,7 +1649,10 @@ def _conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None,
                           out=out, out_steps=(C * H * W, W, 1, H * W))
         return done(out, evt)
     if p["variant"] == "gather":
-        evt = _dgrad_col2im(dev, dt, p, dy, w, out, C, H, W, M, P, Q, R, S, st, pd)
+        if _col2im_rows(dt, R, S, st):
+            evt = _dgrad_col2im_rows(dev, dt, dy, w, out, C, H, W, M, P, Q, R, S, st, pd)
+        else:
+            evt = _dgrad_col2im(dev, dt, p, dy, w, out, C, H, W, M, P, Q, R, S, st, pd)
         return done(out, evt)
     plan = p["variant"] == "local" and \
         tile_direct_op(dev, dt, "dgrad", N, C, M, R, S, st, pd, dilation, engine=p)
