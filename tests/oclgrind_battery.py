@@ -476,6 +476,12 @@ def conv():
                       want, 1e-4)
             assert [r.entry for r in prof.records].count("clnn_conv_wgrad_rows") == 1
     checked += 1
+    # a strided data gradient as dcol transposed and clnn_conv_col2im_rows (stride 2
+    # along the rows; runs of dcol past dy's edges at both sides of rows of 8)
+    with tuning.override("conv", base), clnn.profile() as prof:
+        close(clnn.conv2d_backward_data(DY, Wd, x.shape, stride=(2, 1), padding=1).get(),
+              dx_ref, 1e-4)
+    assert any(r.entry == "clnn_conv_col2im_rows" for r in prof.records)
     # winograd.cl with the CPU GEMM's packed panels (the transforms write them, and dy's
     # transform takes an A panel of channels per work-item), its rows forced here; the
     # channel-lane transforms in one band and with every tile row a band; the forward
