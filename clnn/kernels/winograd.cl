@@ -13,8 +13,9 @@
 ##                     (2 to the CPU vector's lanes)
 ##              x_acc  clnn_wino_input reads an acc_t copy of a 16-bit input (float16
 ##                     on CPUs: converted once, not at every patch that covers it)
-## Kernels: clnn_wino_filter (U = G g G^T), clnn_wino_input (V = B^T d B; where the
-## tile rows are whole vectors, clnn_wino_input_rows, a row's tiles in the lanes), then the
+## Kernels: clnn_wino_filter (U = G g G^T), clnn_wino_input (V = B^T d B; a forward
+## pass's, whose V holds tiles side by side, clnn_wino_input_runs, runs of tiles in the
+## lanes, or where the tile rows are whole vectors clnn_wino_input_rows), then the
 ## GEMMs Z[xi] (Mo x T) = U[xi] (Mo x Ci) @ V[xi] (Ci x T) run by gemm.cl, and
 ## clnn_wino_output (y = A^T Z A, with the fused epilogue); for weight gradients
 ## clnn_wino_dy (Y = A dy A^T) and clnn_wino_dw (dw = G^T Z G) around the GEMMs

@@ -648,11 +648,10 @@ def _dgrad_col2im_rows(dev, dt, dy, w, out, C, H, W, M, P, Q, R, S, st, pd):
     wg = min(8, dev.facts.max_work_group_size)
     evt = None
     for n0 in sorted({min(n, N - group) for n in range(0, N, group)}):
-        g = group
-        run_gemm(dev, dt, M=CRS, N=PQ, K=M, nbatch=g, a=Operand(w, offset(w), CRS),
-                 b=Operand(dy, offset(dy) + n0 * M * PQ, PQ, M * PQ, g),
-                 c=Operand(dcol, 0, PQ, CRS * PQ, g), trans_a=True, rows=rows)
-        n_rows = g * C * H
+        run_gemm(dev, dt, M=CRS, N=PQ, K=M, nbatch=group, a=Operand(w, offset(w), CRS),
+                 b=Operand(dy, offset(dy) + n0 * M * PQ, PQ, M * PQ, group),
+                 c=Operand(dcol, 0, PQ, CRS * PQ, group), trans_a=True, rows=rows)
+        n_rows = group * C * H
         evt = col2im((-(-n_rows // wg) * wg,), (wg,), n0=n0, rows=n_rows, C=C, H=H, W=W,
                      P=P, Q=Q, R=R, S=S, sh=st[0], sw=st[1], ph=pd[0], pw=pd[1],
                      dcol=dcol, dx=out, dx_off=offset(out))
@@ -1240,8 +1239,9 @@ def _wino_rows(acc, phases, runs=False):
     one phase (undilated) whose tile rows are whole vectors of tiles (32x32 and 64x64
     images at F(4x4)), at least WINO_ROWS_MIN_VECTORS of them where the runs of
     tiles could take it instead (``runs``: _wino_runs). Kernel ms against
-    clnn_wino_input, AMD EPYC Zen 3, 3-4 runs each: 64 -> 64 channels at 64x64, batch 16: 10.1-11.8 against 21.2-22.1; 48 at
-    32x32, batch 64: 7.9-9.8 against 10.8-11.6. Rows padded to whole vectors with
+    clnn_wino_input, AMD EPYC Zen 3, 3-4 runs each: 64 -> 64 channels at 64x64, batch
+    16: 10.1-11.8 against 21.2-22.1; 48 at 32x32, batch 64: 7.9-9.8 against
+    10.8-11.6. Rows padded to whole vectors with
     tiles that the GEMMs multiply for nothing (14 -> 16 tiles at 56x56, 7 -> 8 at
     28x28) gained in the transform what the GEMMs and the output transform lost."""
     lanes = _wino_lanes(acc)
