@@ -317,7 +317,58 @@ __kernel void clnn_conv_col2im(const int n0, const int rows, const int C, const 
 // is read once, as part of a whole vector (clnn_conv_col2im's reads of the untransposed
 // dcol took one element of each cache line per work-item: 11.9 ms for the ResNet
 // stage's 3x3 stride-2 layer). Sums in a fixed order; no atomics.
-typedef ${acc}${cpu_lanes} c2v_t;
+<%
+    V = cpu_lanes
+    hexl = "0123456789abcdef"
+
+    def zip2(a, b, half):
+        """lanes half * V / 2 .. of a and b interleaved (a's first), as OpenCL C: clang's
+        __builtin_shufflevector, else a vector literal"""
+        picks = [(src, half * V // 2 + i) for i in range(V // 2) for src in (0, 1)]
+        return ("#ifdef __clang__\n" +
+                f"__builtin_shufflevector({a}, {b}, " +
+                ", ".join(str(src * V + i) for src, i in picks) + ")\n#else\n" +
+                f"({acc}{V})(" + ", ".join(f"{(a, b)[src]}.s{hexl[i]}" for src, i in picks) +
+                ")\n#endif\n")
+
+    def store_v(v, ptr):
+        """the vector v stored at ptr: in one store (16-bit storage, which this path
+        never takes, element by element)"""
+        if storage_only:
+            return " ".join(f"CLNN_STORE({v}.s{hexl[i]}, {ptr}, {i});" for i in range(V))
+        return f"CLNN_ELEMS_STORE{V}({acc}, {v}, {ptr});"
+%>\
+typedef ${acc}${V} c2v_t;
+// Phase b's columns b + sw j, j = j0 .. j0 + ${V - 1}, of dx row (c, h) from dcol's rows
+// col (that image and channel's taps): the taps s = s0 + sw l reach them from q = j +
+// d - l, a contiguous run of each tap's row p (zeros past dy's edges).
+inline c2v_t clnn_col2im_phase(__global const acc_t *col, const int h, const int b,
+                               const int j0, const int P, const int Q, const int R,
+                               const int S, const int sh, const int sw, const int ph,
+                               const int pw)
+{
+    const int s0 = (b + pw) % sw, d = (b + pw - s0) / sw;
+    c2v_t acc = (c2v_t)0;
+    for (int r = 0; r < R; ++r) {
+        const int hp = h + ph - r;            // p * sh
+        if (hp < 0 || hp % sh != 0 || hp / sh >= P)
+            continue;
+        __global const acc_t *e = col + r * S * P * Q + hp / sh * Q;
+        for (int s = s0, l = 0; s < S; s += sw, ++l) {
+            const int q0 = j0 + d - l;
+            __global const acc_t *v = e + s * P * Q + q0;
+            if (q0 >= 0 && q0 + ${V} <= Q)
+                acc += CLNN_ELEMS_LOAD${V}(${acc}, v);
+            else
+                acc += (c2v_t)(${", ".join(f"(uint)(q0 + {i}) < (uint)Q ? v[{i}] : (acc_t)0" for i in range(V))});
+        }
+    }
+    return acc;
+}
+
+// A work-item per dx row: ${V} columns of every phase at a time, stored as whole
+// vectors at strides 1 and 2 (the two phases' vectors interleaved), else (a row's
+// last columns, strides of 3 and more) element by element.
 __kernel void clnn_conv_col2im_rows(const int n0, const int rows, const int C, const int H,
                                     const int W, const int P, const int Q, const int R,
                                     const int S, const int sh, const int sw, const int ph,
@@ -330,30 +381,31 @@ __kernel void clnn_conv_col2im_rows(const int n0, const int rows, const int C, c
     const int h = row % H, nc = row / H;
     __global const acc_t *col = dcol + nc * R * S * P * Q;
     __global real_t *out = dx + dx_off + (n0 * C * H + row) * W;
-    for (int b = 0; b < sw && b < W; ++b) {
-        const int s0 = (b + pw) % sw, d = (b + pw - s0) / sw;
-        const int Wb = (W - b + sw - 1) / sw;
-        for (int j0 = 0; j0 < Wb; j0 += ${cpu_lanes}) {
-            c2v_t acc = (c2v_t)0;
-            for (int r = 0; r < R; ++r) {
-                const int hp = h + ph - r;            // p * sh
-                if (hp < 0 || hp % sh != 0 || hp / sh >= P)
-                    continue;
-                __global const acc_t *e = col + r * S * P * Q + hp / sh * Q;
-                for (int s = s0, l = 0; s < S; s += sw, ++l) {
-                    const int q0 = j0 + d - l;
-                    __global const acc_t *v = e + s * P * Q + q0;
-                    if (q0 >= 0 && q0 + ${cpu_lanes} <= Q)
-                        acc += CLNN_ELEMS_LOAD${cpu_lanes}(${acc}, v);
-                    else
-                        acc += (c2v_t)(${", ".join(f"(uint)(q0 + {i}) < (uint)Q ? v[{i}] : (acc_t)0" for i in range(cpu_lanes))});
-                }
-            }
-            const int jn = min(${cpu_lanes}, Wb - j0);
-            __global real_t *o = out + b + j0 * sw;
-% for i in range(cpu_lanes):
-            if (${i} < jn)
-                CLNN_STORE(acc.s${"0123456789abcdef"[i]}, o, ${i} * sw);
+    for (int j0 = 0; j0 * sw < W; j0 += ${V}) {
+        __global real_t *o = out + j0 * sw;
+        if (sw == 1 && j0 + ${V} <= W) {
+            const c2v_t a = clnn_col2im_phase(col, h, 0, j0, P, Q, R, S, sh, 1, ph, pw);
+            ${store_v("a", "o")}
+            continue;
+        }
+        if (sw == 2 && 2 * (j0 + ${V}) <= W) {
+            const c2v_t a0 = clnn_col2im_phase(col, h, 0, j0, P, Q, R, S, sh, 2, ph, pw);
+            const c2v_t a1 = clnn_col2im_phase(col, h, 1, j0, P, Q, R, S, sh, 2, ph, pw);
+            const c2v_t lo =
+${zip2("a0", "a1", 0)}\
+                ;
+            const c2v_t hi =
+${zip2("a0", "a1", 1)}\
+                ;
+            ${store_v("lo", "o")}
+            ${store_v("hi", f"(o + {V})")}
+            continue;
+        }
+        for (int b = 0; b < sw; ++b) {
+            const c2v_t a = clnn_col2im_phase(col, h, b, j0, P, Q, R, S, sh, sw, ph, pw);
+% for i in range(V):
+            if (b + (j0 + ${i}) * sw < W)
+                CLNN_STORE(a.s${hexl[i]}, o, b + ${i} * sw);
 % endfor
         }
     }

@@ -607,11 +607,14 @@ DGRAD_COL2IM_ROWS = True
 
 def _col2im_rows(dt, R, S, st):
     """Whether a CPU's data gradient takes _dgrad_col2im_rows: strided, float32 or
-    float64, its taps overlapping along an axis (R > sh or S > sw; where they do not, as
-    1x1 filters at stride 2, every dcol entry is a dx element of its own, and the
-    strided scalar stores of the rows kernel lost: 11.9 -> 13.3 ms)."""
+    float64, and either its columns at most 2 apart (the rows kernel stores whole
+    vectors) or its taps overlapping along an axis (R > sh or S > sw). Where neither
+    holds, every dcol entry is a dx element of its own, stored element by element:
+    with its stores lane by lane at stride 2, the rows kernel lost to clnn_conv_col2im
+    on 1x1 filters at stride 2 (11.9 -> 13.3 ms); with them as vectors it wins there
+    too (12.2-12.9 -> 10.5-10.6)."""
     return DGRAD_COL2IM_ROWS and st != (1, 1) and programs.acc_dtype(dt) == dt and \
-        (R > st[0] or S > st[1])
+        (st[1] <= 2 or R > st[0] or S > st[1])
 
 
 def _dgrad_method(C, H, W, M, P, Q, R, S):

@@ -579,7 +579,9 @@ _STRIDED = [(2, 9, 11, 13, 10, 3, 3, (2, 2), (1, 1)),     # ResNet's 3x3 stride 
              (1, 3, 23, 21, 5, 7, 7, (2, 2), (3, 3)),      # a stem: 7x7 stride 2
              (2, 12, 10, 19, 8, 3, 2, (2, 3), (1, 0)),     # rows and columns apart
              (2, 5, 17, 9, 4, 4, 4, (3, 3), (1, 2)),       # stride 3, 4x4 taps
-             (3, 4, 5, 30, 3, 3, 3, (2, 2), (0, 1))]       # rows of 15: two vectors
+             (3, 4, 5, 30, 3, 3, 3, (2, 2), (0, 1)),       # rows of 15: two vectors
+             (2, 6, 9, 37, 5, 1, 1, (2, 2), (0, 0)),       # 1x1: every other column 0
+             (2, 5, 10, 23, 4, 3, 3, (2, 1), (1, 1))]      # unit stride along rows
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=lambda t: np.dtype(t).name)
@@ -588,8 +590,10 @@ _STRIDED = [(2, 9, 11, 13, 10, 3, 3, (2, 2), (1, 1)),     # ResNet's 3x3 stride 
 def test_strided_dgrad_col2im_rows(monkeypatch, shape, dtype, groups):
     """A CPU's strided data gradient as dcol transposed (one batched GEMM of w^T and
     dy) and clnn_conv_col2im_rows (each dx row's columns phase by phase, dcol's runs
-    as vectors, a run past dy's edges at both sides): against float64 references with
-    canaries around dx, every image in one group and an image a group."""
+    as vectors, a run past dy's edges at both sides; stored as vectors at strides 1
+    and 2, the two phases interleaved, element by element at a row's end and at
+    stride 3): against float64 references with canaries around dx, every image in one
+    group and an image a group."""
     if groups:
         monkeypatch.setattr(conv_module, "SCRATCH_BYTES", 1)
     with tuning.override("conv", GATHER), clnn.profile() as prof:
@@ -599,15 +603,17 @@ def test_strided_dgrad_col2im_rows(monkeypatch, shape, dtype, groups):
 
 
 def test_strided_dgrad_col2im_rows_rule():
-    """The rows col2im takes strided data gradients whose taps overlap, in float32 and
-    float64; 1x1 filters at stride 2, unit strides and 16-bit formats keep col2im."""
+    """The rows col2im takes strided data gradients in float32 and float64 whose
+    columns are at most 2 apart or whose taps overlap; 1x1 filters at stride 3, unit
+    strides and 16-bit formats keep col2im."""
     rows = conv_module._col2im_rows
     f32, f64, f16 = (np.dtype(t) for t in (np.float32, np.float64, np.float16))
     assert rows(f32, 3, 3, (2, 2)) and rows(f64, 7, 7, (2, 2)) and rows(f32, 1, 3, (2, 2))
-    assert not rows(f32, 1, 1, (2, 2)) and not rows(f32, 2, 2, (2, 2))
+    assert rows(f32, 1, 1, (2, 2)) and rows(f32, 2, 2, (2, 2)) and rows(f32, 4, 4, (3, 3))
+    assert not rows(f32, 1, 1, (3, 3)) and not rows(f32, 3, 3, (3, 3))
     assert not rows(f32, 3, 3, (1, 1)) and not rows(f16, 3, 3, (2, 2))
     with tuning.override("conv", GATHER), clnn.profile() as prof:
-        check_conv(2, 6, 9, 11, 5, 1, 1, (2, 2), (0, 0))
+        check_conv(2, 6, 9, 11, 5, 1, 1, (3, 3), (0, 0))
     assert ran(prof, "clnn_conv_col2im") and not ran(prof, "clnn_conv_col2im_rows")
 
 
