@@ -112,6 +112,20 @@ inline int clnn_wino_at(const int i, const int4 L)
     vc_t = f"{acc}{VC}"
     lane = "0123456789abcdef"
 
+    def lane_stores(vals, base, first, indent, bound=None):
+        """the stores of a transformed tile held in vectors of VC tiles (t = first ..
+        first + VC - 1) lane by lane, along t_lay from base; with ``bound``, only the
+        tiles below it"""
+        out = []
+        for l in range(VC):
+            guard = f"if ({first} + {l} < {bound}) " if bound else ""
+            out.append(f"{indent}{guard}{{")
+            out.append(f"{indent}    const int tl = clnn_wino_at({first} + {l}, t_lay);")
+            out += [f"{indent}    {base}[tl + {AL * a + b} * plane] = ({vals[a][b]}).s{lane[l]};"
+                    for a in range(AL) for b in range(AL)]
+            out.append(f"{indent}}}")
+        return "\n".join(out)
+
     def vector_stores(vals, base, indent):
         """the stores of a transformed tile held in vectors, element xi = AL a + b
         (vals[a][b]) as one vector to plane xi from base"""
@@ -318,16 +332,7 @@ ${decl}
         if (vec) {
 ${vector_stores(vv, "vc + at", " " * 12)}
         } else {
-% for l in range(VC):
-            if (t0 + ${l} < T) {
-                const int tl = clnn_wino_at(t0 + ${l}, t_lay);
-%   for a in range(AL):
-%     for b in range(AL):
-                vc[tl + ${AL * a + b} * plane] = (${vv[a][b]}).s${lane[l]};
-%     endfor
-%   endfor
-            }
-% endfor
+${lane_stores(vv, "vc", "t0", " " * 12, "T")}
         }
     }
 }
@@ -390,16 +395,7 @@ ${decl}
 ${vector_stores(vv, "vb", " " * 8)}
     } else {
         // B panels narrower than a vector: lane by lane
-% for l in range(VC):
-        {
-            const int at = clnn_wino_at(t0 + ${l}, t_lay);
-%   for a in range(AL):
-%     for b in range(AL):
-            vb[at + ${AL * a + b} * plane] = (${vv[a][b]}).s${lane[l]};
-%     endfor
-%   endfor
-        }
-% endfor
+${lane_stores(vv, "vb", "t0", " " * 8)}
     }
 }
 
