@@ -482,6 +482,17 @@ def conv():
         close(clnn.conv2d_backward_data(DY, Wd, x.shape, stride=(2, 1), padding=1).get(),
               dx_ref, 1e-4)
     assert any(r.entry == "clnn_conv_col2im_rows" for r in prof.records)
+    # a strided 1x1 convolution: clnn_conv_subsample's copy of its positions (rows and
+    # columns left out at both ends), then batched GEMMs, and its weight gradient
+    w11 = rng.standard_normal((4, 3, 1, 1)).astype(np.float32)
+    y11 = conv2d_ref(x, w11, None, (2, 3), (0, 0))
+    dy11 = rng.standard_normal(y11.shape).astype(np.float32)
+    with tuning.override("conv", base), clnn.profile() as prof:
+        close(clnn.conv2d(X, clnn.asarray(w11), stride=(2, 3)).get(), y11, 1e-4)
+        close(clnn.conv2d_backward_weight(clnn.asarray(dy11), X, w11.shape,
+                                          stride=(2, 3)).get(),
+              conv2d_backward_ref(dy11, x, w11, (2, 3), (0, 0))[1], 1e-4)
+    assert [r.entry for r in prof.records].count("clnn_conv_subsample") == 2
     # winograd.cl with the CPU GEMM's packed panels (the transforms write them, and dy's
     # transform takes an A panel of channels per work-item), its rows forced here; the
     # channel-lane transforms in one band and with every tile row a band; the forward

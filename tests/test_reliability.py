@@ -197,12 +197,25 @@ CASES = {
              tuning.override("conv", tuning.CONV_TABLE["type"]["CPU"])),
         lambda o: clnn.conv2d_backward_data(DY2, W2, (5, 2, 6, 7), stride=2, padding=1,
                                             out=o), (5, 2, 6, 7)),
+    # a CPU's strided 1x1 convolution: the copy of its positions, then batched packed
+    # GEMMs (forced); its weight gradient over the copy, an image a group, each after
+    # the first adding into dw
+    "pointwise-strided-forward": lambda dev: (
+        _all(mock.patch.object(gemm_module, "DIRECT_FLOPS", 0),
+             tuning.override("gemm", tuning.GEMM_TABLE["type"]["CPU"]),
+             tuning.override("conv", tuning.CONV_TABLE["type"]["CPU"])),
+        lambda o: clnn.conv2d(X, W1, B1, stride=2, activation="relu", out=o), (5, 3, 3, 4)),
+    "pointwise-strided-wgrad-groups": lambda dev: (
+        _all(mock.patch.object(conv_module, "SCRATCH_BYTES", 1),
+             tuning.override("conv", tuning.CONV_TABLE["type"]["CPU"])),
+        lambda o: clnn.conv2d_backward_weight(DY1, X, (3, 2, 1, 1), stride=2, out=o,
+                                              beta=0.5), (3, 2, 1, 1)),
     "gpu-dgrad-phases": lambda dev: (
         tuning.override("gemm", dict(NV[-1], KSPLIT=2)),
         lambda o: clnn.conv2d_backward_data(DY2, W2, (5, 2, 6, 7), stride=2, padding=1,
                                             out=o), (5, 2, 6, 7)),
 }
-A = B = A16 = B16 = X = DY = DY2 = W2 = None
+A = B = A16 = B16 = X = DY = DY2 = W2 = W1 = B1 = DY1 = None
 
 
 @contextlib.contextmanager
@@ -221,11 +234,12 @@ def _dgrad_col2im(o):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_4_a_failed_allocation_never_leaves_a_half_written_output(dev, case):
-    global A, B, A16, B16, X, DY, DY2, W2
+    global A, B, A16, B16, X, DY, DY2, W2, W1, B1, DY1
     A, B = dev_rand(dev, 64, 301), dev_rand(dev, 301, 3)
     A16, B16 = (clnn.asarray(x.get().astype(np.float16), device=dev) for x in (A, B))
     X, DY = dev_rand(dev, 5, 2, 6, 7), dev_rand(dev, 5, 3, 6, 7)
     W2, DY2 = dev_rand(dev, 4, 2, 3, 3), dev_rand(dev, 5, 4, 3, 4)
+    W1, B1, DY1 = dev_rand(dev, 3, 2, 1, 1), dev_rand(dev, 3), dev_rand(dev, 5, 3, 3, 4)
     patch, call, shape, *dtype = CASES[case](dev)
     out = Guarded(dev, shape, dtype[0] if dtype else np.float32,
                   fill=RNG.standard_normal(shape))

@@ -16,7 +16,8 @@
 ## Kernels: clnn_conv_pack (B panels and the k offset table), clnn_conv_gather (the
 ## GEMM), clnn_conv_col2im (the data gradient from dcol; clnn_conv_col2im_rows from
 ## dcol transposed, a CPU's strided data gradient), clnn_conv_pad (a copy of
-## the input with a zero border), and clnn_conv_ktab (the k table of gemm.cl's tiled
+## the input with a zero border), clnn_conv_subsample (a 1x1 convolution's strided
+## positions, for batched GEMMs), and clnn_conv_ktab (the k table of gemm.cl's tiled
 ## convolution loaders, which GPUs use). Used by clnn/ops/conv.py for the forward pass, the
 ## data gradient (a forward pass over padded dy with the filters flipped, or dcol and
 ## col2im) and the weight gradient.
@@ -438,6 +439,23 @@ __kernel void clnn_conv_pad(const int rows, const int H, const int W, const int 
         CLNN_XSTORE(CLNN_LOAD(src, w), dst, w);
     for (int w = pw + W; w < Wp; ++w)
         CLNN_XSTORE((acc_t)0, dst, w);
+}
+
+// Every sh-th row and sw-th column of x, for a 1x1 convolution at a stride: xs (N, C,
+// P, Q) holds x[n, c, p sh, q sw], which batched GEMMs read as plain matrices (an
+// acc_t copy where x_acc). One work-item per row of xs, as clnn_conv_pad.
+__kernel void clnn_conv_subsample(const int rows, const int H, const int W, const int P,
+                                  const int Q, const int sh, const int sw,
+                                  __global const real_t *x, const int x_off,
+                                  __global x_t *xs)
+{
+    const int row = (int)get_global_id(0);    // nc * P + p
+    if (row >= rows)
+        return;
+    __global const real_t *src = x + x_off + (row / P * H + row % P * sh) * W;
+    __global x_t *dst = xs + row * Q;
+    for (int q = 0; q < Q; ++q)
+        CLNN_XSTORE(CLNN_LOAD(src, q * sw), dst, q);
 }
 
 // The k table of gemm.cl's tiled convolution loaders (the GPU path): k = (k1, k2, k3)

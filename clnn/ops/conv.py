@@ -1115,6 +1115,43 @@ def _pad_input(dev, dt, x, images, H, W, ph, pw, into=None):
     return (_Converted(xp) if acc != dt else xp), 0, Hp, Wp, 0, 0, (ph, ph)
 
 
+# 1x1 convolutions without padding on CPUs (the gathered variant's devices) as batched
+# packed GEMMs of plain matrices, an image a batch: y_n (M x P Q) = w (M x C) @ x_n (C x
+# P Q), the bias and activation in the GEMM's epilogue, and at unit stride dx_n = w^T @
+# dy_n. A strided one reads a copy of x's strided positions (clnn_conv_subsample), as
+# does its weight gradient (the gathered kernel over the copy). The gathered kernel
+# read each k of x_n from its own plane, hundreds of streams at a time; the packed
+# GEMM copies an image's columns into panels that stay in a core's cache. Kernel ms,
+# batch 32, Intel Xeon (AVX-512), PoCL 3.0: see benchmarks/README.md. Same sums in the
+# same order: bitwise what the gathered kernel gave. False: the gathered kernel.
+POINTWISE_GEMM = True
+
+
+def _pointwise(p, R, S, pd):
+    """Whether a convolution takes the CPU's 1x1 path (POINTWISE_GEMM)."""
+    return POINTWISE_GEMM and p["variant"] == "gather" and (R, S) == (1, 1) and \
+        tuple(pd) == (0, 0)
+
+
+def _subsample(dev, dt, x, N, C, H, W, P, Q, st, x_acc=False):
+    """(array, element offset) of x's positions (p sh, q sw) as an (N, C, P, Q) copy (at
+    unit stride x itself), an acc_t copy (_Converted) where ``x_acc`` and ``dt`` is
+    16-bit; None where the copy would pass PAD_BYTES (the caller then reads x in place,
+    as _pad_input does)."""
+    acc = programs.acc_dtype(dt) if x_acc and _converts(dt) else dt
+    if st == (1, 1) and acc == dt:
+        return x, offset(x)
+    if N * C * P * Q * acc.itemsize > scratch_cap(dev, PAD_BYTES):
+        return None
+    xs = dev_scratch(dev, N * C * P * Q, acc)
+    kern = programs.get_kernel(dev, "conv", "clnn_conv_subsample",
+                               _helper(dt, x_acc=acc != dt))
+    rows = N * C * P
+    kern((-(-rows // 64) * 64,), (64,), rows=rows, H=H, W=W, P=P, Q=Q, sh=st[0], sw=st[1],
+         x=x, x_off=offset(x), xs=xs)
+    return (_Converted(xs) if acc != dt else xs), 0
+
+
 # Winograd's F(m x m, 3x3) (winograd.cl) for 3x3 convolutions at unit stride on CPUs:
 # (m + 2)^2 GEMMs of Mo x Ci x (tiles) instead of one of Mo x 9 Ci x (positions), for
 # the transforms' memory traffic. F(4x4, 3x3) (WINO_M 4: 36 GEMMs, 4x fewer
@@ -1557,6 +1594,13 @@ def _conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_pa
                             w=w, flip=False, out=out, act=act, act_p=act_p, bias=b,
                             dilation=tuple(dilation))
         return done(out, evt)
+    xs = _pointwise(p, R, S, pd) and _subsample(dev, dt, x, N, C, H, W, P, Q, st)
+    if xs:
+        evt = run_gemm(dev, dt, M=M, N=P * Q, K=C, nbatch=N, a=Operand(w, offset(w), C),
+                       b=Operand(xs[0], xs[1], P * Q, C * P * Q, N),
+                       c=Operand(out, offset(out), P * Q, M * P * Q, N), act=act,
+                       act_p=act_p, bias=b, bias_mode="row")
+        return done(out, evt)
     if p["variant"] == "gather":
         # dilation is the k steps: tap (r, s) moves by (dh rows, dw columns); a group
         # of images at a time when a 16-bit input's float copy would be large
@@ -1628,6 +1672,11 @@ def _conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None,
     flip = p["variant"] == "gather" and st == (1, 1) and pd[0] < eh and pd[1] < ew and \
         p.get("DGRAD", _dgrad_method(C, H, W, M, P, Q, R, S)) == "flip"
     tiled_dilated = p["variant"] == "local" and st == (1, 1)
+    if _pointwise(p, R, S, pd) and st == (1, 1):
+        evt = run_gemm(dev, dt, M=C, N=H * W, K=M, nbatch=N, a=Operand(w, offset(w), C),
+                       b=Operand(dy, offset(dy), H * W, M * H * W, N),
+                       c=Operand(out, offset(out), H * W, C * H * W, N), trans_a=True)
+        return done(out, evt)
     if (dh, dw) != (1, 1) and not flip and not tiled_dilated:
         # dilation: the flipped pass below, the GPU loaders' one phase at unit stride,
         # else (col2im, strided phases) the direct kernels
@@ -1697,8 +1746,13 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
                                   pw=pd[1], out=out, alpha=alpha, beta=beta,
                                   dilation=tuple(dilation))
         return done(out, evt)
-    if p["variant"] == "gather":
+    xs = _pointwise(p, R, S, pd) and st != (1, 1) and \
+        _subsample(dev, dt, x, N, C, H, W, P, Q, st, x_acc=True)
+    if xs:          # the strided positions' copy, then a 1x1 weight gradient at unit stride
+        (xg, xg_off), Hg, Wg, phg, pwg, zr, st = xs, P, Q, 0, 0, None, (1, 1)
+    elif p["variant"] == "gather":
         xg, xg_off, Hg, Wg, phg, pwg, zr = _pad_input(dev, dt, x, N * C, H, W, *pd)
+    if p["variant"] == "gather":
         rows_plan = _wgrad_rows(p, dev, dt, N, C, M, R, S, P, Q, Hg, Wg, st, dilation,
                                 bool(phg or pwg))
         if rows_plan:

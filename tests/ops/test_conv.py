@@ -628,6 +628,77 @@ def test_strided_dgrad_col2im_rows_rule():
     assert ran(prof, "clnn_conv_col2im") and not ran(prof, "clnn_conv_col2im_rows")
 
 
+# (N, C, H, W, M, stride): 1x1 convolutions without padding, at strides that leave rows
+# and columns out (their last ones too: 11 at stride 2, 10 at stride 3)
+_POINTWISE = [(1, 1, 1, 1, 1, (1, 1)), (3, 5, 7, 11, 13, (1, 1)), (2, 17, 9, 11, 7, (2, 2)),
+              (4, 3, 10, 6, 19, (3, 2)), (2, 6, 5, 10, 3, (1, 3))]
+
+
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("shape", _POINTWISE, ids=str)
+def test_pointwise_gemms(shape, dtype):
+    """A CPU's 1x1 convolutions as batched GEMMs of plain matrices, an image a batch
+    (the bias and relu in the epilogue; at unit stride the data gradient as w^T dy), a
+    strided one over clnn_conv_subsample's copy of its positions, as is its weight
+    gradient (the gathered kernel over the copy): against float64 references with
+    canaries around the outputs, inputs at offsets."""
+    N, C, H, W, M, st = shape
+    dev = clnn.device()
+    x = RNG.standard_normal((N, C, H, W)).astype(dtype)
+    w = RNG.standard_normal((M, C, 1, 1)).astype(dtype)
+    b = RNG.standard_normal(M).astype(dtype)
+    X, Wd = guarded_input(dev, x), guarded_input(dev, w)
+    ref = conv2d_ref(f64(x), f64(w), f64(b), st, (0, 0))
+    scale = conv2d_ref(np.abs(f64(x)), np.abs(f64(w)), np.abs(f64(b)), st, (0, 0))
+    y = Guarded(dev, ref.shape, dtype)
+    dy = RNG.standard_normal(ref.shape).astype(dtype)
+    dx_ref, dw_ref = conv2d_backward_ref(f64(dy), f64(x), f64(w), st, (0, 0))
+    dx_scale, dw_scale = conv2d_backward_ref(np.abs(f64(dy)), np.abs(f64(x)),
+                                             np.abs(f64(w)), st, (0, 0))
+    dx, dw = Guarded(dev, x.shape, dtype), Guarded(dev, w.shape, dtype)
+    with tuning.override("conv", GATHER), clnn.profile() as prof:
+        clnn.conv2d(X, Wd, guarded_input(dev, b), stride=st, out=y.view, activation="relu")
+        fwd = {r.entry for r in prof.records}
+        clnn.conv2d_backward_data(guarded_input(dev, dy), Wd, x.shape, stride=st,
+                                  out=dx.view)
+        clnn.conv2d_backward_weight(guarded_input(dev, dy), X, w.shape, stride=st,
+                                    out=dw.view)
+    within(f64(y.check()), np.maximum(ref, 0), scale, C, dtype)
+    within(f64(dx.check()), dx_ref, dx_scale, M, dtype)
+    within(f64(dw.check()), dw_ref, dw_scale, N * ref.shape[2] * ref.shape[3], dtype)
+    assert "clnn_conv_gather" not in fwd and "clnn_conv_pixels" not in fwd
+    # the forward pass and the weight gradient each copy the strided positions once
+    assert len(ran(prof, "clnn_conv_subsample")) == (0 if st == (1, 1) else 2)
+    if st == (1, 1):     # the data gradient too is a GEMM (strided: dcol and col2im)
+        assert not ran(prof, "clnn_conv_col2im") and len(ran(prof, "clnn_conv_gather")) == \
+            len(ran(prof, "clnn_conv_pack"))            # (those the weight gradient ran)
+
+
+def test_pointwise_gemms_rule(monkeypatch):
+    """1x1 filters without padding on the gathered variant's devices, at any stride
+    (dilation moves no tap of a 1x1 filter); the forward pass reads a strided input in
+    place where its copy would pass PAD_BYTES; bitwise what the gathered kernel gave
+    (each output the same sum in the same order of k)."""
+    rule = conv_module._pointwise
+    assert rule(GATHER, 1, 1, (0, 0)) and not rule(GATHER, 1, 1, (1, 0))
+    assert not rule(GATHER, 1, 3, (0, 0)) and not rule(GATHER, 3, 1, (0, 0))
+    assert not rule(CPU_GEMM, 1, 1, (0, 0)) and not rule(NV[0], 1, 1, (0, 0))
+    x = RNG.standard_normal((3, 8, 9, 10)).astype(np.float32)
+    w = RNG.standard_normal((16, 8, 1, 1)).astype(np.float32)
+    ys, cap = {}, conv_module.PAD_BYTES
+    with tuning.override("conv", GATHERED):
+        for on, pad_bytes in ((True, cap), (True, 0), (False, None)):
+            monkeypatch.setattr(conv_module, "POINTWISE_GEMM", on)
+            if pad_bytes is not None:
+                monkeypatch.setattr(conv_module, "PAD_BYTES", pad_bytes)
+            with clnn.profile() as prof:
+                ys[on, pad_bytes] = clnn.conv2d(clnn.asarray(x), clnn.asarray(w),
+                                                stride=2).get()
+            assert bool(ran(prof, "clnn_conv_gather")) == (not on or pad_bytes == 0)
+    assert np.array_equal(ys[True, cap], ys[False, None])
+    assert np.array_equal(ys[True, 0], ys[False, None])
+
+
 def test_dgrad_method_follows_the_work():
     pick = conv_module._dgrad_method
     assert pick(16, 5, 5, 120, 1, 1, 5, 5) == "col2im"      # LeNet C5: 1x1 outputs
