@@ -12,7 +12,9 @@ channels, 224x224, 64 filters of 7x7, stride 2, padding 3), a MobileNet-like dep
 DeepLab's), two CIFAR-like 3x3 layers at batch 64 (the 3-channel 32x32 input layer
 with 32 filters, and 32 to 32 channels at 32x32) and a ResNet stage's two
 downsampling layers at batch 32 (3x3 stride 2 from 64 to 128 channels, and the 1x1
-stride-2 projection from 256 to 512, both 56x56 to 28x28). Each clnn result is checked
+stride-2 projection from 256 to 512, both 56x56 to 28x28), and two of a ResNet-50
+bottleneck's 1x1 layers at batch 32 (64 to 256 channels at 56x56, 512 to 128 at
+28x28). Each clnn result is checked
 against PyTorch (or, without it, the float64 loops of tests/reference.py) before
 timing. Writes benchmarks/results/bench_conv.json.
 """
@@ -43,7 +45,9 @@ LAYERS = [("LeNet C1", 64, 1, 32, 32, 6, 5, 5, 0, 1), ("LeNet C3", 64, 6, 14, 14
           ("CIFAR 32x32x3 3x3", 64, 3, 32, 32, 32, 3, 3, 1, 1),
           ("CIFAR 32x32x32 3x3", 64, 32, 32, 32, 32, 3, 3, 1, 1),
           ("3x3 s2 56->28 64->128", 32, 64, 56, 56, 128, 3, 3, 1, 2),
-          ("1x1 s2 56->28 256->512", 32, 256, 56, 56, 512, 1, 1, 0, 2)]
+          ("1x1 s2 56->28 256->512", 32, 256, 56, 56, 512, 1, 1, 0, 2),
+          ("1x1 56x56 64->256", 32, 64, 56, 56, 256, 1, 1, 0, 1),
+          ("1x1 28x28 512->128", 32, 512, 28, 28, 128, 1, 1, 0, 1)]
 
 
 @contextlib.contextmanager
