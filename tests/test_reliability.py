@@ -202,11 +202,14 @@ CASES = {
     # the first adding into dw
     "pointwise-strided-forward": lambda dev: (
         _all(mock.patch.object(gemm_module, "DIRECT_FLOPS", 0),
+             mock.patch.object(conv_module, "POINTWISE_MIN_COLS", 0),
              tuning.override("gemm", tuning.GEMM_TABLE["type"]["CPU"]),
              tuning.override("conv", tuning.CONV_TABLE["type"]["CPU"])),
         lambda o: clnn.conv2d(X, W1, B1, stride=2, activation="relu", out=o), (5, 3, 3, 4)),
     "pointwise-strided-wgrad-groups": lambda dev: (
         _all(mock.patch.object(conv_module, "SCRATCH_BYTES", 1),
+             mock.patch.object(conv_module, "POINTWISE_MIN_COLS", 0),
+             mock.patch.object(conv_module, "POINTWISE_MIN_MACS", 0),
              tuning.override("conv", tuning.CONV_TABLE["type"]["CPU"])),
         lambda o: clnn.conv2d_backward_weight(DY1, X, (3, 2, 1, 1), stride=2, out=o,
                                               beta=0.5), (3, 2, 1, 1)),

@@ -1125,12 +1125,24 @@ def _pad_input(dev, dt, x, images, H, W, ph, pw, into=None):
 # batch 32, Intel Xeon (AVX-512), PoCL 3.0: see benchmarks/README.md. Same sums in the
 # same order: bitwise what the gathered kernel gave. False: the gathered kernel.
 POINTWISE_GEMM = True
+# ... where an image has at least POINTWISE_MIN_COLS output positions (7x7 images, 49
+# columns in panels of 32 or 64, lost: 8 x 512 -> 2048 forward 3.97 -> 4.87 ms, data
+# gradient 4.08 -> 5.02), and for the passes that add launches (the data gradient's
+# packing of A, a strided weight gradient's copy) at least POINTWISE_MIN_MACS
+# multiply-adds (below, those launches cost more than they save: 16 x 32 -> 32 at
+# 16x16, data gradient 0.18 -> 0.26 ms; 8 x 64 -> 128 at 32x32 stride 2, weight
+# gradient 0.49 -> 0.60).
+POINTWISE_MIN_COLS = 128
+POINTWISE_MIN_MACS = 1 << 25
 
 
-def _pointwise(p, R, S, pd):
-    """Whether a convolution takes the CPU's 1x1 path (POINTWISE_GEMM)."""
+def _pointwise(p, R, S, pd, cols, macs=None):
+    """Whether a convolution takes the CPU's 1x1 path (POINTWISE_GEMM): ``cols``, its
+    output positions per image; ``macs``, its multiply-adds where the pass adds
+    launches."""
     return POINTWISE_GEMM and p["variant"] == "gather" and (R, S) == (1, 1) and \
-        tuple(pd) == (0, 0)
+        tuple(pd) == (0, 0) and cols >= POINTWISE_MIN_COLS and \
+        (macs is None or macs >= POINTWISE_MIN_MACS)
 
 
 def _subsample(dev, dt, x, N, C, H, W, P, Q, st, x_acc=False):
@@ -1594,7 +1606,7 @@ def _conv2d(x, w, b=None, *, stride=1, padding=0, activation=None, activation_pa
                             w=w, flip=False, out=out, act=act, act_p=act_p, bias=b,
                             dilation=tuple(dilation))
         return done(out, evt)
-    xs = _pointwise(p, R, S, pd) and _subsample(dev, dt, x, N, C, H, W, P, Q, st)
+    xs = _pointwise(p, R, S, pd, P * Q) and _subsample(dev, dt, x, N, C, H, W, P, Q, st)
     if xs:
         evt = run_gemm(dev, dt, M=M, N=P * Q, K=C, nbatch=N, a=Operand(w, offset(w), C),
                        b=Operand(xs[0], xs[1], P * Q, C * P * Q, N),
@@ -1672,7 +1684,7 @@ def _conv2d_backward_data(dy, w, x_shape, *, stride=1, padding=0, out=None,
     flip = p["variant"] == "gather" and st == (1, 1) and pd[0] < eh and pd[1] < ew and \
         p.get("DGRAD", _dgrad_method(C, H, W, M, P, Q, R, S)) == "flip"
     tiled_dilated = p["variant"] == "local" and st == (1, 1)
-    if _pointwise(p, R, S, pd) and st == (1, 1):
+    if _pointwise(p, R, S, pd, P * Q, N * M * C * P * Q) and st == (1, 1):
         evt = run_gemm(dev, dt, M=C, N=H * W, K=M, nbatch=N, a=Operand(w, offset(w), C),
                        b=Operand(dy, offset(dy), H * W, M * H * W, N),
                        c=Operand(out, offset(out), H * W, C * H * W, N), trans_a=True)
@@ -1746,7 +1758,7 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
                                   pw=pd[1], out=out, alpha=alpha, beta=beta,
                                   dilation=tuple(dilation))
         return done(out, evt)
-    xs = _pointwise(p, R, S, pd) and st != (1, 1) and \
+    xs = _pointwise(p, R, S, pd, P * Q, N * M * C * P * Q) and st != (1, 1) and \
         _subsample(dev, dt, x, N, C, H, W, P, Q, st, x_acc=True)
     if xs:          # the strided positions' copy, then a 1x1 weight gradient at unit stride
         (xg, xg_off), Hg, Wg, phg, pwg, zr, st = xs, P, Q, 0, 0, None, (1, 1)

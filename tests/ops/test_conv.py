@@ -636,12 +636,14 @@ _POINTWISE = [(1, 1, 1, 1, 1, (1, 1)), (3, 5, 7, 11, 13, (1, 1)), (2, 17, 9, 11,
 
 @pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
 @pytest.mark.parametrize("shape", _POINTWISE, ids=str)
-def test_pointwise_gemms(shape, dtype):
+def test_pointwise_gemms(monkeypatch, shape, dtype):
     """A CPU's 1x1 convolutions as batched GEMMs of plain matrices, an image a batch
     (the bias and relu in the epilogue; at unit stride the data gradient as w^T dy), a
     strided one over clnn_conv_subsample's copy of its positions, as is its weight
     gradient (the gathered kernel over the copy): against float64 references with
-    canaries around the outputs, inputs at offsets."""
+    canaries around the outputs, inputs at offsets (the thresholds off: small shapes)."""
+    monkeypatch.setattr(conv_module, "POINTWISE_MIN_COLS", 0)
+    monkeypatch.setattr(conv_module, "POINTWISE_MIN_MACS", 0)
     N, C, H, W, M, st = shape
     dev = clnn.device()
     x = RNG.standard_normal((N, C, H, W)).astype(dtype)
@@ -676,13 +678,18 @@ def test_pointwise_gemms(shape, dtype):
 
 def test_pointwise_gemms_rule(monkeypatch):
     """1x1 filters without padding on the gathered variant's devices, at any stride
-    (dilation moves no tap of a 1x1 filter); the forward pass reads a strided input in
-    place where its copy would pass PAD_BYTES; bitwise what the gathered kernel gave
-    (each output the same sum in the same order of k)."""
+    (dilation moves no tap of a 1x1 filter), images of 128 output positions or more,
+    and for the passes that add launches 2^25 multiply-adds or more; the forward pass
+    reads a strided input in place where its copy would pass PAD_BYTES; bitwise what
+    the gathered kernel gave (each output the same sum in the same order of k)."""
     rule = conv_module._pointwise
-    assert rule(GATHER, 1, 1, (0, 0)) and not rule(GATHER, 1, 1, (1, 0))
-    assert not rule(GATHER, 1, 3, (0, 0)) and not rule(GATHER, 3, 1, (0, 0))
-    assert not rule(CPU_GEMM, 1, 1, (0, 0)) and not rule(NV[0], 1, 1, (0, 0))
+    assert rule(GATHER, 1, 1, (0, 0), 128) and not rule(GATHER, 1, 1, (1, 0), 128)
+    assert not rule(GATHER, 1, 3, (0, 0), 128) and not rule(GATHER, 3, 1, (0, 0), 128)
+    assert not rule(CPU_GEMM, 1, 1, (0, 0), 128) and not rule(NV[0], 1, 1, (0, 0), 128)
+    assert not rule(GATHER, 1, 1, (0, 0), 49)                   # 7x7 images
+    assert rule(GATHER, 1, 1, (0, 0), 196, 1 << 25) and \
+        not rule(GATHER, 1, 1, (0, 0), 196, (1 << 25) - 1)
+    monkeypatch.setattr(conv_module, "POINTWISE_MIN_COLS", 0)
     x = RNG.standard_normal((3, 8, 9, 10)).astype(np.float32)
     w = RNG.standard_normal((16, 8, 1, 1)).astype(np.float32)
     ys, cap = {}, conv_module.PAD_BYTES
