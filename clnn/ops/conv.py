@@ -632,28 +632,45 @@ def _dgrad_method(C, H, W, M, P, Q, R, S):
     return "flip" if flip <= 1.3 * col2im else "col2im"
 
 
-def _dgrad_col2im_rows(dev, dt, dy, w, out, C, H, W, M, P, Q, R, S, st, pd):
-    """A strided data gradient on CPUs: dcol (C R S x P Q, per image) = w^T (C R S x M)
-    @ dy (M x P Q), one batched packed GEMM of plain matrices for a group of images
-    (within SCRATCH_BYTES: from a constant, so the plan and the bits never follow the
-    budget), then clnn_conv_col2im_rows, which reads dcol's rows as whole vectors.
-    float32 and float64 (dcol holds what the GEMM sums in, dt itself). Every group
-    holds as many images (the last one starts early and writes some images' dx again,
-    the same values), so each GEMM asks the pool for the panels the first one let go:
-    an allocation fails, if at all, before dx is written."""
+def _dcol_t(dev, dt, dy, w, C, M, R, S, P, Q, rows=None):
+    """dcol transposed (C R S x P Q, per image) = w^T (C R S x M) @ dy (M x P Q): one
+    batched GEMM of plain matrices per group of images, a generator that yields (n0,
+    group, dcol) after each group's GEMM for the caller's col2im. Groups hold as many
+    images as fit SCRATCH_BYTES (a constant, so the plan and the bits never follow the
+    budget), all alike: the last one starts early and its col2im writes some images'
+    dx again, the same values. dcol is in dt, what the GEMM sums in for float32 and
+    float64. ``rows``: the GEMM's parameter sets (a GPU's conv rows), else the
+    GEMM table's for the shape. Everything is taken from the pool before the first
+    GEMM: every GEMM asks for the same panels or split-K workspace, which the one
+    before let go, so an allocation fails, if at all, before dx is written."""
     N = dy.shape[0]
     CRS, PQ = C * R * S, P * Q
     group = max(1, min(N, SCRATCH_BYTES // (CRS * PQ * dt.itemsize)))
-    rows = tuning.gemm_rows(dev.facts, dt.itemsize, dt,
-                            tuning.shape_class(CRS, PQ, M, trans_a=True, batch=group))
+    if rows is None:
+        rows = tuning.gemm_rows(dev.facts, dt.itemsize, dt,
+                                tuning.shape_class(CRS, PQ, M, trans_a=True, batch=group))
     dcol = dev_scratch(dev, group * CRS * PQ, dt)
+
+    def gemm_args(n0):
+        return dict(M=CRS, N=PQ, K=M, nbatch=group, a=Operand(w, offset(w), CRS),
+                    b=Operand(dy, offset(dy) + n0 * M * PQ, PQ, M * PQ, group),
+                    c=Operand(dcol, 0, PQ, CRS * PQ, group), trans_a=True)
+    need = tiled_workspace(dev, dt, rows, **gemm_args(0)) \
+        if rows[0]["variant"] != "reg" else 0
+    ws = dev_scratch(dev, need, programs.acc_dtype(dt)) if need else None
+    for n0 in sorted({min(n, N - group) for n in range(0, N, group)}):
+        run_gemm(dev, dt, rows=rows, workspace=ws, **gemm_args(n0))
+        yield n0, group, dcol
+
+
+def _dgrad_col2im_rows(dev, dt, dy, w, out, C, H, W, M, P, Q, R, S, st, pd):
+    """A strided data gradient on CPUs: dcol transposed by groups of images (_dcol_t),
+    then clnn_conv_col2im_rows, which reads dcol's rows as whole vectors. float32 and
+    float64."""
     col2im = programs.get_kernel(dev, "conv", "clnn_conv_col2im_rows", _helper(dt))
     wg = min(8, dev.facts.max_work_group_size)
     evt = None
-    for n0 in sorted({min(n, N - group) for n in range(0, N, group)}):
-        run_gemm(dev, dt, M=CRS, N=PQ, K=M, nbatch=group, a=Operand(w, offset(w), CRS),
-                 b=Operand(dy, offset(dy) + n0 * M * PQ, PQ, M * PQ, group),
-                 c=Operand(dcol, 0, PQ, CRS * PQ, group), trans_a=True, rows=rows)
+    for n0, group, dcol in _dcol_t(dev, dt, dy, w, C, M, R, S, P, Q):
         n_rows = group * C * H
         evt = col2im((-(-n_rows // wg) * wg,), (wg,), n0=n0, rows=n_rows, C=C, H=H, W=W,
                      P=P, Q=Q, R=R, S=S, sh=st[0], sw=st[1], ph=pd[0], pw=pd[1],
@@ -910,29 +927,12 @@ def _run_tile_direct(dev, dt, plan, *, x, N, Cin, H, W, Mout, P, Q, R, S, st, pd
 
 
 def _tiled_dgrad_col2im(dev, dt, rows, dy, w, out, C, H, W, M, P, Q, R, S, st, pd):
-    """dcol (CRS x PQ, per image) = w^T (CRS x M) @ dy (M x PQ): one batched GEMM of
-    plain matrices for a group of images (within SCRATCH_BYTES), then col2im."""
-    N = dy.shape[0]
-    CRS, PQ = C * R * S, P * Q
-    # images per group from a constant, not the budget: the GEMM's plan (so the bits)
-    # must not depend on the budget
-    group = max(1, min(N, SCRATCH_BYTES // (CRS * PQ * dt.itemsize)))
-    dcol = dev_scratch(dev, group * CRS * PQ, dt)
+    """dcol transposed by groups of images (_dcol_t, the GPU's tiled GEMM), then
+    col2im."""
     col2im = programs.get_kernel(dev, "conv", "clnn_conv_col2im_t", _helper(dt))
-
-    def gemm_args(n0):
-        g = min(group, N - n0)
-        return dict(M=CRS, N=PQ, K=M, nbatch=g, a=Operand(w, offset(w), CRS),
-                    b=Operand(dy, offset(dy) + n0 * M * PQ, PQ, M * PQ, g),
-                    c=Operand(dcol, 0, PQ, CRS * PQ, g), trans_a=True)
-    # every group writes its part of dx: all workspace is taken before the first
-    need = max(tiled_workspace(dev, dt, rows, **gemm_args(n0)) for n0 in range(0, N, group))
-    ws = dev_scratch(dev, need, programs.acc_dtype(dt)) if need else None
     evt = None
-    for n0 in range(0, N, group):
-        g = min(group, N - n0)
-        run_gemm(dev, dt, rows=rows, workspace=ws, **gemm_args(n0))
-        count = g * C * H * W
+    for n0, group, dcol in _dcol_t(dev, dt, dy, w, C, M, R, S, P, Q, rows):
+        count = group * C * H * W
         g_size, l_size = launch_size(dev, count)
         evt = col2im(g_size, l_size, n0=n0, count=count, C=C, H=H, W=W, P=P, Q=Q, R=R,
                      S=S, sh=st[0], sw=st[1], ph=pd[0], pw=pd[1], dcol=dcol, dx=out,

@@ -723,6 +723,29 @@ def test_scratch_in_image_groups(monkeypatch):
     check_weight_update(3, 2)
 
 
+@pytest.mark.parametrize("split", [1, 3])
+def test_gpu_col2im_in_image_groups(monkeypatch, split):
+    """The GPU path's data gradient below 16 channels, dcol transposed an image a group
+    (split-K's workspace taken once for all): against float64 with canaries."""
+    monkeypatch.setattr(conv_module, "SCRATCH_BYTES", 1)
+    monkeypatch.setattr(conv_module, "TILE_DIRECT_MAXM", 0)
+    N, C, H, W, M, R, S, st, pd = 3, 2, 7, 6, 67, 3, 2, (2, 1), (1, 0)
+    x = np.zeros((N, C, H, W), np.float32)
+    w = RNG.standard_normal((M, C, R, S)).astype(np.float32)
+    dy = RNG.standard_normal((N, M, (H + 2 * pd[0] - R) // st[0] + 1,
+                              (W + 2 * pd[1] - S) // st[1] + 1)).astype(np.float32)
+    dx_ref, _ = conv2d_backward_ref(dy, x, w, st, pd)
+    dx_scale, _ = conv2d_backward_ref(np.abs(dy), x, np.abs(w), st, pd)
+    dx = Guarded(clnn.device(), x.shape, np.float32)
+    with tuning.override("gemm", dict(NV[-1], KSPLIT=split)), clnn.profile() as prof:
+        clnn.conv2d_backward_data(guarded_input(clnn.device(), dy),
+                                  guarded_input(clnn.device(), w), x.shape, stride=st,
+                                  padding=pd, out=dx.view)
+    within(dx.check(), dx_ref, dx_scale, M * R * S, np.float32)
+    assert len(ran(prof, "clnn_conv_col2im_t")) == N
+    assert bool(ran(prof, "clnn_gemm_splitk")) == (split > 1)
+
+
 def wino_matrices(m):
     """|B^T|, |G|, |A^T| of F(m x m, 3x3) (winograd.cl's), float64."""
     if m == 2:
