@@ -1415,22 +1415,27 @@ def _round_up(n, k):
 WINO_BAND_GROUPS = 2
 
 
+def _wino_block(dev, wg, items, extent):
+    """The block of ``extent`` (tile rows, channels) each of ``items`` work-items takes
+    so that together they make WINO_BAND_GROUPS work-groups of ``wg`` a compute unit:
+    all of it where the items do already, else smaller blocks, down to one."""
+    blocks = max(1, min(extent, -(-WINO_BAND_GROUPS * dev.facts.compute_units * wg //
+                                  max(1, items))))
+    return -(-extent // blocks)
+
+
 def _wino_band(dev, wg, items, TH):
     """(TB, work-items) for a channel-lane transform of ``items`` work-items over TH
-    tile rows: the tile rows per band (all TH where the items fill the device already),
-    and the work-items with their bands."""
-    bands = min(TH, -(-WINO_BAND_GROUPS * dev.facts.compute_units * wg // items))
-    tb = -(-TH // max(1, bands))
+    tile rows: the tile rows per band (_wino_block), and the work-items with their
+    bands."""
+    tb = _wino_block(dev, wg, items, TH)
     return tb, items * -(-TH // tb)
 
 
 def _wino_run_channels(dev, wg, runs, C):
-    """The channels per work-item of clnn_wino_input_runs over ``runs`` runs of tiles:
-    all C where the runs make WINO_BAND_GROUPS work-groups a compute unit, else fewer,
-    until the work-items do."""
-    groups = max(1, min(C, -(-WINO_BAND_GROUPS * dev.facts.compute_units * wg //
-                             max(1, runs))))
-    return -(-C // groups)
+    """The channels per work-item of clnn_wino_input_runs over ``runs`` runs of tiles
+    (_wino_block)."""
+    return _wino_block(dev, wg, runs, C)
 
 
 def _wino_input(dev, inp, acc, wg, f, x, x_off, images, C, v, plane, c_lay, t_lay,
