@@ -1145,15 +1145,17 @@ def _pointwise(p, R, S, pd, cols, macs=None):
         (macs is None or macs >= POINTWISE_MIN_MACS)
 
 
-def _subsample(dev, dt, x, N, C, H, W, P, Q, st, x_acc=False):
+def _subsample(dev, dt, x, N, C, H, W, P, Q, st, x_acc=False, budget=True):
     """(array, element offset) of x's positions (p sh, q sw) as an (N, C, P, Q) copy (at
     unit stride x itself), an acc_t copy (_Converted) where ``x_acc`` and ``dt`` is
     16-bit; None where the copy would pass PAD_BYTES (the caller then reads x in place,
-    as _pad_input does)."""
+    as _pad_input does), and with ``budget`` an eighth of the pool's budget too. A
+    weight gradient passes budget=False: the copy decides its image groups, so how it
+    sums, which must not follow the budget (a pool too small for the copy raises)."""
     acc = programs.acc_dtype(dt) if x_acc and _converts(dt) else dt
     if st == (1, 1) and acc == dt:
         return x, offset(x)
-    if N * C * P * Q * acc.itemsize > scratch_cap(dev, PAD_BYTES):
+    if N * C * P * Q * acc.itemsize > (scratch_cap(dev, PAD_BYTES) if budget else PAD_BYTES):
         return None
     xs = dev_scratch(dev, N * C * P * Q, acc)
     kern = programs.get_kernel(dev, "conv", "clnn_conv_subsample",
@@ -1764,7 +1766,7 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
                                   dilation=tuple(dilation))
         return done(out, evt)
     xs = _pointwise(p, R, S, pd, P * Q, N * M * C * P * Q) and st != (1, 1) and \
-        _subsample(dev, dt, x, N, C, H, W, P, Q, st, x_acc=True)
+        _subsample(dev, dt, x, N, C, H, W, P, Q, st, x_acc=True, budget=False)
     if xs:          # the strided positions' copy, then a 1x1 weight gradient at unit stride
         (xg, xg_off), Hg, Wg, phg, pwg, zr, st = xs, P, Q, 0, 0, None, (1, 1)
     elif p["variant"] == "gather":

@@ -704,6 +704,19 @@ def test_pointwise_gemms_rule(monkeypatch):
             assert bool(ran(prof, "clnn_conv_gather")) == (not on or pad_bytes == 0)
     assert np.array_equal(ys[True, cap], ys[False, None])
     assert np.array_equal(ys[True, 0], ys[False, None])
+    # a weight gradient's copy follows PAD_BYTES alone, not the pool's budget: the copy
+    # decides its image groups, so how it sums
+    monkeypatch.setattr(conv_module, "POINTWISE_GEMM", True)
+    monkeypatch.setattr(conv_module, "PAD_BYTES", cap)
+    monkeypatch.setattr(conv_module, "POINTWISE_MIN_MACS", 0)
+    monkeypatch.setattr(conv_module, "scratch_cap", lambda dev, n: 0)
+    dy = clnn.asarray(RNG.standard_normal((3, 16, 5, 5)).astype(np.float32))
+    with tuning.override("conv", GATHERED), clnn.profile() as prof:
+        clnn.conv2d(clnn.asarray(x), clnn.asarray(w), stride=2)
+        clnn.conv2d_backward_weight(dy, clnn.asarray(x), w.shape, stride=2)
+    assert [r.entry for r in prof.records if r.entry in (
+        "clnn_conv_subsample", "clnn_conv_gather")] == ["clnn_conv_gather"] + \
+        ["clnn_conv_subsample", "clnn_conv_gather"]
 
 
 def test_dgrad_method_follows_the_work():
