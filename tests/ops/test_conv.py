@@ -676,6 +676,27 @@ def test_pointwise_gemms(monkeypatch, shape, dtype):
             len(ran(prof, "clnn_conv_pack"))            # (those the weight gradient ran)
 
 
+@settings(max_examples=25, deadline=None)
+@given(N=st.integers(1, 4), C=st.integers(1, 9), M=st.integers(1, 9), H=st.integers(1, 13),
+       W=st.integers(1, 13), sh=st.integers(1, 3), sw=st.integers(1, 3))
+def test_pointwise_gemms_on_random_shapes(N, C, M, H, W, sh, sw):
+    """The 1x1 path (thresholds off) on random shapes and strides: forward with the
+    bias and relu, both gradients and the bias gradient, against float64 with
+    canaries (check_conv)."""
+    with mock.patch.object(conv_module, "POINTWISE_MIN_COLS", 0), \
+            mock.patch.object(conv_module, "POINTWISE_MIN_MACS", 0), \
+            tuning.override("conv", GATHER), clnn.profile() as prof:
+        check_conv(N, C, H, W, M, 1, 1, (sh, sw), (0, 0), act="relu")
+    # the forward pass and the weight gradient copy a strided layer's positions; at
+    # unit stride only the weight gradient runs the gathered kernel (a stride along an
+    # axis of one output position comes back as the least that gives it: 1 where H or
+    # W is 1)
+    unit = conv_module.conv_geometry((N, C, H, W), (M, C, 1, 1), (sh, sw), 0)[9] == (1, 1)
+    assert len(ran(prof, "clnn_conv_subsample")) == (0 if unit else 2)
+    assert not unit or len(ran(prof, "clnn_conv_gather")) + \
+        len(ran(prof, "clnn_conv_wgrad_rows")) == 1
+
+
 def test_pointwise_gemms_rule(monkeypatch):
     """1x1 filters without padding on the gathered variant's devices, at any stride
     (dilation moves no tap of a 1x1 filter), images of 128 output positions or more,
