@@ -1120,8 +1120,9 @@ def _pad_input(dev, dt, x, images, H, W, ph, pw, into=None):
 # P Q), the bias and activation in the GEMM's epilogue, and at unit stride dx_n = w^T @
 # dy_n. A strided one reads a copy of x's strided positions (clnn_conv_subsample), as
 # does its weight gradient (the gathered kernel over the copy). The gathered kernel
-# read each k of x_n from its own plane, hundreds of streams at a time; the packed
-# GEMM copies an image's columns into panels that stay in a core's cache. Kernel ms,
+# ran these at 110-150 GFLOP/s, each of its k steps reading x_n a plane further on;
+# the packed GEMM copies an image's columns into panels that stay in a core's cache
+# and ran them at 250-280. Kernel ms,
 # batch 32, Intel Xeon (AVX-512), PoCL 3.0: see benchmarks/README.md. Same sums in the
 # same order: bitwise what the gathered kernel gave. False: the gathered kernel.
 POINTWISE_GEMM = True
