@@ -20,9 +20,9 @@
 // windows that contain it), is written by one work-item, so no atomics are needed: on
 // CPUs a work-item takes a row of them (the index arithmetic is per row), on GPUs one
 // element (neighbouring work-items, neighbouring addresses: a row per work-item would
-// leave most of a GPU idle and its loads uncoalesced). Max pooling over 2x2 windows
-// with stride 2 and no padding has its own kernels at the end, which take four windows
-// along a row at a time.
+// leave most of a GPU idle and its loads uncoalesced). Max and average pooling over
+// 2x2 windows with stride 2 and no padding have their own kernels at the end, which
+// take four windows along a row at a time.
 % if mode == "max":
 // Max pooling ignores padding; a window's maximum is its first maximal element in
 // row-major order, the same rule forward and backward, so ties route the gradient to
@@ -240,7 +240,6 @@ ${store_dx("g", "i * W + w")}\
 % endif
 }
 
-% if mode == "max":
 <%
     v4, v8 = f"{acc}4", f"{acc}8"
     m4 = "long4" if dtype == "float64" else "int4"      # what comparing two v4 gives
@@ -292,7 +291,9 @@ ${store_dx("g", "i * W + w")}\
         CLNN_STOREV(4, (${v4})(${a}.s2, ${b}.s2, ${a}.s3, ${b}.s3), ${ptr} + 4);
 % endif
 </%def>
-// ---- 2x2 windows, stride 2, no padding (LeNet's pooling, and most CNNs'): blocks of 4
+// ---- 2x2 windows, stride 2, no padding (LeNet's pooling, and most CNNs'), max or
+// average (``div``: the divisor, 4 or divisor_override; a sum of the window's four
+// elements in row-major order divided by it, as the general kernels'): blocks of 4
 // windows along a row, loading the two rows of x under them as vectors of 8 and
 // storing vectors, so PoCL does not have to vectorise across work-items (its scattered
 // stride-2 accesses there ran 7x slower); a block at the right edge, and the last row
@@ -301,6 +302,7 @@ ${store_dx("g", "i * W + w")}\
 // below, on PoCL: LeNet C1's forward pass 0.100 -> 0.072 ms, backward 0.207 -> 0.152;
 // 56x56 planes, 32 x 64 of them, 1.54 -> 1.17 and 3.57 -> 2.74 ms). Same rules as above:
 // the first maximum in row-major order wins, a NaN beats any number.
+% if mode == "max":
 inline bool clnn_beats(const acc_t v, const acc_t best)
 {
     // v != v is IEEE's NaN test (no fast-math here): PoCL makes isnan() a call
@@ -311,13 +313,14 @@ inline ${m4} clnn_beats4(const ${v4} v, const ${v4} best)
 {
     return (v > best) | ((v != v) & (best == best));
 }
+% endif
 
 // Forward: each window's maximum as a value (loading x at the winner's index instead,
-// an address that depends on the data, ran 3.5x slower on PoCL). Block q0 of row
-// (plane, p) covers y[plane, p, q0 .. q0 + 3].
+// an address that depends on the data, ran 3.5x slower on PoCL), or its mean. Block q0
+// of row (plane, p) covers y[plane, p, q0 .. q0 + 3].
 __kernel void clnn_pool22_forward(const int planes, const int H, const int W, const int P,
                                   const int Q, __global const real_t *x, const int x_off,
-                                  __global real_t *y, const int y_off)
+                                  __global real_t *y, const int y_off, const acc_t div)
 {
     const int Q4 = (Q + 3) / 4;
 ${blocks("planes * P")}\
@@ -332,10 +335,14 @@ ${blocks("planes * P")}\
         if (q0 + 4 <= Q) {
 ${load8("t", "x + i0")}\
 ${load8("u", "x + i0 + W")}\
+% if mode == "max":
             ${v4} v = t_e;                    // CLNN_SELECT(a, b, m): b where m, else a
             v = CLNN_SELECT(v, t_o, clnn_beats4(t_o, v));
             v = CLNN_SELECT(v, u_e, clnn_beats4(u_e, v));
             v = CLNN_SELECT(v, u_o, clnn_beats4(u_o, v));
+% else:
+            const ${v4} v = (t_e + t_o + u_e + u_o) / div;
+% endif
             CLNN_STOREV(4, v, y + y_off + row * Q + q0);
             continue;
         }
@@ -344,9 +351,13 @@ ${load8("u", "x + i0 + W")}\
             acc_t v = CLNN_LOAD(x, j);
             const acc_t b = CLNN_LOAD(x, j + 1), c = CLNN_LOAD(x, j + W);
             const acc_t d = CLNN_LOAD(x, j + W + 1);
+% if mode == "max":
             v = clnn_beats(b, v) ? b : v;
             v = clnn_beats(c, v) ? c : v;
             v = clnn_beats(d, v) ? d : v;
+% else:
+            v = (v + b + c + d) / div;
+% endif
             CLNN_STORE(v, y, y_off + row * Q + q);
         }
     }
@@ -360,7 +371,7 @@ __kernel void clnn_pool22_backward(const int planes, const int H, const int W, c
                                    const int Q, __global const real_t *x, const int x_off,
                                    __global const real_t *dy, const int dy_off,
                                    __global real_t *dx, const int dx_off, const acc_t ap,
-                                   const acc_t aq)
+                                   const acc_t aq, const acc_t div)
 {
     const int P2 = (H + 1) / 2, Q2 = (W + 1) / 2, Q4 = (Q2 + 3) / 4;
 ${blocks("planes * P2")}\
@@ -374,8 +385,11 @@ ${blocks("planes * P2")}\
         int qs = q0;                         // the first window the loop below takes
         const int at = plane * H * W + 2 * p * W + 2 * q0;
         if (p < P && q0 + 4 <= Q) {
+% if mode == "max" or act != "none":
 ${load8("t", "x + x_off + at")}\
 ${load8("u", "x + x_off + at + W")}\
+% endif
+% if mode == "max":
             ${v4} g = CLNN_LOADV(4, dy + dy_off + (plane * P + p) * Q + q0);
             // m1, m2, m3: the second, third, fourth element beats those before it;
             // the last that does is the window's first maximum, so g goes to the
@@ -397,6 +411,17 @@ ${load8("u", "x + x_off + at + W")}\
             const ${v4} r2 = CLNN_SELECT(z, rest, m2);
             rest = CLNN_SELECT(rest, z, m2);
             const ${v4} r1 = CLNN_SELECT(z, rest, m1), r0 = CLNN_SELECT(rest, z, m1);
+% else:
+            // each window's dy over the divisor to its four elements (times the
+            // activation's derivative at each)
+            const ${v4} g = CLNN_LOADV(4, dy + dy_off + (plane * P + p) * Q + q0) / div;
+%   if act == "none":
+            const ${v4} r0 = g, r1 = g, r2 = g, r3 = g;
+%   else:
+            const ${v4} r0 = g * clnn_df4(t_e, ap, aq), r1 = g * clnn_df4(t_o, ap, aq);
+            const ${v4} r2 = g * clnn_df4(u_e, ap, aq), r3 = g * clnn_df4(u_o, ap, aq);
+%   endif
+% endif
 ${store8("dx + dx_off + at", "r0", "r1")}\
 ${store8("dx + dx_off + at + W", "r2", "r3")}\
 % if overlap:
@@ -409,6 +434,17 @@ ${store8("dx + dx_off + at + W", "r2", "r3")}\
             const int o = dx_off + at + 2 * (q - q0);
             if (p < P && q < Q) {
                 const int i0 = x_off + at + 2 * (q - q0);
+% if mode == "avg":
+                const acc_t g = CLNN_LOAD(dy, dy_off + (plane * P + p) * Q + q) / div;
+%   for d in ("", " + 1", " + W", " + W + 1"):
+%     if act == "none":
+                CLNN_STORE(g, dx, o${d});
+%     else:
+                CLNN_STORE(g * clnn_df(CLNN_LOAD(x, i0${d}), ap, aq), dx, o${d});
+%     endif
+%   endfor
+                (void)i0;
+% else:
                 const acc_t a = CLNN_LOAD(x, i0), b = CLNN_LOAD(x, i0 + 1);
                 const acc_t c = CLNN_LOAD(x, i0 + W), d = CLNN_LOAD(x, i0 + W + 1);
                 int best = 0;
@@ -429,6 +465,7 @@ ${store8("dx + dx_off + at + W", "r2", "r3")}\
                 CLNN_STORE(best == 1 ? g : (acc_t)0, dx, o + 1);
                 CLNN_STORE(best == 2 ? g : (acc_t)0, dx, o + W);
                 CLNN_STORE(best == 3 ? g : (acc_t)0, dx, o + W + 1);
+% endif
             } else {                 // the last row or column of an odd H or W
                 CLNN_STORE((acc_t)0, dx, o);
                 if (2 * q + 1 < W)
@@ -442,4 +479,3 @@ ${store8("dx + dx_off + at + W", "r2", "r3")}\
         }
     }
 }
-% endif

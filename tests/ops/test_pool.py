@@ -196,6 +196,48 @@ def test_2x2_max_pooling_ties_and_nans(H, W, dtype, per):
         np.testing.assert_array_equal(f64(a), f64(b))
 
 
+@pytest.mark.parametrize("per", ["row", "element"])
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("H,W", [(4, 4), (7, 9), (28, 28), (11, 16), (4, 17), (6, 11)])
+@pytest.mark.parametrize("divisor", [None, 3, -5])
+def test_2x2_average_pooling(H, W, dtype, per, divisor):
+    """Average pooling over 2x2 windows with stride 2 takes the 2x2 kernels too (the
+    window's four elements summed in row-major order and divided, as the general
+    kernels do; divisor_override too): against float64 with canaries and offsets,
+    rows and columns past the last window getting no gradient, and bitwise against
+    the general kernels (with the activation's derivative too)."""
+    import sys
+    from unittest import mock
+    x = RNG.standard_normal((2, 3, H, W)).astype(dtype)
+    opts = {"divisor_override": divisor}
+    ref, backward, _ = pool2d_ref(x.astype(np.float64), (2, 2), (2, 2), (0, 0), "avg",
+                                  **opts)
+    scale, _, _ = pool2d_ref(np.abs(x.astype(np.float64)), (2, 2), (2, 2), (0, 0), "avg",
+                             **opts)
+    dy = RNG.standard_normal(ref.shape).astype(dtype)
+    X, DY = guarded_input(clnn.device(), x), guarded_input(clnn.device(), dy)
+    y, dx = Guarded(clnn.device(), ref.shape, dtype), Guarded(clnn.device(), x.shape, dtype)
+    with tuning.override("rows", {"wg": per == "element"}), clnn.profile() as prof:
+        clnn.avg_pool2d(X, 2, out=y.view, **opts)
+        clnn.avg_pool2d_backward(DY, X, 2, out=dx.view, **opts)
+        fast_act = clnn.avg_pool2d_backward(DY, X, 2, activation="relu", **opts).get()
+    assert [(r.entry, r.params["per"]) for r in prof.records] == \
+        [("clnn_pool22_forward", per)] + [("clnn_pool22_backward", per)] * 2
+    fast = y.check(), dx.check()
+    # (a negative divisor makes the magnitudes' reference negative: its size counts)
+    assert_close(fast[0], ref, dtype, k=4, scale=np.maximum(np.abs(scale), 1e-3))
+    assert_close(fast[1], backward(dy.astype(np.float64)), dtype, k=1,
+                 scale=np.maximum(np.abs(backward(np.abs(dy.astype(np.float64)))), 1e-3))
+    pool = sys.modules["clnn.ops.pool"]
+    with mock.patch.object(pool, "_is_22", lambda *a: False), \
+            tuning.override("rows", {"wg": per == "element"}):
+        general = (clnn.avg_pool2d(X, 2, **opts).get(),
+                   clnn.avg_pool2d_backward(DY, X, 2, **opts).get(),
+                   clnn.avg_pool2d_backward(DY, X, 2, activation="relu", **opts).get())
+    for a, b in zip(fast + (fast_act,), general):
+        np.testing.assert_array_equal(f64(a), f64(b))
+
+
 def test_2x2_pooling_passes_every_half_through(dev):
     """The 2x2 kernels load and store float16 as vectors (on CPUs through clnn's own
     vector conversions): windows of four equal values give back every one of the
@@ -260,7 +302,7 @@ def test_backward_through_the_activation_below(act, param, dtype):
                 two = clnn.activation_backward(act, bwd(DY, X, k, s, pad, **opts), a=X,
                                                param=param)
             entries = [r.entry for r in prof.records]
-            assert entries[0] == ("clnn_pool22_backward" if (mode, k) == ("max", 2) else
+            assert entries[0] == ("clnn_pool22_backward" if k == 2 else
                                   "clnn_pool_backward") and len(entries) == 3
             got = dx.check()
             assert_close(got, want, dtype, k=4, scale=np.maximum(scale, 1e-3))
