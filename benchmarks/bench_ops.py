@@ -6,8 +6,8 @@ where a GPU is there) in the same run, on every device.
                                    [--ops relu,tanh] [--unroll 1,4] [--row-group 256,64]
 
 The shapes are the GPU issue's (64M floats, a 4096 x 4096 softmax, 16384 x 1024 for
-the sums along rows and columns), and 2x2 max pooling of 2048 planes of 56 x 56 (a
-ResNet stage's 32 x 64); ``--scale`` multiplies the element counts. Each clnn
+the sums along rows and columns), and 2x2 max and average pooling of 2048 planes of 56
+x 56 (a ResNet stage's 32 x 64); ``--scale`` multiplies the element counts. Each clnn
 result is checked first against numpy in float64 (sums to a bound that grows with
 their length, the rest to a few float32 units); then every library is timed with a
 warm-up and the median of repeats, wall-clock with its queue finished after each call
@@ -48,6 +48,11 @@ def _max_pool22(x):
     return x.reshape(n, c, h // 2, 2, w // 2, 2).max(axis=(3, 5))
 
 
+def _avg_pool22(x):
+    n, c, h, w = x.shape
+    return x.reshape(n, c, h // 2, 2, w // 2, 2).mean(axis=(3, 5))
+
+
 def cases(scale):
     """(name, shape, clnn op, numpy op, torch op, bytes moved, sums: None, or the
     length of each sum and the numpy sums of magnitudes that bound its error, None for
@@ -75,6 +80,9 @@ def cases(scale):
          lambda t, x: t.softmax(x, 1), 8 * sq * sq, (sq, None)),
         ("max_pool2d 2x2", (planes, 1, 56, 56), lambda x: clnn.max_pool2d(x, 2),
          _max_pool22, lambda t, x: t.nn.functional.max_pool2d(x, 2), 5 * pooled, None),
+        ("avg_pool2d 2x2", (planes, 1, 56, 56), lambda x: clnn.avg_pool2d(x, 2),
+         _avg_pool22, lambda t, x: t.nn.functional.avg_pool2d(x, 2), 5 * pooled,
+         (4, _avg_pool22)),
     ]
 
 
