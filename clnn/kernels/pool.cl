@@ -40,6 +40,8 @@
                  "        const int PW, const int DH, const int DW, const int div_mode,\n"
                  "        const int divisor")
 %>
+// columns of a row per pass of the CPU's backward pass over overlapping max windows
+#define CLNN_POOL_CW 32
 % if mode == "max":
 // the flat index (h * W + w) of the maximum of window (p, q) of one plane, or -1
 inline int clnn_argmax(__global const real_t *x, const int H, const int W, const int p,
@@ -57,7 +59,8 @@ inline int clnn_argmax(__global const real_t *x, const int H, const int W, const
             if (w < 0 || w >= W)
                 continue;
             const acc_t v = CLNN_LOAD(x, h * W + w);
-            if (best < 0 || v > v_best || (isnan(v) && !isnan(v_best))) {
+            // (v != v: IEEE's NaN test, no fast-math here; PoCL links isnan() as a call)
+            if (best < 0 || v > v_best || (v != v && v_best == v_best)) {
                 best = h * W + w;
                 v_best = v;
             }
@@ -231,11 +234,42 @@ ${store_dx("g", "i * W + w")}\
             }
             continue;
         }
+% if mode == "max":
+        // Overlapping windows (3x3 at stride 2: ResNet's stem), CLNN_POOL_CW columns
+        // at a time: each window over them adds dy to its maximum's element where that
+        // lies in this row, in a private row of sums. The gather below finds each
+        // element's windows in the order r, then s, ascending (p, then q, descending),
+        // and the windows here go in that order, so the sums are the same; but each
+        // window's maximum is found once per row it covers, not once per element.
+        for (int w0 = 0; w0 < W; w0 += CLNN_POOL_CW) {
+            const int wn = min(CLNN_POOL_CW, W - w0), lo = w0 + PW - (KW - 1) * DW;
+            const int q_lo = lo <= 0 ? 0 : (lo + SW - 1) / SW;
+            const int q_hi = min(Q - 1, (w0 + wn - 1 + PW) / SW);
+            acc_t g[CLNN_POOL_CW];
+            for (int j = 0; j < CLNN_POOL_CW; ++j)
+                g[j] = (acc_t)0;
+            for (int r = 0; r < KH; ++r) {
+                const int tp = h + PH - r * DH;
+                if (tp < 0 || tp % SH != 0 || tp / SH >= P)
+                    continue;
+                const int p = tp / SH;
+                for (int q = q_hi; q >= q_lo; --q) {
+                    const int j = CLNN_ARGMAX(p, q) - (h * W + w0);   // -1: none inside
+                    if (j >= 0 && j < wn)
+                        g[j] += CLNN_LOAD(dy, dy_off + (plane * P + p) * Q + q);
+                }
+            }
+            for (int j = 0; j < wn; ++j) {
+${store_dx("g[j]", "i * W + w0 + j")}\
+            }
+        }
+% else:
         // the general case: tap r of window p covers h when p SH - PH + r DH = h
         for (int w = 0; w < W; ++w) {
 ${gather_one()}
 ${store_dx("g", "i * W + w")}\
         }
+% endif
     }
 % endif
 }

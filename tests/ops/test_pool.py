@@ -113,6 +113,35 @@ GENERAL = [((3, 2), (2, 2), (1, 0), {}), ((2, 2), (3, 2), (0, 1), {}),
 
 
 @pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
+@pytest.mark.parametrize("k,st,pad,dil", [(3, 2, 1, 1), ((3, 5), (2, 3), (1, 2), 1),
+                                          (3, 1, 1, (1, 2)), (2, 1, 0, 1)])
+def test_overlapping_max_windows_a_chunk_of_columns_at_a_time(k, st, pad, dil, dtype):
+    """The CPU's backward pass over overlapping max windows (a work-item per row, 32
+    columns at a time, each window's maximum found once per row it covers): rows of 75
+    columns (three chunks, windows across their edges), ties and NaNs, with and
+    without an activation's derivative; against the reference, and bitwise as the
+    GPUs' gather per element, canaries intact."""
+    x = RNG.integers(-3, 4, (2, 2, 9, 75)).astype(dtype)            # ties
+    x[0, 1, 2, 31] = x[0, 1, 3, 32] = x[1, 0, 0, 0] = x[1, 1, 8, 74] = np.nan
+    kk, ss, pp, dd = (v if isinstance(v, tuple) else (v, v) for v in (k, st, pad, dil))
+    ref, backward, _ = pool2d_ref(x.astype(np.float64), kk, ss, pp, "max", dd)
+    dy = RNG.standard_normal(ref.shape).astype(dtype)
+    X, DY = guarded_input(clnn.device(), x), guarded_input(clnn.device(), dy)
+    got = {}
+    for per, forced in (("row", False), ("element", True)):
+        with tuning.override("rows", {"wg": forced}), clnn.profile() as prof:
+            dx = Guarded(clnn.device(), x.shape, dtype)
+            clnn.max_pool2d_backward(DY, X, k, st, pad, dil, out=dx.view)
+            got[per] = dx.check(), clnn.max_pool2d_backward(DY, X, k, st, pad, dil,
+                                                            activation="relu").get()
+        assert [r.entry for r in prof.records] == ["clnn_pool_backward"] * 2
+    assert_close(got["row"][0], backward(dy.astype(np.float64)), dtype, k=4,
+                 scale=np.maximum(backward(np.abs(dy.astype(np.float64))), 1))
+    for a, b in zip(got["row"], got["element"]):
+        np.testing.assert_array_equal(f64(a), f64(b))
+
+
+@pytest.mark.parametrize("dtype", float_dtypes(), ids=lambda t: np.dtype(t).name)
 @pytest.mark.parametrize("mode", ["max", "avg"])
 def test_general_kernels_per_element(mode, dtype):
     """GPUs run the general pooling kernels with a work-item per element (forced here
