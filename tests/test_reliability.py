@@ -213,12 +213,17 @@ CASES = {
              tuning.override("conv", tuning.CONV_TABLE["type"]["CPU"])),
         lambda o: clnn.conv2d_backward_weight(DY1, X, (3, 2, 1, 1), stride=2, out=o,
                                               beta=0.5), (3, 2, 1, 1)),
+    # overlapping max windows' backward pass by rows (forced): the forward kernel's
+    # indices and maxima into scratch, then dx
+    "max-pool-overlapping-backward": lambda dev: (
+        tuning.override("rows", {"wg": False}),
+        lambda o: clnn.max_pool2d_backward(DYP, X, 3, 2, 1, out=o), (5, 2, 6, 7)),
     "gpu-dgrad-phases": lambda dev: (
         tuning.override("gemm", dict(NV[-1], KSPLIT=2)),
         lambda o: clnn.conv2d_backward_data(DY2, W2, (5, 2, 6, 7), stride=2, padding=1,
                                             out=o), (5, 2, 6, 7)),
 }
-A = B = A16 = B16 = X = DY = DY2 = W2 = W1 = B1 = DY1 = None
+A = B = A16 = B16 = X = DY = DY2 = W2 = W1 = B1 = DY1 = DYP = None
 
 
 @contextlib.contextmanager
@@ -237,12 +242,13 @@ def _dgrad_col2im(o):
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_4_a_failed_allocation_never_leaves_a_half_written_output(dev, case):
-    global A, B, A16, B16, X, DY, DY2, W2, W1, B1, DY1
+    global A, B, A16, B16, X, DY, DY2, W2, W1, B1, DY1, DYP
     A, B = dev_rand(dev, 64, 301), dev_rand(dev, 301, 3)
     A16, B16 = (clnn.asarray(x.get().astype(np.float16), device=dev) for x in (A, B))
     X, DY = dev_rand(dev, 5, 2, 6, 7), dev_rand(dev, 5, 3, 6, 7)
     W2, DY2 = dev_rand(dev, 4, 2, 3, 3), dev_rand(dev, 5, 4, 3, 4)
     W1, B1, DY1 = dev_rand(dev, 3, 2, 1, 1), dev_rand(dev, 3), dev_rand(dev, 5, 3, 3, 4)
+    DYP = dev_rand(dev, 5, 2, 3, 4)
     patch, call, shape, *dtype = CASES[case](dev)
     out = Guarded(dev, shape, dtype[0] if dtype else np.float32,
                   fill=RNG.standard_normal(shape))

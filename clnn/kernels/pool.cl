@@ -178,7 +178,7 @@ __kernel void clnn_pool_backward(
                                  __global const real_t *x, const int x_off,
                                  __global const real_t *dy, const int dy_off,
                                  __global real_t *dx, const int dx_off, const acc_t ap,
-                                 const acc_t aq)
+                                 const acc_t aq, __global const int *idx)
 {
 % if per == "element":
     // one work-item per element (plane, h, w) of dx, i = plane * H + h its row: the
@@ -239,8 +239,9 @@ ${store_dx("g", "i * W + w")}\
         // at a time: each window over them adds dy to its maximum's element where that
         // lies in this row, in a private row of sums. The gather below finds each
         // element's windows in the order r, then s, ascending (p, then q, descending),
-        // and the windows here go in that order, so the sums are the same; but each
-        // window's maximum is found once per row it covers, not once per element.
+        // and the windows here go in that order, so the sums are the same; each
+        // window's maximum comes from idx (clnn_pool_forward's indices, found once),
+        // not once per element it might reach.
         for (int w0 = 0; w0 < W; w0 += CLNN_POOL_CW) {
             const int wn = min(CLNN_POOL_CW, W - w0), lo = w0 + PW - (KW - 1) * DW;
             const int q_lo = lo <= 0 ? 0 : (lo + SW - 1) / SW;
@@ -254,7 +255,7 @@ ${store_dx("g", "i * W + w")}\
                     continue;
                 const int p = tp / SH;
                 for (int q = q_hi; q >= q_lo; --q) {
-                    const int j = CLNN_ARGMAX(p, q) - (h * W + w0);   // -1: none inside
+                    const int j = idx[(plane * P + p) * Q + q] - (h * W + w0);  // -1: none
                     if (j >= 0 && j < wn)
                         g[j] += CLNN_LOAD(dy, dy_off + (plane * P + p) * Q + q);
                 }

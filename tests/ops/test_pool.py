@@ -117,8 +117,8 @@ GENERAL = [((3, 2), (2, 2), (1, 0), {}), ((2, 2), (3, 2), (0, 1), {}),
                                           (3, 1, 1, (1, 2)), (2, 1, 0, 1)])
 def test_overlapping_max_windows_a_chunk_of_columns_at_a_time(k, st, pad, dil, dtype):
     """The CPU's backward pass over overlapping max windows (a work-item per row, 32
-    columns at a time, each window's maximum found once per row it covers): rows of 75
-    columns (three chunks, windows across their edges), ties and NaNs, with and
+    columns at a time, each window's maximum from the forward kernel's indices): rows
+    of 75 columns (three chunks, windows across their edges), ties and NaNs, with and
     without an activation's derivative; against the reference, and bitwise as the
     GPUs' gather per element, canaries intact."""
     x = RNG.integers(-3, 4, (2, 2, 9, 75)).astype(dtype)            # ties
@@ -134,7 +134,9 @@ def test_overlapping_max_windows_a_chunk_of_columns_at_a_time(k, st, pad, dil, d
             clnn.max_pool2d_backward(DY, X, k, st, pad, dil, out=dx.view)
             got[per] = dx.check(), clnn.max_pool2d_backward(DY, X, k, st, pad, dil,
                                                             activation="relu").get()
-        assert [r.entry for r in prof.records] == ["clnn_pool_backward"] * 2
+        # (a work-item per row: the forward kernel's indices of the maxima first)
+        first = ["clnn_pool_forward"] if per == "row" else []
+        assert [r.entry for r in prof.records] == (first + ["clnn_pool_backward"]) * 2
     assert_close(got["row"][0], backward(dy.astype(np.float64)), dtype, k=4,
                  scale=np.maximum(backward(np.abs(dy.astype(np.float64))), 1))
     for a, b in zip(got["row"], got["element"]):
@@ -330,9 +332,12 @@ def test_backward_through_the_activation_below(act, param, dtype):
                     **opts)
                 two = clnn.activation_backward(act, bwd(DY, X, k, s, pad, **opts), a=X,
                                                param=param)
+            # (a CPU's overlapping max windows: the forward kernel's indices first)
+            first = ["clnn_pool_forward"] if (mode, k, per) == ("max", (3, 2), "row") else []
             entries = [r.entry for r in prof.records]
-            assert entries[0] == ("clnn_pool22_backward" if k == 2 else
-                                  "clnn_pool_backward") and len(entries) == 3
+            assert entries[:len(first) + 1] == first + [
+                "clnn_pool22_backward" if k == 2 else "clnn_pool_backward"] and \
+                len(entries) == 3 + 2 * len(first)
             got = dx.check()
             assert_close(got, want, dtype, k=4, scale=np.maximum(scale, 1e-3))
             assert_close(got, two.get(), dtype, k=2, scale=np.maximum(scale, 1e-3))
