@@ -40,9 +40,9 @@
                  "        const int PW, const int DH, const int DW, const int div_mode,\n"
                  "        const int divisor")
 %>
+% if mode == "max":
 // columns of a row per pass of the CPU's backward pass over overlapping max windows
 #define CLNN_POOL_CW 32
-% if mode == "max":
 // the flat index (h * W + w) of the maximum of window (p, q) of one plane, or -1
 inline int clnn_argmax(__global const real_t *x, const int H, const int W, const int p,
                        const int q, const int KH, const int KW, const int SH, const int SW,

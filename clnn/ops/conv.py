@@ -1766,13 +1766,13 @@ def _conv2d_backward_weight(dy, x, w_shape, *, stride=1, padding=0, out=None, al
                                   pw=pd[1], out=out, alpha=alpha, beta=beta,
                                   dilation=tuple(dilation))
         return done(out, evt)
-    xs = _pointwise(p, R, S, pd, P * Q, N * M * C * P * Q) and st != (1, 1) and \
-        _subsample(dev, dt, x, N, C, H, W, P, Q, st, x_acc=True, budget=False)
-    if xs:          # the strided positions' copy, then a 1x1 weight gradient at unit stride
-        (xg, xg_off), Hg, Wg, phg, pwg, zr, st = xs, P, Q, 0, 0, None, (1, 1)
-    elif p["variant"] == "gather":
-        xg, xg_off, Hg, Wg, phg, pwg, zr = _pad_input(dev, dt, x, N * C, H, W, *pd)
     if p["variant"] == "gather":
+        xs = _pointwise(p, R, S, pd, P * Q, N * M * C * P * Q) and st != (1, 1) and \
+            _subsample(dev, dt, x, N, C, H, W, P, Q, st, x_acc=True, budget=False)
+        if xs:      # the strided positions' copy, then a 1x1 weight gradient at unit stride
+            (xg, xg_off), Hg, Wg, phg, pwg, zr, st = xs, P, Q, 0, 0, None, (1, 1)
+        else:
+            xg, xg_off, Hg, Wg, phg, pwg, zr = _pad_input(dev, dt, x, N * C, H, W, *pd)
         rows_plan = _wgrad_rows(p, dev, dt, N, C, M, R, S, P, Q, Hg, Wg, st, dilation,
                                 bool(phg or pwg))
         if rows_plan:

@@ -194,6 +194,7 @@ def _backward(mode, dy, x, kernel_size, stride, padding, out, dilation=1, ceil_m
         return done(out, evt)
     args = _args(N, C, H, W, P, Q, k, s, p, d, *divisor)
     idx = out                           # (a placeholder the kernel never reads)
+    # (windows that do not overlap: the kernel's own test, its path by counting)
     if mode == "max" and per == "row" and not (s[0] >= k[0] and s[1] >= k[1] and
                                                tuple(d) == (1, 1)):
         # overlapping windows on CPUs: each window's maximum found once, as the forward
